@@ -118,8 +118,13 @@ class Finished:
 
 @dataclass(frozen=True, slots=True)
 class Usage:
+    """Token counts, always the last event. ``upstream_seconds`` is the time this request
+    spent waiting on an external server (proxies, Triton), so the gateway can report its
+    own overhead; ``None`` for in-process backends."""
+
     prompt_tokens: int
     completion_tokens: int
+    upstream_seconds: float | None = None
 
     @property
     def total_tokens(self) -> int:

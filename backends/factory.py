@@ -4,20 +4,29 @@ never imports tritonclient."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from backends.base import Backend
 from backends.metrics import BackendMetrics
 from config.schema import HFModelConfig, ModelConfig, OpenAIModelConfig, TritonModelConfig
 
 
-def create_backend(config: ModelConfig, metrics: BackendMetrics) -> Backend:
+CrashHandler = Callable[[str], None]
+"""Called on the event loop when a backend dies on its own (worker killed, engine thread
+crashed), with a reason. The registry uses it to mark the model failed and restart it."""
+
+
+def create_backend(
+    config: ModelConfig, metrics: BackendMetrics, on_crash: CrashHandler | None = None
+) -> Backend:
     if isinstance(config, HFModelConfig):
         if config.isolation == "process":
             from backends.process.backend import ProcessBackend
 
-            return ProcessBackend(config, metrics)
+            return ProcessBackend(config, metrics, on_crash=on_crash)
         from backends.hf.backend import HFBackend
 
-        return HFBackend(config, metrics.observer(config.name))
+        return HFBackend(config, metrics.observer(config.name), on_crash=on_crash)
     if isinstance(config, OpenAIModelConfig):
         from backends.openai_proxy.backend import OpenAIProxyBackend
 
