@@ -81,6 +81,20 @@ class OpenAIModelConfig(ModelBase):
     retries: int = Field(2, ge=0)
     health_interval: float = Field(5.0, gt=0)
     preload: bool = True
+    engine: Literal["generic", "vllm", "llamacpp", "mlx"] = Field(
+        "generic", description="Upstream kind: picks the health path and known quirks."
+    )
+    health_path: str | None = Field(
+        None, description="GET path probed for health; default depends on `engine`."
+    )
+    health_failures_down: int = Field(3, gt=0, description="Failed probes before marking down.")
+    health_successes_up: int = Field(2, gt=0, description="Passed probes before marking up.")
+    breaker_failures: int = Field(5, gt=0, description="Consecutive failures that open the breaker.")
+    breaker_cooldown: float = Field(10.0, gt=0, description="Seconds the breaker stays open.")
+    queue_timeout: float = Field(
+        30.0, ge=0, description="Seconds to wait for a max_concurrency slot before 429."
+    )
+    max_queue: int = Field(256, gt=0, description="Requests waiting for a slot before 429.")
 
 
 class TritonModelConfig(ModelBase):
