@@ -89,7 +89,7 @@ class OpenAIModelConfig(ModelBase):
     )
     health_failures_down: int = Field(3, gt=0, description="Failed probes before marking down.")
     health_successes_up: int = Field(2, gt=0, description="Passed probes before marking up.")
-    breaker_failures: int = Field(5, gt=0, description="Consecutive failures that open the breaker.")
+    breaker_failures: int = Field(5, gt=0, description="Consecutive failures opening the breaker.")
     breaker_cooldown: float = Field(10.0, gt=0, description="Seconds the breaker stays open.")
     queue_timeout: float = Field(
         30.0, ge=0, description="Seconds to wait for a max_concurrency slot before 429."
