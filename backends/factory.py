@@ -10,7 +10,6 @@ from backends.base import Backend
 from backends.metrics import BackendMetrics
 from config.schema import HFModelConfig, ModelConfig, OpenAIModelConfig, TritonModelConfig
 
-
 CrashHandler = Callable[[str], None]
 """Called on the event loop when a backend dies on its own (worker killed, engine thread
 crashed), with a reason. The registry uses it to mark the model failed and restart it."""

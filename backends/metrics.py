@@ -15,8 +15,24 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # Token-level latencies on CPU run from ~5 ms to seconds; requests up to minutes.
 LATENCY_BUCKETS = (
-    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64,
-    1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92, 163.84,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.08,
+    0.16,
+    0.32,
+    0.64,
+    1.28,
+    2.56,
+    5.12,
+    10.24,
+    20.48,
+    40.96,
+    81.92,
+    163.84,
 )
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256)
@@ -41,56 +57,88 @@ class BackendMetrics:
         worker = ("model",)
         hop = ("model", "backend")
         self.worker_batch_size = Histogram(
-            "llmso_worker_batch_size", "Sequences in one engine step.", worker,
-            buckets=BATCH_BUCKETS, registry=registry,
+            "llmso_worker_batch_size",
+            "Sequences in one engine step.",
+            worker,
+            buckets=BATCH_BUCKETS,
+            registry=registry,
         )
         self.worker_step_seconds = Histogram(
-            "llmso_worker_step_duration_seconds", "Wall time of one engine step.", worker,
-            buckets=LATENCY_BUCKETS, registry=registry,
+            "llmso_worker_step_duration_seconds",
+            "Wall time of one engine step.",
+            worker,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
         )
         self.worker_step_tokens = Histogram(
-            "llmso_worker_step_tokens", "Tokens processed in one engine step.", worker,
-            buckets=BATCH_BUCKETS, registry=registry,
+            "llmso_worker_step_tokens",
+            "Tokens processed in one engine step.",
+            worker,
+            buckets=BATCH_BUCKETS,
+            registry=registry,
         )
         self.worker_queue_depth = Gauge(
-            "llmso_worker_queue_depth", "Requests waiting for the engine.", worker,
+            "llmso_worker_queue_depth",
+            "Requests waiting for the engine.",
+            worker,
             registry=registry,
         )
         self.worker_running = Gauge(
-            "llmso_worker_running_requests", "Requests being decoded.", worker,
+            "llmso_worker_running_requests",
+            "Requests being decoded.",
+            worker,
             registry=registry,
         )
         self.worker_kv_cache_usage = Gauge(
-            "llmso_worker_kv_cache_usage_ratio", "Fraction of the KV cache in use.", worker,
+            "llmso_worker_kv_cache_usage_ratio",
+            "Fraction of the KV cache in use.",
+            worker,
             registry=registry,
         )
         self.worker_aborted = Counter(
-            "llmso_worker_aborted_requests_total", "Requests dropped because the client left.",
-            worker, registry=registry,
+            "llmso_worker_aborted_requests_total",
+            "Requests dropped because the client left.",
+            worker,
+            registry=registry,
         )
         self.worker_preempted = Counter(
-            "llmso_worker_preempted_requests_total", "Requests preempted for lack of cache.",
-            worker, registry=registry,
+            "llmso_worker_preempted_requests_total",
+            "Requests preempted for lack of cache.",
+            worker,
+            registry=registry,
         )
         self.upstream_requests = Counter(
-            "llmso_upstream_requests_total", "Requests sent to an upstream server.",
-            (*hop, "status"), registry=registry,
+            "llmso_upstream_requests_total",
+            "Requests sent to an upstream server.",
+            (*hop, "status"),
+            registry=registry,
         )
         self.upstream_latency = Histogram(
-            "llmso_upstream_latency_seconds", "Upstream time from send to last byte.", hop,
-            buckets=LATENCY_BUCKETS, registry=registry,
+            "llmso_upstream_latency_seconds",
+            "Upstream time from send to last byte.",
+            hop,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
         )
         self.upstream_ttft = Histogram(
-            "llmso_upstream_time_to_first_token_seconds", "Upstream time to first token.", hop,
-            buckets=LATENCY_BUCKETS, registry=registry,
+            "llmso_upstream_time_to_first_token_seconds",
+            "Upstream time to first token.",
+            hop,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
         )
         self.upstream_up = Gauge(
-            "llmso_upstream_up", "1 when the upstream passes health checks.", hop,
+            "llmso_upstream_up",
+            "1 when the upstream passes health checks.",
+            hop,
             registry=registry,
         )
         self.overhead = Histogram(
-            "llmso_overhead_seconds", "Gateway time minus time waiting on the upstream.", hop,
-            buckets=OVERHEAD_BUCKETS, registry=registry,
+            "llmso_overhead_seconds",
+            "Gateway time minus time waiting on the upstream.",
+            hop,
+            buckets=OVERHEAD_BUCKETS,
+            registry=registry,
         )
 
     def observer(self, model: str) -> WorkerObserver:

@@ -27,9 +27,10 @@ def load_config(path: Path | str) -> AppConfig:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: top level must be a mapping with 'models'")
-    raw = _expand_env(raw)
+    expanded = _expand_env(raw)
+    assert isinstance(expanded, dict)
     try:
-        config = AppConfig.model_validate({**raw, "source_path": path})
+        config = AppConfig.model_validate({**expanded, "source_path": path})
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "(top level)"

@@ -116,8 +116,8 @@ ModelConfig = Annotated[
 
 
 class AppConfig(_Frozen):
-    server: ServerConfig = ServerConfig()
-    registry: RegistryConfig = RegistryConfig()
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    registry: RegistryConfig = Field(default_factory=RegistryConfig)
     models: tuple[ModelConfig, ...] = Field(min_length=1)
     source_path: Path | None = Field(None, exclude=True)
 
@@ -127,7 +127,9 @@ class AppConfig(_Frozen):
         for model in self.models:
             for key in (model.name, *model.aliases):
                 if key in seen:
-                    raise ValueError(f"name or alias {key!r} used by {seen[key]!r} and {model.name!r}")
+                    raise ValueError(
+                        f"name or alias {key!r} used by {seen[key]!r} and {model.name!r}"
+                    )
                 seen[key] = model.name
         for model in self.models:
             for target in model.fallback:

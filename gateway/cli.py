@@ -1,0 +1,91 @@
+"""The ``llmso`` command: ``serve``, ``prepare-model`` and ``bench``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from config.loader import ConfigError, load_config
+from config.schema import AppConfig, HFModelConfig
+from gateway.logs import configure_logging
+from gateway.settings import Settings
+
+log = logging.getLogger("llmso")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "bench":
+        from bench.cli import main as bench_main
+
+        return bench_main(argv[1:])
+    args = _parser().parse_args(argv)
+    settings = Settings()
+    configure_logging(settings.log_level, settings.log_format)
+    try:
+        config = load_config(args.config or settings.config)
+    except ConfigError as exc:
+        print(f"llmso: bad config: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "prepare-model":
+        return _prepare_models(config)
+    return _serve(config, settings, args.host, args.port)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llmso", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="Start the gateway.")
+    serve.add_argument("--config", type=Path, help="YAML config (env LLMSO_CONFIG).")
+    serve.add_argument("--host", help="Bind address (env LLMSO_HOST; default from config).")
+    serve.add_argument("--port", type=int, help="Bind port (env LLMSO_PORT; default from config).")
+    prepare = commands.add_parser(
+        "prepare-model", help="Resolve (and convert once) every local hf model source."
+    )
+    prepare.add_argument("--config", type=Path, help="YAML config (env LLMSO_CONFIG).")
+    commands.add_parser("bench", help="Load generator; see `llmso bench --help`.")
+    return parser
+
+
+def _prepare_models(config: AppConfig) -> int:
+    from backends.hf.model_source import ModelSourceError, resolve_source
+
+    for model in config.models:
+        if not isinstance(model, HFModelConfig):
+            continue
+        try:
+            resolved = resolve_source(model.source)
+        except ModelSourceError as exc:
+            print(f"llmso: model {model.name}: {exc}", file=sys.stderr)
+            return 2
+        print(f"{model.name}: {resolved.path_or_id}")
+    return 0
+
+
+def _serve(config: AppConfig, settings: Settings, host: str | None, port: int | None) -> int:
+    import uvicorn
+
+    from gateway.app import build_app
+
+    bind_host = host or settings.host or config.server.host
+    bind_port = port if port is not None else settings.port
+    if bind_port is None:
+        bind_port = config.server.port
+    app = build_app(config, admin_key=settings.admin_key, watch_config=settings.watch_config)
+    uvicorn.run(
+        app,
+        host=bind_host,
+        port=bind_port,
+        loop="uvloop",
+        http="httptools",
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=30,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

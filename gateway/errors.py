@@ -1,0 +1,135 @@
+"""Errors at the HTTP edge and the one place that renders them as OpenAI envelopes.
+
+Every error the gateway can return is a ``BackendError`` (from the backend contract) or a
+subclass defined here, so a single handler maps ``status``, ``error_type``, ``code``,
+``param`` and ``retry_after`` to a response.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from backends.base import BackendError, InvalidRequest
+
+log = logging.getLogger(__name__)
+
+
+class RequestTooLarge(BackendError):
+    status = 413
+    error_type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class Unauthorized(BackendError):
+    status = 401
+    error_type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class RouteNotFound(BackendError):
+    status = 404
+    error_type = "invalid_request_error"
+    code = "not_found"
+
+
+class MethodNotAllowed(BackendError):
+    status = 405
+    error_type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
+class InternalError(BackendError):
+    status = 500
+    error_type = "server_error"
+    code = "internal_error"
+
+
+def error_payload(exc: BackendError) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": exc.message,
+            "type": exc.error_type,
+            "param": exc.param,
+            "code": exc.code,
+        }
+    }
+
+
+def error_response(exc: BackendError, headers: dict[str, str] | None = None) -> Response:
+    merged = dict(headers or {})
+    retry_after = getattr(exc, "retry_after", None)
+    if retry_after is not None:
+        merged["Retry-After"] = str(max(1, math.ceil(retry_after)))
+    return Response(
+        orjson.dumps(error_payload(exc)),
+        status_code=exc.status,
+        media_type="application/json",
+        headers=merged,
+    )
+
+
+def from_validation_error(exc: ValidationError) -> InvalidRequest:
+    """The first pydantic error as an OpenAI 400, with ``param`` as a dotted path."""
+    first = exc.errors()[0]
+    loc = [str(part) for part in first["loc"] if not str(part).startswith(("function-", "union"))]
+    param = _dotted(loc) or None
+    message = first["msg"]
+    if param:
+        message = f"{param}: {message}"
+    return InvalidRequest(message, param=param)
+
+
+def _dotted(parts: list[str]) -> str:
+    out = ""
+    for part in parts:
+        if part.isdigit():
+            out += f"[{part}]"
+        elif part in {
+            "str",
+            "list[str]",
+            "list[int]",
+            "list[list[int]]",
+            "TextPart",
+            "ContentPart",
+        }:
+            continue
+        else:
+            out += f".{part}" if out else part
+    return out
+
+
+async def handle_backend_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, BackendError)
+    return error_response(exc, _request_id_header(request))
+
+
+async def handle_http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    mapped: BackendError
+    if exc.status_code == 404:
+        mapped = RouteNotFound(f"no route for {request.method} {request.url.path}")
+    elif exc.status_code == 405:
+        mapped = MethodNotAllowed(f"method {request.method} not allowed on {request.url.path}")
+    else:
+        mapped = BackendError(str(exc.detail))
+        mapped.status = exc.status_code
+        mapped.error_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    return error_response(mapped, _request_id_header(request))
+
+
+async def handle_unexpected(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return error_response(InternalError("internal server error"), _request_id_header(request))
+
+
+def _request_id_header(request: Request) -> dict[str, str]:
+    request_id = getattr(request.state, "request_id", None)
+    return {"X-Request-ID": request_id} if request_id else {}

@@ -1,0 +1,127 @@
+"""Operational and catalogue routes: health, readiness, metrics, models, admin."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.responses import Response
+
+from gateway.errors import RouteNotFound, Unauthorized
+from gateway.registry import ModelNotFound, ModelStatus
+from gateway.state import AppState
+
+router = APIRouter()
+
+
+def _json(payload: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
+
+
+def _state(request: Request) -> AppState:
+    state: AppState = request.app.state.llmso
+    return state
+
+
+@router.get("/health")
+async def health() -> Response:
+    return _json({"status": "ok"})
+
+
+@router.get("/ready")
+async def ready(request: Request) -> Response:
+    registry = _state(request).registry
+    models = {status.name: status.state for status in registry.list_models()}
+    if registry.is_ready():
+        return _json({"status": "ready", "models": models})
+    response = _json({"status": "not_ready", "models": models}, status=503)
+    response.headers["Retry-After"] = "1"
+    return response
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(generate_latest(_state(request).prometheus), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> Response:
+    state = _state(request)
+    data = [_model_card(status, state.started_at) for status in state.registry.list_models()]
+    return _json({"object": "list", "data": data})
+
+
+@router.get("/v1/models/{model_id:path}")
+async def get_model(model_id: str, request: Request) -> Response:
+    state = _state(request)
+    for status in state.registry.list_models():
+        if model_id == status.name or model_id in status.aliases:
+            return _json(_model_card(status, state.started_at))
+    raise ModelNotFound(f"The model '{model_id}' does not exist", param="model")
+
+
+def _model_card(status: ModelStatus, started_at: int) -> dict[str, Any]:
+    return {
+        "id": status.name,
+        "object": "model",
+        "created": int(status.loaded_at or started_at),
+        "owned_by": status.owned_by,
+        "llmso": {
+            "backend": status.backend,
+            "state": status.state,
+            "aliases": list(status.aliases),
+            "capabilities": list(status.capabilities),
+        },
+    }
+
+
+# --------------------------------------------------------------------------- admin
+
+
+def _require_admin(request: Request) -> AppState:
+    state = _state(request)
+    if not state.admin_key:
+        # Admin routes do not exist unless a key is configured.
+        raise RouteNotFound(f"no route for {request.method} {request.url.path}")
+    supplied = request.headers.get("authorization", "")
+    expected = f"Bearer {state.admin_key}"
+    if not hmac.compare_digest(supplied.encode(), expected.encode()):
+        raise Unauthorized("missing or wrong admin bearer token")
+    return state
+
+
+def _status_dict(status: ModelStatus) -> dict[str, Any]:
+    return {
+        "name": status.name,
+        "backend": status.backend,
+        "state": status.state,
+        "aliases": list(status.aliases),
+        "capabilities": list(status.capabilities),
+        "pid": status.pid,
+        "memory_bytes": status.memory_bytes,
+        "inflight": status.inflight,
+        "loaded_at": status.loaded_at,
+        "last_used": status.last_used,
+        "last_error": status.last_error,
+    }
+
+
+@router.get("/admin/models")
+async def admin_models(request: Request) -> Response:
+    state = _require_admin(request)
+    return _json({"models": [_status_dict(status) for status in state.registry.list_models()]})
+
+
+@router.post("/admin/models/{name}/load")
+async def admin_load(name: str, request: Request) -> Response:
+    state = _require_admin(request)
+    return _json(_status_dict(await state.registry.load(name)))
+
+
+@router.post("/admin/models/{name}/unload")
+async def admin_unload(name: str, request: Request) -> Response:
+    state = _require_admin(request)
+    return _json(_status_dict(await state.registry.unload(name)))

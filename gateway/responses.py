@@ -1,0 +1,167 @@
+"""OpenAI response bodies and SSE frames, built as plain dicts and encoded with orjson.
+
+Shapes follow the official schemas (validated in tests/unit/test_responses_schema.py):
+chat ``chat.completion`` / ``chat.completion.chunk`` and legacy ``text_completion``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from backends.base import FinishReason, RequestKind, TokenLogprob, Usage
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def new_id(kind: RequestKind) -> str:
+    prefix = "chatcmpl-" if kind is RequestKind.CHAT else "cmpl-"
+    return prefix + secrets.token_hex(12)
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def usage_dict(usage: Usage) -> dict[str, int]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+    }
+
+
+def chat_logprobs(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
+    return {
+        "content": [
+            {
+                "token": entry.token,
+                "logprob": entry.logprob,
+                "bytes": list(entry.bytes),
+                "top_logprobs": [
+                    {"token": top.token, "logprob": top.logprob, "bytes": list(top.bytes)}
+                    for top in entry.top
+                ],
+            }
+            for entry in entries
+        ],
+        "refusal": None,
+    }
+
+
+def completion_logprobs(entries: Sequence[TokenLogprob], offset: int) -> dict[str, Any]:
+    offsets, position = [], offset
+    for entry in entries:
+        offsets.append(position)
+        position += len(entry.token)
+    return {
+        "tokens": [entry.token for entry in entries],
+        "token_logprobs": [entry.logprob for entry in entries],
+        "top_logprobs": [{top.token: top.logprob for top in entry.top} for entry in entries],
+        "text_offset": offsets,
+    }
+
+
+@dataclass(slots=True)
+class ChoiceAccumulator:
+    """Text, logprobs and finish reason of one choice of a non-streamed response."""
+
+    parts: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+
+
+def full_response(
+    kind: RequestKind,
+    *,
+    response_id: str,
+    created: int,
+    model: str,
+    choices: Sequence[ChoiceAccumulator],
+    usage: Usage,
+    want_logprobs: bool,
+) -> dict[str, Any]:
+    rendered = [
+        _chat_choice(index, choice, want_logprobs)
+        if kind is RequestKind.CHAT
+        else _completion_choice(index, choice, want_logprobs)
+        for index, choice in enumerate(choices)
+    ]
+    return {
+        "id": response_id,
+        "object": "chat.completion" if kind is RequestKind.CHAT else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": rendered,
+        "usage": usage_dict(usage),
+    }
+
+
+def _chat_choice(index: int, choice: ChoiceAccumulator, want_logprobs: bool) -> dict[str, Any]:
+    return {
+        "index": index,
+        "message": {"role": "assistant", "content": "".join(choice.parts), "refusal": None},
+        "logprobs": chat_logprobs(choice.logprobs) if want_logprobs else None,
+        "finish_reason": choice.finish_reason or "stop",
+    }
+
+
+def _completion_choice(
+    index: int, choice: ChoiceAccumulator, want_logprobs: bool
+) -> dict[str, Any]:
+    return {
+        "index": index,
+        "text": "".join(choice.parts),
+        "logprobs": completion_logprobs(choice.logprobs, 0) if want_logprobs else None,
+        "finish_reason": choice.finish_reason or "stop",
+    }
+
+
+class ChunkWriter:
+    """Frames stream chunks for one response: fixed id, created and model on each."""
+
+    __slots__ = ("_chat", "_head", "_offsets", "_want_logprobs")
+
+    def __init__(
+        self, kind: RequestKind, response_id: str, created: int, model: str, want_logprobs: bool
+    ) -> None:
+        self._chat = kind is RequestKind.CHAT
+        obj = "chat.completion.chunk" if self._chat else "text_completion"
+        self._head = {"id": response_id, "object": obj, "created": created, "model": model}
+        self._want_logprobs = want_logprobs
+        self._offsets: dict[int, int] = {}
+
+    def role(self, index: int) -> bytes:
+        delta = {"role": "assistant", "content": ""}
+        return sse({**self._head, "choices": [self._chat_choice(index, delta, None, None)]})
+
+    def text(self, index: int, text: str, logprobs: Sequence[TokenLogprob]) -> bytes:
+        if self._chat:
+            rendered = chat_logprobs(logprobs) if self._want_logprobs else None
+            choice = self._chat_choice(index, {"content": text}, None, rendered)
+        else:
+            offset = self._offsets.get(index, 0)
+            self._offsets[index] = offset + len(text)
+            rendered = completion_logprobs(logprobs, offset) if self._want_logprobs else None
+            choice = {"index": index, "text": text, "logprobs": rendered, "finish_reason": None}
+        return sse({**self._head, "choices": [choice]})
+
+    def finish(self, index: int, reason: FinishReason) -> bytes:
+        if self._chat:
+            choice = self._chat_choice(index, {}, reason, None)
+        else:
+            choice = {"index": index, "text": "", "logprobs": None, "finish_reason": reason}
+        return sse({**self._head, "choices": [choice]})
+
+    def usage(self, usage: Usage) -> bytes:
+        return sse({**self._head, "choices": [], "usage": usage_dict(usage)})
+
+    @staticmethod
+    def _chat_choice(
+        index: int, delta: dict[str, Any], reason: str | None, logprobs: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}

@@ -1,0 +1,239 @@
+"""The completion service: routes a ``GenerationRequest`` and shapes what comes back.
+
+``open()`` picks a model through the registry, walking the fallback chain while nothing
+has been sent to the client yet, and returns a ``Generation`` whose first event is already
+in hand: errors that a backend raises before its first event (bad input, context too
+long, overloaded, upstream down) therefore become ordinary HTTP errors, never a broken
+stream. ``complete()`` collects a whole response; ``stream()`` yields SSE frames and, if
+the backend fails mid-way, one error event and ``[DONE]``.
+
+The service is stateless between requests; each ``Generation`` is owned by the task
+serving its request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, replace
+from typing import Any
+
+from backends.base import (
+    BackendError,
+    BackendEvent,
+    Finished,
+    GenerationRequest,
+    NotReady,
+    Overloaded,
+    TextDelta,
+    UpstreamBadResponse,
+    Usage,
+)
+from backends.metrics import BackendMetrics
+from gateway.errors import error_payload
+from gateway.metrics import GatewayMetrics
+from gateway.registry import ModelOverloaded, ModelRegistry, ModelUnavailable
+from gateway.responses import SSE_DONE, ChoiceAccumulator, ChunkWriter, full_response, new_id, sse
+from gateway.tracking import RequestRecord
+
+log = logging.getLogger(__name__)
+
+# Errors after which the next model of a fallback chain may answer instead: the request
+# itself was fine, this model could not take it.
+_FALLBACK_ERRORS: tuple[type[BackendError], ...] = (
+    ModelUnavailable,
+    ModelOverloaded,
+    NotReady,
+    Overloaded,
+)
+
+
+@dataclass(slots=True)
+class Generation:
+    """One routed request with its first backend event already received."""
+
+    request: GenerationRequest
+    record: RequestRecord
+    model: str
+    backend: str
+    first: BackendEvent
+    events: AsyncIterator[BackendEvent]
+    stack: AsyncExitStack
+    response_id: str
+    created: int
+
+    async def all_events(self) -> AsyncIterator[BackendEvent]:
+        yield self.first
+        async for event in self.events:
+            yield event
+
+    async def close(self) -> None:
+        await self.stack.aclose()
+
+
+class CompletionService:
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        metrics: GatewayMetrics,
+        backend_metrics: BackendMetrics,
+    ) -> None:
+        self._registry = registry
+        self._metrics = metrics
+        self._backend_metrics = backend_metrics
+
+    async def open(self, request: GenerationRequest, record: RequestRecord) -> Generation:
+        decision = self._registry.route(request.model)
+        candidates = decision.candidates
+        for position, name in enumerate(candidates):
+            try:
+                return await self._open_on(name, request, record)
+            except _FALLBACK_ERRORS as exc:
+                if position + 1 >= len(candidates):
+                    raise
+                following = candidates[position + 1]
+                self._registry.record_fallback(name, following, type(exc).__name__)
+                record.fallback_from.append(name)
+        raise AssertionError("route() returned no candidates")
+
+    async def _open_on(
+        self, name: str, request: GenerationRequest, record: RequestRecord
+    ) -> Generation:
+        stack = AsyncExitStack()
+        try:
+            lease = await stack.enter_async_context(self._registry.lease(name))
+            routed = replace(request, model=name)
+            events = lease.backend.generate(routed)
+            stack.push_async_callback(_aclose, events)
+            record.bind(name, lease.config.backend, self._metrics)
+            try:
+                first = await anext(events)
+            except StopAsyncIteration:
+                raise UpstreamBadResponse(f"model {name!r} returned no output") from None
+            record.observe(first)
+        except BaseException:
+            await stack.aclose()
+            raise
+        return Generation(
+            request=routed,
+            record=record,
+            model=name,
+            backend=lease.config.backend,
+            first=first,
+            events=events,
+            stack=stack,
+            response_id=new_id(request.kind),
+            created=int(record.arrival_time),
+        )
+
+    async def complete(self, generation: Generation) -> dict[str, Any]:
+        """Collect every event into one response body. Closes the generation."""
+        choices = [ChoiceAccumulator() for _ in range(generation.request.sampling.n)]
+        usage = Usage(0, 0)
+        try:
+            async for event in generation.all_events():
+                if event is not generation.first:
+                    generation.record.observe(event)
+                if isinstance(event, TextDelta):
+                    choice = choices[event.index]
+                    choice.parts.append(event.text)
+                    choice.logprobs.extend(event.logprobs)
+                elif isinstance(event, Finished):
+                    choices[event.index].finish_reason = event.reason
+                elif isinstance(event, Usage):
+                    usage = event
+        finally:
+            await generation.close()
+        self.observe_overhead(generation)
+        return full_response(
+            generation.request.kind,
+            response_id=generation.response_id,
+            created=generation.created,
+            model=generation.model,
+            choices=choices,
+            usage=usage,
+            want_logprobs=generation.request.sampling.logprobs is not None,
+        )
+
+    async def stream(self, generation: Generation, include_usage: bool) -> AsyncIterator[bytes]:
+        """SSE frames: role, deltas, finish per choice, usage if asked, ``[DONE]``.
+
+        The caller must consume or close this iterator; closing it (client gone) closes
+        the backend stream, which aborts the work behind it.
+        """
+        record = generation.record
+        writer = ChunkWriter(
+            generation.request.kind,
+            generation.response_id,
+            generation.created,
+            generation.model,
+            generation.request.sampling.logprobs is not None,
+        )
+        chat = generation.request.kind.value == "chat"
+        try:
+            if chat:
+                for index in range(generation.request.sampling.n):
+                    yield writer.role(index)
+            async for event in generation.all_events():
+                if event is not generation.first:
+                    record.observe(event)
+                if isinstance(event, TextDelta):
+                    if event.text or event.logprobs:
+                        yield writer.text(event.index, event.text, event.logprobs)
+                elif isinstance(event, Finished):
+                    yield writer.finish(event.index, event.reason)
+                elif isinstance(event, Usage) and include_usage:
+                    yield writer.usage(event)
+        except BackendError as exc:
+            record.fail("error", exc.error_type)
+            log.warning("request %s failed mid-stream: %s", record.request_id, exc.message)
+            yield sse(error_payload(exc))
+        except (asyncio.CancelledError, GeneratorExit):
+            record.fail("disconnected", None)
+            raise
+        except Exception as exc:
+            record.fail("error", "server_error")
+            log.exception("request %s failed mid-stream", record.request_id)
+            yield sse(error_payload(BackendError(f"internal error: {type(exc).__name__}")))
+        finally:
+            await generation.close()
+            if record.status == "ok":
+                self.observe_overhead(generation)
+            record.finish()
+        yield SSE_DONE
+
+    def observe_overhead(self, generation: Generation) -> None:
+        upstream = generation.record.upstream_seconds
+        if upstream is None:
+            return
+        overhead = max(0.0, generation.record.elapsed - upstream)
+        self._backend_metrics.overhead.labels(generation.model, generation.backend).observe(
+            overhead
+        )
+
+
+async def _aclose(events: AsyncIterator[BackendEvent]) -> None:
+    closer = getattr(events, "aclose", None)
+    if closer is not None:
+        await closer()
+
+
+def server_timing(generation: Generation) -> str:
+    """``Server-Timing`` value: upstream wait and gateway overhead when known, in ms."""
+    record = generation.record
+    total_ms = record.elapsed * 1000.0
+    upstream = record.upstream_seconds
+    if upstream is None:
+        return f"total;dur={total_ms:.2f}"
+    upstream_ms = upstream * 1000.0
+    return (
+        f"upstream;dur={upstream_ms:.2f}, overhead;dur={max(0.0, total_ms - upstream_ms):.2f}, "
+        f"total;dur={total_ms:.2f}"
+    )
+
+
+def now() -> float:
+    return time.time()

