@@ -1,0 +1,174 @@
+"""The wire between a ``ProcessBackend`` and its worker: frames, messages, errors.
+
+A frame is a 4-byte big-endian length followed by a pickled ``list`` of messages, so
+a writer that finds several messages ready sends them in one frame (one syscall, one
+wake-up of the reader). Pickle is safe here: both ends are our own code, connected by
+a private ``socketpair`` that no other process can reach.
+
+Messages are tuples whose first item is a tag:
+
+parent -> worker
+    ``(INIT, config, factory_spec)``  first message; build and start the engine
+    ``(GENERATE, key, request)``      start one request; ``key`` is a parent-chosen int
+    ``(CANCEL, key)``                 the client left: abort the request
+    ``(CALL, call_id, name)``         a small RPC (``name`` in ``CALLS``)
+    ``(STOP,)``                       stop the engine and exit
+
+worker -> parent
+    ``(READY, info, pid)``            the engine started; ``info`` is its ``ModelInfo``
+    ``(LOAD_ERROR, message)``         the engine failed to start; the worker exits
+    ``(EVENT, key, event)``           one ``BackendEvent`` of request ``key``
+    ``(END, key)``                    request ``key`` finished normally
+    ``(ERROR, key, ErrorPayload)``    request ``key`` failed with a ``BackendError``
+    ``(REPLY, call_id, value)``       answer to a ``CALL``
+    ``(OBSERVE, method, args)``       one ``WorkerObserver`` call to replay in the parent
+    ``(CRASHED, reason)``             the engine died on its own; the worker exits next
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import pickle
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from backends.base import BackendError
+
+INIT = "init"
+GENERATE = "gen"
+CANCEL = "cancel"
+CALL = "call"
+STOP = "stop"
+READY = "ready"
+LOAD_ERROR = "load_error"
+EVENT = "ev"
+END = "end"
+ERROR = "err"
+REPLY = "reply"
+OBSERVE = "obs"
+CRASHED = "crashed"
+
+CALLS = frozenset({"ready"})
+OBSERVER_METHODS = frozenset({"on_step", "on_load", "on_abort", "on_preempt"})
+
+Message = tuple[Any, ...]
+
+_HEADER = struct.Struct(">I")
+# A frame carries at most a batch of token events; anything near this is a bug.
+MAX_FRAME_BYTES = 256 * 1024 * 1024
+
+
+class ProtocolError(Exception):
+    """The other end sent something that is not a valid frame."""
+
+
+def encode_frame(messages: list[Message]) -> bytes:
+    payload = pickle.dumps(messages, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(payload)) + payload
+
+
+async def read_frame(reader: asyncio.StreamReader) -> list[Message] | None:
+    """The next batch of messages, or ``None`` at a clean end of stream.
+
+    Raises ``ProtocolError`` on a truncated or malformed frame.
+    """
+    try:
+        header = await reader.readexactly(_HEADER.size)
+    except asyncio.IncompleteReadError as exc:
+        if exc.partial:
+            raise ProtocolError("connection closed inside a frame header") from exc
+        return None
+    (size,) = _HEADER.unpack(header)
+    if size > MAX_FRAME_BYTES:
+        raise ProtocolError(f"frame of {size} bytes exceeds {MAX_FRAME_BYTES}")
+    try:
+        payload = await reader.readexactly(size)
+    except asyncio.IncompleteReadError as exc:
+        raise ProtocolError("connection closed inside a frame") from exc
+    try:
+        messages = pickle.loads(payload)
+    except Exception as exc:
+        raise ProtocolError(f"undecodable frame: {exc!r}") from exc
+    if not isinstance(messages, list) or not all(
+        isinstance(m, tuple) and m and isinstance(m[0], str) for m in messages
+    ):
+        raise ProtocolError("frame is not a list of tagged tuples")
+    return messages
+
+
+# --------------------------------------------------------------------------- errors
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorPayload:
+    """A ``BackendError`` flattened so the parent can raise the same class again.
+
+    Exceptions do not pickle faithfully (keyword-only fields such as ``retry_after`` and
+    ``status`` are lost), so the fields travel explicitly.
+    """
+
+    module: str
+    qualname: str
+    message: str
+    param: str | None
+    status: int
+    code: str | None
+    retry_after: float | None
+
+
+def encode_error(exc: BaseException) -> ErrorPayload:
+    """Flatten ``exc``; anything that is not a ``BackendError`` becomes a plain one."""
+    if not isinstance(exc, BackendError):
+        exc = BackendError(f"worker error: {type(exc).__name__}: {exc}")
+    cls = type(exc)
+    retry_after = getattr(exc, "retry_after", None)
+    return ErrorPayload(
+        module=cls.__module__,
+        qualname=cls.__qualname__,
+        message=exc.message,
+        param=exc.param,
+        status=exc.status,
+        code=exc.code,
+        retry_after=float(retry_after) if isinstance(retry_after, int | float) else None,
+    )
+
+
+def _error_class(module: str, qualname: str) -> type[BackendError]:
+    """The named ``BackendError`` subclass, or ``BackendError`` if it cannot be found.
+
+    Only modules under ``backends.`` are imported, so a payload cannot make the parent
+    import arbitrary code.
+    """
+    if module != "backends" and not module.startswith("backends."):
+        return BackendError
+    try:
+        found: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError):
+        return BackendError
+    if isinstance(found, type) and issubclass(found, BackendError):
+        return found
+    return BackendError
+
+
+def decode_error(payload: ErrorPayload) -> BackendError:
+    """Rebuild the error with the same class, message, param, status, code, retry_after.
+
+    Built without calling ``__init__`` because subclasses differ in their required
+    keyword arguments; every public field is then set explicitly.
+    """
+    cls = _error_class(payload.module, payload.qualname)
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, payload.message)
+    exc.message = payload.message
+    exc.param = payload.param
+    if exc.status != payload.status:
+        exc.status = payload.status
+    if exc.code != payload.code:
+        exc.code = payload.code
+    if payload.retry_after is not None:
+        exc.retry_after = payload.retry_after  # type: ignore[attr-defined]
+    return exc

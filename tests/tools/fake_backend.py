@@ -1,0 +1,178 @@
+"""A small deterministic ``Backend`` for tests, usable in-process or in a worker process.
+
+``FakeBackend(config, observer=None, on_crash=None)`` echoes the words of the prompt
+(or of the last chat message) back as tokens, one ``TextDelta`` per word, ``delay``
+seconds apart, for each of ``sampling.n`` choices; ``max_tokens`` cuts it short with
+finish reason ``length``. It reports every step, load change and abort to ``observer``.
+
+Knobs, as keyword arguments or (so a worker process can be configured) environment
+variables read once in the constructor:
+
+- ``delay`` / ``LLMSO_FAKE_DELAY``: seconds between tokens (default 0);
+- ``load_delay`` / ``LLMSO_FAKE_LOAD_DELAY``: seconds ``start()`` takes (default 0);
+- ``load_error`` / ``LLMSO_FAKE_LOAD_ERROR``: ``start()`` raises ``RuntimeError`` with it;
+- ``stop_delay`` / ``LLMSO_FAKE_STOP_DELAY``: seconds ``stop()`` takes (default 0);
+- ``yield_each`` / ``LLMSO_FAKE_YIELD_EACH=1``: with no delay, still give the event loop
+  a turn after every token (so a relay sees one token at a time, like a real engine).
+
+Directives in the prompt make a request misbehave on purpose:
+
+- ``!error <ErrorClass> <param|-> <message...>``: raise that ``backends.base`` error
+  (``Overloaded``/``NotReady`` get ``retry_after=7.5``) before the first delta;
+- ``!error-after <n> <ErrorClass> <param|-> <message...>``: the same after ``n`` deltas;
+- ``!bug``: raise a ``ZeroDivisionError`` (a programming error, not a ``BackendError``);
+- ``!crash``: call ``on_crash`` as if the engine thread died, then stall.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from backends import base
+from backends.base import (
+    BackendEvent,
+    Finished,
+    GenerationRequest,
+    ModelInfo,
+    NotReady,
+    RequestKind,
+    Started,
+    TextDelta,
+    Usage,
+)
+from backends.metrics import WorkerObserver
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    return float(raw) if raw else default
+
+
+class FakeBackend:
+    """See the module docstring. State is owned by the event loop that runs it."""
+
+    def __init__(
+        self,
+        config: Any,
+        observer: WorkerObserver | None = None,
+        on_crash: Callable[[str], None] | None = None,
+        *,
+        delay: float | None = None,
+        load_delay: float | None = None,
+        load_error: str | None = None,
+        stop_delay: float | None = None,
+        yield_each: bool | None = None,
+    ) -> None:
+        self.config = config
+        self.observer = observer
+        self.on_crash = on_crash
+        self.delay = _env_float("LLMSO_FAKE_DELAY", 0.0) if delay is None else delay
+        self.load_delay = (
+            _env_float("LLMSO_FAKE_LOAD_DELAY", 0.0) if load_delay is None else load_delay
+        )
+        self.load_error = load_error or os.environ.get("LLMSO_FAKE_LOAD_ERROR") or None
+        self.stop_delay = (
+            _env_float("LLMSO_FAKE_STOP_DELAY", 0.0) if stop_delay is None else stop_delay
+        )
+        self.yield_each = (
+            os.environ.get("LLMSO_FAKE_YIELD_EACH") == "1" if yield_each is None else yield_each
+        )
+        self.started = False
+        self.running = 0
+        self.aborted = 0
+
+    async def start(self) -> None:
+        if self.load_delay:
+            await asyncio.sleep(self.load_delay)
+        if self.load_error:
+            raise RuntimeError(self.load_error)
+        self.started = True
+
+    async def stop(self) -> None:
+        if self.stop_delay:
+            await asyncio.sleep(self.stop_delay)
+        self.started = False
+
+    async def ready(self) -> bool:
+        return self.started
+
+    def info(self) -> ModelInfo:
+        return ModelInfo(
+            max_context=getattr(self.config, "max_context", None) or 2048,
+            extra={"engine": "fake", "worker_pid": str(os.getpid())},
+        )
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
+        if not self.started:
+            raise NotReady("fake backend is not started")
+        text = request.prompt if request.kind is RequestKind.COMPLETION else ""
+        if request.messages:
+            text = request.messages[-1].content
+        words = text.split()
+        fail_after = self._check_directives(words)
+        queued = time.time()
+        self.running += 1
+        self._report_load()
+        completed = False
+        try:
+            yield Started(queued_at=queued, started_at=time.time())
+            total = 0
+            for index in range(request.sampling.n):
+                budget = min(len(words), request.sampling.max_tokens)
+                for position, word in enumerate(words[:budget]):
+                    if fail_after is not None and total >= fail_after[0]:
+                        raise fail_after[1]
+                    if self.delay or self.yield_each:
+                        await asyncio.sleep(self.delay)
+                    total += 1
+                    if self.observer is not None:
+                        self.observer.on_step(1, 1, self.delay)
+                    yield TextDelta(index=index, text=word if position == 0 else " " + word)
+                yield Finished(index=index, reason="length" if budget < len(words) else "stop")
+            yield Usage(prompt_tokens=len(words), completion_tokens=total)
+            completed = True
+        finally:
+            self.running -= 1
+            if not completed:
+                self.aborted += 1
+                if self.observer is not None:
+                    self.observer.on_abort()
+            self._report_load()
+
+    def _report_load(self) -> None:
+        if self.observer is not None:
+            self.observer.on_load(self.running, 0, self.running / 100)
+
+    def _check_directives(self, words: list[str]) -> tuple[int, base.BackendError] | None:
+        if not words or not words[0].startswith("!"):
+            return None
+        head = words[0]
+        if head == "!bug":
+            raise ZeroDivisionError("fake bug")
+        if head == "!crash":
+            if self.on_crash is not None:
+                self.on_crash("fake engine thread died")
+            return (0, base.BackendCrashed("fake engine thread died"))
+        if head == "!error":
+            return (0, _build_error(words[1:]))
+        if head == "!error-after":
+            return (int(words[1]), _build_error(words[2:]))
+        return None
+
+
+def _build_error(words: list[str]) -> base.BackendError:
+    name, param, *message = words
+    cls: Any = getattr(base, name)
+    text = " ".join(message)
+    if issubclass(cls, base.Overloaded | base.NotReady):
+        error: base.BackendError = cls(text, retry_after=7.5)
+        return error
+    if issubclass(cls, base.UpstreamRejected):
+        error = cls(text, status=422, param=None if param == "-" else param, code="bad")
+        return error
+    error = cls(text, param=None if param == "-" else param)
+    return error

@@ -1,0 +1,92 @@
+"""The worker wire format: frames and error round trips (no processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import pytest
+
+from backends import base
+from backends.base import SamplingParams, TextDelta, Usage
+from backends.process import protocol as p
+
+
+def _reader(data: bytes) -> asyncio.StreamReader:
+    reader = asyncio.StreamReader()
+    reader.feed_data(data)
+    reader.feed_eof()
+    return reader
+
+
+async def test_frames_round_trip_in_order() -> None:
+    first = [(p.EVENT, 1, TextDelta(index=0, text="hi")), (p.END, 1)]
+    second = [(p.OBSERVE, "on_step", (2, 2, 0.01)), (p.EVENT, 2, Usage(3, 4))]
+    reader = _reader(p.encode_frame(first) + p.encode_frame(second))
+    assert await p.read_frame(reader) == first
+    assert await p.read_frame(reader) == second
+    assert await p.read_frame(reader) is None
+
+
+async def test_sampling_params_survive_a_frame() -> None:
+    params = SamplingParams(max_tokens=3, temperature=0.0, stop=("x",), seed=7)
+    [(tag, value)] = await p.read_frame(_reader(p.encode_frame([("t", params)]))) or []
+    assert (tag, value) == ("t", params)
+
+
+async def test_truncated_frame_is_a_protocol_error() -> None:
+    data = p.encode_frame([(p.END, 1)])
+    with pytest.raises(p.ProtocolError):
+        await p.read_frame(_reader(data[:-1]))
+    with pytest.raises(p.ProtocolError):
+        await p.read_frame(_reader(data[:2]))
+
+
+async def test_oversized_and_malformed_frames_are_rejected() -> None:
+    with pytest.raises(p.ProtocolError, match="exceeds"):
+        await p.read_frame(_reader(struct.pack(">I", p.MAX_FRAME_BYTES + 1)))
+    with pytest.raises(p.ProtocolError, match="undecodable"):
+        await p.read_frame(_reader(struct.pack(">I", 3) + b"abc"))
+    with pytest.raises(p.ProtocolError, match="tagged tuples"):
+        await p.read_frame(_reader(p.encode_frame([("ok",), 5])))  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        base.InvalidRequest("bad temperature", param="temperature"),
+        base.ContextLengthExceeded("too long", param="messages"),
+        base.Overloaded("queue full", retry_after=2.5),
+        base.NotReady("loading", retry_after=9.0),
+        base.UpstreamRejected("nope", status=422, param="top_k", code="unsupported"),
+        base.BackendCrashed("engine died"),
+        base.BackendError("plain"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_errors_keep_class_and_fields(error: base.BackendError) -> None:
+    back = p.decode_error(p.encode_error(error))
+    assert type(back) is type(error)
+    assert (str(back), back.message, back.param) == (str(error), error.message, error.param)
+    assert (back.status, back.code, back.error_type) == (error.status, error.code, error.error_type)
+    assert getattr(back, "retry_after", None) == getattr(error, "retry_after", None)
+
+
+def test_non_backend_errors_become_backend_errors() -> None:
+    back = p.decode_error(p.encode_error(ZeroDivisionError("division by zero")))
+    assert type(back) is base.BackendError
+    assert back.status == 500
+    assert back.message == "worker error: ZeroDivisionError: division by zero"
+
+
+def test_unknown_or_foreign_classes_fall_back_to_backend_error() -> None:
+    fields = {"message": "m", "param": "x", "status": 418, "code": "teapot", "retry_after": None}
+    for module, qualname in [
+        ("os", "PathLike"),
+        ("backends.base", "NoSuchError"),
+        ("backends.base", "ModelInfo"),
+        ("backends.nowhere", "Error"),
+    ]:
+        back = p.decode_error(p.ErrorPayload(module=module, qualname=qualname, **fields))  # type: ignore[arg-type]
+        assert type(back) is base.BackendError
+        assert (back.message, back.param, back.status, back.code) == ("m", "x", 418, "teapot")
