@@ -1,0 +1,301 @@
+"""``OpenAIProxyBackend``: serve a model by relaying to an OpenAI-compatible server.
+
+Lifecycle: ``start()`` creates one pooled aiohttp session for the upstream (the data
+path; measured ~4x cheaper per relayed stream than httpx), probes the upstream once and
+starts the periodic health task; ``stop()`` ends open streams (each raises
+``BackendCrashed``), cancels the health task and closes the session.
+
+Ownership: every mutable field (session, health tracker, breaker, open streams, waiter
+count) is owned by the event loop that called ``start()``; nothing here is thread-safe.
+
+Per request (``generate``): refuse at once while the circuit breaker is open; wait a
+bounded time for a ``max_concurrency`` slot (else ``Overloaded``); send the request
+streaming with ``include_usage``; retry with backoff on unavailability (connection
+errors, 502/503, 429) only until the first event has been produced, so the client never
+sees a retried stream; relay events; finally yield ``Usage`` with the upstream's counts
+(or our own count, see ``stream``) and the seconds spent waiting on the upstream.
+Closing the iterator early closes the upstream connection, and the engine aborts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+
+from backends.base import (
+    BackendCrashed,
+    BackendError,
+    BackendEvent,
+    GenerationRequest,
+    ModelInfo,
+    NotReady,
+    Overloaded,
+    RequestKind,
+    Started,
+    UpstreamRejected,
+    UpstreamUnavailable,
+    Usage,
+)
+from backends.metrics import BackendMetrics
+from backends.openai_proxy.engines import profile_for, split_base_url
+from backends.openai_proxy.errors import is_retryable
+from backends.openai_proxy.health import CircuitBreaker, HealthTracker
+from backends.openai_proxy.payload import build_body, estimate_prompt_tokens
+from backends.openai_proxy.relay import HopMetrics, UpstreamStream
+from backends.openai_proxy.stream import ChunkTranslator
+from config.schema import OpenAIModelConfig
+
+_BACKOFF_BASE = 0.1
+_BACKOFF_CAP = 2.0
+
+
+class OpenAIProxyBackend:
+    """One configured model served by an upstream engine server. See the module doc."""
+
+    def __init__(self, config: OpenAIModelConfig, metrics: BackendMetrics) -> None:
+        self._config = config
+        self._profile = profile_for(config.engine, config.health_path)
+        self._root, self._api = split_base_url(config.base_url)
+        self._upstream_model = config.upstream_model or config.name
+        labels = (config.name, "openai")
+        self._hop = HopMetrics(
+            latency=metrics.upstream_latency.labels(*labels),
+            ttft=metrics.upstream_ttft.labels(*labels),
+            requests=metrics.upstream_requests,
+            labels=labels,
+        )
+        self._up_gauge = metrics.upstream_up.labels(*labels)
+        self._health = HealthTracker(config.health_failures_down, config.health_successes_up)
+        self._breaker = CircuitBreaker(config.breaker_failures, config.breaker_cooldown)
+        self._slots = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
+        self._waiting = 0
+        self._session: aiohttp.ClientSession | None = None
+        self._health_task: asyncio.Task[None] | None = None
+        self._streams: set[UpstreamStream] = set()
+        self._stopping = False
+        self._discovered = False
+        self._upstream_context: int | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        config = self._config
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        key = config.api_key or (os.environ.get(config.api_key_env) if config.api_key_env else None)
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        # sock_read bounds the wait for the first token and every later gap between bytes;
+        # total bounds the whole request. The semaphore, not the pool, limits concurrency.
+        timeout = aiohttp.ClientTimeout(
+            total=config.total_timeout,
+            sock_connect=config.connect_timeout,
+            sock_read=config.first_token_timeout,
+        )
+        self._session = aiohttp.ClientSession(
+            headers=headers,
+            timeout=timeout,
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0),
+            json_serialize=lambda value: orjson.dumps(value).decode(),
+        )
+        await self._probe()
+        self._health_task = asyncio.create_task(
+            self._health_loop(), name=f"llmso-health-{config.name}"
+        )
+
+    async def stop(self) -> None:
+        self._stopping = True
+        task, self._health_task = self._health_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for stream in list(self._streams):
+            stream.close()
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+        self._up_gauge.set(0)
+
+    async def ready(self) -> bool:
+        return self._session is not None and not self._stopping and self._health.up
+
+    def info(self) -> ModelInfo:
+        return ModelInfo(
+            max_context=self._config.max_context or self._upstream_context,
+            owned_by=self._config.engine,
+            extra={
+                "backend": "openai",
+                "engine": self._config.engine,
+                "upstream_model": self._upstream_model,
+                "upstream_up": "1" if self._health.up else "0",
+            },
+        )
+
+    # ------------------------------------------------------------------ data path
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
+        session = self._session
+        if session is None or self._stopping:
+            raise NotReady(f"model {self._config.name!r} is not started")
+        queued_at = time.time()
+        decision = self._breaker.check(time.monotonic())
+        if not decision.allowed:
+            raise UpstreamUnavailable(
+                f"upstream for {self._config.name!r} is failing; circuit open",
+                retry_after=max(decision.retry_after, 0.1),
+            )
+        async with self._slot():
+            path, body = build_body(request, self._upstream_model, self._profile)
+            stream, started_at, first = await self._open(session, self._api + path, body, request)
+            self._streams.add(stream)
+            try:
+                yield Started(queued_at=queued_at, started_at=started_at)
+                for event in first:
+                    yield event
+                while not stream.ended:
+                    for event in await self._next(stream):
+                        yield event
+                yield self._usage(stream, request)
+            finally:
+                self._streams.discard(stream)
+                stream.close()
+
+    async def _open(
+        self, session: aiohttp.ClientSession, url: str, body: bytes, request: GenerationRequest
+    ) -> tuple[UpstreamStream, float, list[BackendEvent]]:
+        """Send with retries until the upstream produced its first events."""
+        chat = request.kind is RequestKind.CHAT
+        waited = 0.0
+        attempt = 0
+        while True:
+            started_at = time.time()
+            translator = ChunkTranslator(chat=chat, n=request.sampling.n)
+            stream = UpstreamStream(url, translator, self._hop)
+            try:
+                await stream.open(session, body)
+                first = await stream.first_events()
+            except BackendError as error:
+                stream.close()
+                waited += stream.waited
+                self._account(error)
+                if self._stopping:
+                    raise BackendCrashed("backend stopped") from error
+                if not is_retryable(error) or attempt >= self._config.retries:
+                    raise
+                delay = self._backoff(attempt, error)
+                attempt += 1
+                await asyncio.sleep(delay)
+                waited += delay
+                continue
+            except BaseException:
+                stream.close()
+                raise
+            self._breaker.record_success()
+            stream.waited += waited
+            return stream, started_at, first
+
+    async def _next(self, stream: UpstreamStream) -> list[BackendEvent]:
+        try:
+            return await stream.next_events()
+        except BackendError as error:
+            self._account(error)
+            if self._stopping:
+                raise BackendCrashed("backend stopped") from error
+            raise
+
+    def _usage(self, stream: UpstreamStream, request: GenerationRequest) -> Usage:
+        translator = stream.translator
+        if translator.usage is not None:
+            prompt, completion = translator.usage
+        else:
+            prompt, completion = estimate_prompt_tokens(request), translator.counted_tokens
+        return Usage(prompt, completion, upstream_seconds=stream.waited)
+
+    def _account(self, error: BackendError) -> None:
+        """Feed one failed attempt to the breaker: rejections and 429s are answers."""
+        if not isinstance(error, UpstreamRejected | Overloaded):
+            self._breaker.record_failure(time.monotonic())
+
+    @staticmethod
+    def _backoff(attempt: int, error: BackendError) -> float:
+        hinted = error.retry_after if isinstance(error, Overloaded) else 0.0
+        base = min(_BACKOFF_BASE * 2.0**attempt, _BACKOFF_CAP)
+        return max(min(hinted, _BACKOFF_CAP), base * (0.5 + random.random() / 2))
+
+    @contextlib.asynccontextmanager
+    async def _slot(self) -> AsyncIterator[None]:
+        """Hold one of ``max_concurrency`` slots; wait at most ``queue_timeout``."""
+        slots = self._slots
+        if slots is None:
+            yield
+            return
+        if slots.locked():
+            if self._waiting >= self._config.max_queue:
+                raise Overloaded(f"model {self._config.name!r}: too many waiting requests")
+            self._waiting += 1
+            try:
+                async with asyncio.timeout(self._config.queue_timeout):
+                    await slots.acquire()
+            except TimeoutError:
+                raise Overloaded(
+                    f"model {self._config.name!r}: no free upstream slot within "
+                    f"{self._config.queue_timeout:g}s"
+                ) from None
+            finally:
+                self._waiting -= 1
+        else:
+            await slots.acquire()
+        try:
+            yield
+        finally:
+            slots.release()
+
+    # ------------------------------------------------------------------ health
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._config.health_interval)
+            await self._probe()
+
+    async def _probe(self) -> None:
+        """One health probe. Until the model list was read once, the probe reads
+        ``/v1/models`` to learn the upstream's model id and context size."""
+        session = self._session
+        if session is None:
+            return
+        discovering = not self._discovered
+        url = f"{self._api}/models" if discovering else self._root + self._profile.health_path
+        ok = False
+        try:
+            timeout = aiohttp.ClientTimeout(total=2 * self._config.connect_timeout)
+            async with session.get(url, timeout=timeout) as response:
+                ok = response.status == 200
+                if ok and discovering:
+                    self._learn(await response.read())
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+            ok = False
+        self._up_gauge.set(1 if self._health.record(ok) else 0)
+
+    def _learn(self, raw: bytes) -> None:
+        """Take the upstream model id (when not configured) and its context size."""
+        self._discovered = True
+        models: Any = orjson.loads(raw).get("data") or []
+        if not models:
+            return
+        if self._config.upstream_model is None:
+            names = [m.get("id") for m in models]
+            if self._config.name not in names and isinstance(names[0], str):
+                self._upstream_model = names[0]
+        for model in models:
+            if model.get("id") == self._upstream_model:
+                length = model.get("max_model_len")
+                if isinstance(length, int) and length > 0:
+                    self._upstream_context = length

@@ -1,0 +1,58 @@
+"""Known upstream kinds and the differences the proxy smooths over.
+
+Every engine speaks the OpenAI wire format, but not quite the same dialect:
+
+- vLLM honours ``stream_options.include_usage`` and has a cheap ``/health``.
+- llama.cpp (llama-cpp-python) ignores ``include_usage``; its streams carry no usage, so
+  the proxy counts tokens itself (see ``stream.ChunkTranslator``).
+- mlx-lm answers ``/v1/models`` with an empty list unless ``HF_HUB_CACHE`` exists, needs
+  the served *path* as ``model``, and labels its usage chunk ``object: chat.completion``;
+  the stream parser never looks at ``object``, so only the health path differs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+EngineKind = Literal["generic", "vllm", "llamacpp", "mlx"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineProfile:
+    kind: EngineKind
+    health_path: str
+    """Path under the server root (not under ``/v1``) probed by health checks."""
+    sends_usage: bool
+    """Whether ``stream_options.include_usage`` yields a usage chunk."""
+    accepts_ignore_eos: bool
+    """Whether the body may carry vLLM's ``ignore_eos`` extension."""
+
+
+_PROFILES: dict[str, EngineProfile] = {
+    "generic": EngineProfile("generic", "/v1/models", True, False),
+    "vllm": EngineProfile("vllm", "/health", True, True),
+    "llamacpp": EngineProfile("llamacpp", "/v1/models", False, False),
+    "mlx": EngineProfile("mlx", "/health", True, False),
+}
+
+
+def profile_for(kind: str, health_path: str | None = None) -> EngineProfile:
+    """The profile of ``kind``; ``health_path`` overrides the default probe path."""
+    base = _PROFILES[kind]
+    if health_path is None:
+        return base
+    path = health_path if health_path.startswith("/") else f"/{health_path}"
+    return EngineProfile(base.kind, path, base.sends_usage, base.accepts_ignore_eos)
+
+
+def split_base_url(base_url: str) -> tuple[str, str]:
+    """``(server_root, api_root)`` for a configured base URL.
+
+    Accepts both ``http://h:p`` and ``http://h:p/v1`` (the OpenAI SDK convention): the API
+    root always ends in ``/v1``; health paths hang off the server root.
+    """
+    url = base_url.rstrip("/")
+    if url.endswith("/v1"):
+        return url[: -len("/v1")], url
+    return url, f"{url}/v1"

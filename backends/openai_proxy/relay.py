@@ -1,0 +1,164 @@
+"""One attempt at one upstream request: send, check the answer, relay the stream.
+
+``UpstreamStream`` wraps a single aiohttp response. It is owned by the coroutine that
+runs the request (the backend's ``generate``) and must be closed by it: ``close()`` on a
+stream that has not ended drops the connection, which is how an engine learns that the
+client left and aborts the generation.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from backends.base import BackendError, BackendEvent, Overloaded, UpstreamBadResponse
+from backends.openai_proxy.errors import from_exception, from_status
+from backends.openai_proxy.stream import ChunkTranslator, SSEDecoder
+
+_MAX_ERROR_BODY = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class HopMetrics:
+    """The metric children of one model's upstream hop, resolved once at construction."""
+
+    latency: Any
+    ttft: Any
+    requests: Any
+    """``upstream_requests`` family; labelled per outcome with ``labels``."""
+    labels: tuple[str, str]
+
+    def count(self, status: str) -> None:
+        self.requests.labels(*self.labels, status).inc()
+
+
+class UpstreamStream:
+    """Send one request and read its SSE answer in batches of events.
+
+    ``waited`` accumulates the seconds spent blocked on the upstream (connecting, waiting
+    for headers, waiting for bytes); time spent handing events to the consumer is not
+    included. Exactly one ``upstream_requests`` sample is counted per attempt, labelled
+    with the HTTP status, or ``connect_error``/``timeout``/``bad_response``/``aborted``.
+    """
+
+    __slots__ = (
+        "_decoder",
+        "_first_seen",
+        "_metrics",
+        "_outcome",
+        "_response",
+        "_sent",
+        "_url",
+        "ended",
+        "translator",
+        "waited",
+    )
+
+    def __init__(self, url: str, translator: ChunkTranslator, metrics: HopMetrics) -> None:
+        self._url = url
+        self._metrics = metrics
+        self._decoder = SSEDecoder()
+        self.translator = translator
+        self._response: aiohttp.ClientResponse | None = None
+        self._sent = 0.0
+        self._first_seen = False
+        self._outcome: str | None = None
+        self.ended = False
+        self.waited = 0.0
+
+    async def open(self, session: aiohttp.ClientSession, body: bytes) -> None:
+        """POST ``body``; raises the mapped ``BackendError`` unless the answer is 200."""
+        self._sent = time.perf_counter()
+        try:
+            response = await session.post(self._url, data=body)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            self.waited += time.perf_counter() - self._sent
+            raise self._fail(from_exception(exc, url=self._url)) from exc
+        self._response = response
+        if response.status != 200:
+            try:
+                raw = await response.content.read(_MAX_ERROR_BODY)
+            except (aiohttp.ClientError, TimeoutError, OSError):
+                raw = b""
+            self.waited += time.perf_counter() - self._sent
+            self._outcome = str(response.status)
+            self._metrics.count(self._outcome)
+            raise from_status(response.status, raw, response.headers.get("Retry-After"))
+        self.waited += time.perf_counter() - self._sent
+
+    async def first_events(self) -> list[BackendEvent]:
+        """Read until the stream yields events or ends (role-only chunks carry none)."""
+        while not self.ended:
+            events = await self.next_events()
+            if events:
+                return events
+        return []
+
+    async def next_events(self) -> list[BackendEvent]:
+        """The events of the next bytes to arrive; at end of stream, sets ``ended``."""
+        response = self._response
+        assert response is not None, "open() first"
+        began = time.perf_counter()
+        try:
+            data = await response.content.readany()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            self.waited += time.perf_counter() - began
+            raise self._fail(from_exception(exc, url=self._url)) from exc
+        now = time.perf_counter()
+        self.waited += now - began
+        out: list[BackendEvent] = []
+        try:
+            if data:
+                for payload in self._decoder.feed(data):
+                    self.translator.translate(payload, out)
+            else:
+                for payload in self._decoder.flush():
+                    self.translator.translate(payload, out)
+                self._end(out, now)
+        except BackendError as exc:
+            raise self._fail(exc) from exc
+        if out and not self._first_seen:
+            self._first_seen = True
+            self._metrics.ttft.observe(now - self._sent)
+        return out
+
+    def close(self) -> None:
+        """Release the connection; drops it when the stream has not ended (abort)."""
+        if self._outcome is None:
+            self._outcome = "aborted"
+            self._metrics.count(self._outcome)
+        response, self._response = self._response, None
+        if response is not None:
+            if self.ended:
+                response.release()
+            else:
+                response.close()
+
+    def _end(self, out: list[BackendEvent], now: float) -> None:
+        translator = self.translator
+        if not translator.done and not translator.all_finished:
+            raise UpstreamBadResponse(f"upstream {self._url} ended its stream early")
+        translator.finish(out)
+        self.ended = True
+        self._outcome = "200"
+        self._metrics.count(self._outcome)
+        self._metrics.latency.observe(now - self._sent)
+
+    def _fail(self, error: BackendError) -> BackendError:
+        if self._outcome is None:
+            self._outcome = _label(error)
+            self._metrics.count(self._outcome)
+        return error
+
+
+def _label(error: BackendError) -> str:
+    if isinstance(error, Overloaded):
+        return "429"
+    if error.status == 504:
+        return "timeout"
+    if error.status == 503:
+        return "connect_error"
+    return "bad_response"

@@ -1,0 +1,215 @@
+"""Pure parts of the openai proxy: body building, SSE parsing, error mapping, health."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from backends.base import (
+    BackendEvent,
+    ChatMessage,
+    Finished,
+    GenerationRequest,
+    Overloaded,
+    RequestKind,
+    SamplingParams,
+    TextDelta,
+    UpstreamBadResponse,
+    UpstreamRejected,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
+from backends.openai_proxy.engines import profile_for, split_base_url
+from backends.openai_proxy.errors import from_status, is_retryable
+from backends.openai_proxy.health import CircuitBreaker, HealthTracker
+from backends.openai_proxy.payload import build_body
+from backends.openai_proxy.stream import ChunkTranslator, SSEDecoder
+
+
+def _request(kind: RequestKind = RequestKind.CHAT, **sampling: object) -> GenerationRequest:
+    return GenerationRequest(
+        request_id="r1",
+        model="m",
+        kind=kind,
+        sampling=SamplingParams(**{"max_tokens": 7, **sampling}),  # type: ignore[arg-type]
+        messages=(ChatMessage("user", "hi"),) if kind is RequestKind.CHAT else (),
+        prompt="Once" if kind is RequestKind.COMPLETION else "",
+    )
+
+
+# ---------------------------------------------------------------- payload
+
+
+def test_chat_body_is_minimal_and_streams_with_usage() -> None:
+    path, raw = build_body(_request(temperature=0.0), "up", profile_for("generic"))
+    body = orjson.loads(raw)
+    assert path == "/chat/completions"
+    assert body == {
+        "model": "up",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 7,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+def test_completion_body_maps_every_sampling_field() -> None:
+    request = _request(
+        RequestKind.COMPLETION,
+        top_p=0.9,
+        top_k=5,
+        seed=3,
+        stop=("\n",),
+        n=2,
+        logprobs=2,
+        presence_penalty=0.5,
+        frequency_penalty=0.25,
+        ignore_eos=True,
+    )
+    path, raw = build_body(request, "up", profile_for("vllm"))
+    body = orjson.loads(raw)
+    assert path == "/completions"
+    assert body["prompt"] == "Once"
+    assert (body["top_p"], body["top_k"], body["seed"], body["n"]) == (0.9, 5, 3, 2)
+    assert body["stop"] == ["\n"] and body["logprobs"] == 2
+    assert (body["presence_penalty"], body["frequency_penalty"]) == (0.5, 0.25)
+    assert body["ignore_eos"] is True
+
+
+def test_max_tokens_only_when_explicit_and_chat_logprobs_shape() -> None:
+    request = GenerationRequest(
+        request_id="r",
+        model="m",
+        kind=RequestKind.CHAT,
+        sampling=SamplingParams(max_tokens=100, logprobs=3),
+        messages=(ChatMessage("user", "x"),),
+        max_tokens_explicit=False,
+        user="u1",
+    )
+    body = orjson.loads(build_body(request, "up", profile_for("llamacpp"))[1])
+    assert "max_tokens" not in body
+    assert body["logprobs"] is True and body["top_logprobs"] == 3
+    assert body["user"] == "u1"
+    assert "top_k" not in body and "ignore_eos" not in body
+
+
+def test_base_url_forms() -> None:
+    assert split_base_url("http://h:1/v1/") == ("http://h:1", "http://h:1/v1")
+    assert split_base_url("http://h:1") == ("http://h:1", "http://h:1/v1")
+    assert profile_for("mlx", "ping").health_path == "/ping"
+
+
+# ---------------------------------------------------------------- SSE
+
+
+def test_sse_decoder_joins_partial_lines_and_skips_noise() -> None:
+    decoder = SSEDecoder()
+    assert decoder.feed(b': comment\n\ndata: {"a"') == []
+    assert decoder.feed(b":1}\r\n\nevent: x\ndata:[DONE]\n\n") == [b'{"a":1}', b"[DONE]"]
+    assert decoder.feed(b"data: tail") == []
+    assert decoder.flush() == [b"tail"]
+
+
+def _chunk(**choice: object) -> bytes:
+    return orjson.dumps({"object": "chat.completion.chunk", "choices": [choice]})
+
+
+def test_translator_chat_deltas_finish_and_usage() -> None:
+    t = ChunkTranslator(chat=True, n=1)
+    out: list[BackendEvent] = []
+    t.translate(_chunk(index=0, delta={"role": "assistant", "content": ""}), out)
+    assert out == []
+    t.translate(_chunk(index=0, delta={"content": "Hi"}, logprobs=None), out)
+    t.translate(_chunk(index=0, delta={}, finish_reason="length"), out)
+    # mlx-lm labels its usage chunk like a full completion, with a message: ignored text.
+    usage_chunk = {
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"content": "Hi"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 1},
+    }
+    t.translate(orjson.dumps(usage_chunk), out)
+    t.translate(b"[DONE]", out)
+    assert out == [TextDelta(0, "Hi"), Finished(0, "length")]
+    assert t.usage == (5, 1) and t.done and t.all_finished
+
+
+def test_translator_completion_logprobs_sorted_and_fallback_count() -> None:
+    t = ChunkTranslator(chat=False, n=2)
+    out: list[BackendEvent] = []
+    lp = {"tokens": ["a"], "token_logprobs": [-0.1], "top_logprobs": [{"b": -3.0, "a": -0.1}]}
+    t.translate(orjson.dumps({"choices": [{"index": 1, "text": "a", "logprobs": lp}]}), out)
+    t.translate(orjson.dumps({"choices": [{"index": 0, "text": "b"}]}), out)
+    delta = out[0]
+    assert isinstance(delta, TextDelta) and delta.index == 1
+    assert [x.token for x in delta.logprobs[0].top] == ["a", "b"]
+    assert delta.logprobs[0].bytes == (97,)
+    assert t.counted_tokens == 2 and t.usage is None
+    t.finish(out)
+    assert out[-2:] == [Finished(0, "stop"), Finished(1, "stop")]
+
+
+@pytest.mark.parametrize(
+    ("payload", "needle"),
+    [
+        (b"{nope", "invalid JSON"),
+        (b"[1]", "not an object"),
+        (b'{"error": {"message": "oom"}}', "oom"),
+    ],
+)
+def test_translator_rejects_garbage_and_error_events(payload: bytes, needle: str) -> None:
+    with pytest.raises(UpstreamBadResponse, match=needle):
+        ChunkTranslator(chat=True, n=1).translate(payload, [])
+
+
+# ---------------------------------------------------------------- errors
+
+
+def test_status_mapping_keeps_4xx_details() -> None:
+    error = {"message": "bad temp", "type": "BadRequestError", "param": "temperature", "code": 400}
+    body = orjson.dumps({"error": error})
+    err = from_status(400, body)
+    assert isinstance(err, UpstreamRejected)
+    assert (err.status, err.message, err.param, err.code) == (400, "bad temp", "temperature", None)
+    ctx = from_status(400, b'{"error": {"message": "maximum context length is 2048 tokens"}}')
+    assert ctx.code == "context_length_exceeded"
+    detail = from_status(422, b'{"detail": [{"msg": "field required"}]}')
+    assert detail.status == 422 and detail.message == "field required"
+    assert from_status(404, b"plain text").message == "plain text"
+
+
+def test_status_mapping_5xx_and_retry_classes() -> None:
+    busy = from_status(429, b"{}", "3")
+    assert isinstance(busy, Overloaded) and busy.retry_after == 3.0
+    assert isinstance(from_status(503, b""), UpstreamUnavailable)
+    assert isinstance(from_status(504, b""), UpstreamTimeout)
+    assert isinstance(from_status(500, b""), UpstreamBadResponse)
+    assert is_retryable(from_status(502, b"")) and is_retryable(busy)
+    assert not is_retryable(from_status(500, b"")) and not is_retryable(from_status(400, b""))
+
+
+# ---------------------------------------------------------------- health
+
+
+def test_health_hysteresis() -> None:
+    h = HealthTracker(failures_down=2, successes_up=3)
+    assert not h.up
+    assert h.record(True)  # first success: up at once
+    assert h.record(False) and not h.record(False)  # second failure: down
+    assert not h.record(True) and not h.record(True)
+    assert not h.record(False)  # a failure resets the success streak
+    assert not h.record(True) and not h.record(True) and h.record(True)
+
+
+def test_breaker_opens_cools_down_and_closes() -> None:
+    b = CircuitBreaker(threshold=2, cooldown=10.0)
+    b.record_failure(0.0)
+    assert b.check(0.0).allowed
+    b.record_failure(1.0)
+    decision = b.check(2.0)
+    assert not decision.allowed and decision.retry_after == pytest.approx(9.0)
+    assert b.check(11.0).allowed  # half-open
+    b.record_failure(11.0)  # the probe failed: open again
+    assert not b.check(12.0).allowed
+    b.record_success()
+    assert b.check(12.0).allowed and not b.is_open
