@@ -312,7 +312,7 @@ class WorkerProcess:
         if tag == p.EVENT:
             stream = self._streams.get(message[1])
             if stream is not None:
-                stream.push(message[2])
+                stream.push(p.decode_event(message[2]))
         elif tag in (p.END, p.ERROR):
             stream = self._streams.pop(message[1], None)
             if stream is not None:

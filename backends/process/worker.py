@@ -71,12 +71,17 @@ class Outbox:
         self._pending: list[p.Message] = []
         self._wake = asyncio.Event()
         self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
 
     def put(self, message: p.Message) -> None:
         self._pending.append(message)
         self._wake.set()
 
     def put_threadsafe(self, message: p.Message) -> None:
+        """``put`` from any thread; on the loop's own thread it skips the wake-up pipe."""
+        if threading.get_ident() == self._loop_thread:
+            self.put(message)
+            return
         # The loop may already be closed while the engine thread winds down.
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(self.put, message)
@@ -243,7 +248,7 @@ class Worker:
             events: AsyncIterator[BackendEvent] = self._backend.generate(request)
             try:
                 async for event in events:
-                    self._outbox.put((p.EVENT, key, event))
+                    self._outbox.put((p.EVENT, key, p.encode_event(event)))
             finally:
                 aclose = getattr(events, "aclose", None)
                 if aclose is not None:

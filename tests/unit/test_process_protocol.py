@@ -90,3 +90,39 @@ def test_unknown_or_foreign_classes_fall_back_to_backend_error() -> None:
         back = p.decode_error(p.ErrorPayload(module=module, qualname=qualname, **fields))  # type: ignore[arg-type]
         assert type(back) is base.BackendError
         assert (back.message, back.param, back.status, back.code) == ("m", "x", 418, "teapot")
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        base.Started(queued_at=1.5, started_at=2.25),
+        TextDelta(index=1, text=" héllo", num_tokens=2),
+        TextDelta(
+            index=0,
+            text="a",
+            logprobs=(
+                base.TokenLogprob(
+                    "a",
+                    -0.1,
+                    (97,),
+                    top=(base.TopLogprob("a", -0.1, (97,)), base.TopLogprob("b", -2.0, (98,))),
+                ),
+            ),
+        ),
+        base.Finished(index=2, reason="length"),
+        Usage(prompt_tokens=5, completion_tokens=7, upstream_seconds=0.5),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+async def test_events_round_trip_through_a_frame(event: base.BackendEvent) -> None:
+    [(_, _, fields)] = (
+        await p.read_frame(_reader(p.encode_frame([(p.EVENT, 1, p.encode_event(event))]))) or []
+    )
+    assert p.decode_event(fields) == event
+
+
+def test_unknown_event_kinds_are_rejected() -> None:
+    with pytest.raises(p.ProtocolError):
+        p.decode_event((99,))
+    with pytest.raises(TypeError):
+        p.encode_event("text")  # type: ignore[arg-type]
