@@ -14,7 +14,13 @@ from typing import Any
 
 import aiohttp
 
-from backends.base import BackendError, BackendEvent, Overloaded, UpstreamBadResponse
+from backends.base import (
+    BackendError,
+    BackendEvent,
+    Overloaded,
+    UpstreamBadResponse,
+    UpstreamUnavailable,
+)
 from backends.openai_proxy.errors import from_exception, from_status
 from backends.openai_proxy.stream import ChunkTranslator, SSEDecoder
 
@@ -100,7 +106,8 @@ class UpstreamStream:
     async def next_events(self) -> list[BackendEvent]:
         """The events of the next bytes to arrive; at end of stream, sets ``ended``."""
         response = self._response
-        assert response is not None, "open() first"
+        if response is None:  # closed under us: stop() or a prior failure
+            raise UpstreamUnavailable(f"stream from {self._url} was closed")
         began = time.perf_counter()
         try:
             data = await response.content.readany()

@@ -118,6 +118,8 @@ class FakeUpstream:
     # ------------------------------------------------------------------ handlers
 
     async def _models(self, request: web.Request) -> web.Response:
+        if not self.healthy:
+            return _error(503, "unhealthy", None)
         data = {"object": "model", "id": self.options.model, "max_model_len": MAX_MODEL_LEN}
         return _json({"object": "list", "data": [data]})
 
@@ -184,9 +186,11 @@ class FakeUpstream:
                 await response.write(b"data: [DONE]\n\n")
                 await response.write_eof()
                 self.completed += 1
-        except (ConnectionError, asyncio.CancelledError):
+        except asyncio.CancelledError:
             self.aborted += 1
             raise
+        except ConnectionError:  # the client left: what an engine counts as an abort
+            self.aborted += 1
         finally:
             self.running -= 1
         return response
