@@ -2,8 +2,9 @@
 
 It reads an ``INIT`` message from the inherited socket ``N``, builds the engine backend
 named by the factory spec (``module:Class``, called as ``Class(config, observer,
-on_crash)``), starts it, says ``READY`` and then serves ``GENERATE``/``CANCEL``/``CALL``
-messages until the parent says ``STOP``, closes the socket, dies or sends SIGTERM.
+on_crash=...)`` the way ``backends.factory`` builds ``HFBackend``), starts it, says
+``READY`` and then serves ``GENERATE``/``CANCEL``/``CALL`` messages until the parent
+says ``STOP``, closes the socket, dies or sends SIGTERM.
 
 Ownership: everything here runs on the worker's event loop, except the observer, which
 the engine may call from its own thread; it only hands messages to the loop through
@@ -132,6 +133,8 @@ class Worker:
         self._calls: set[asyncio.Task[None]] = set()
         self._done = asyncio.Event()
         self._exit_code = EXIT_OK
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
 
     def request_exit(self, why: str, code: int = EXIT_OK) -> None:
         if not self._done.is_set():
@@ -161,7 +164,9 @@ class Worker:
         """Build and start the engine; False (after telling the parent) if it failed."""
         try:
             factory = load_factory(spec)
-            self._backend = factory(config, RelayObserver(self._outbox), self._on_engine_crash)
+            self._backend = factory(
+                config, RelayObserver(self._outbox), on_crash=self._on_engine_crash
+            )
             start = asyncio.create_task(self._backend.start(), name="engine-start")
             stop_wait = asyncio.create_task(self._done.wait())
             await asyncio.wait({start, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
@@ -193,6 +198,10 @@ class Worker:
             await asyncio.wait_for(self._outbox.flush(), 1.0)
 
     def _on_engine_crash(self, reason: str) -> None:
+        """The engine's ``on_crash``; tolerated from any thread, though meant for the loop."""
+        if threading.get_ident() != self._loop_thread:
+            self._loop.call_soon_threadsafe(self._on_engine_crash, reason)
+            return
         self._outbox.put((p.CRASHED, reason))
         self.request_exit(f"engine crashed: {reason}", EXIT_ENGINE_CRASHED)
 
