@@ -106,6 +106,10 @@ def _status_dict(status: ModelStatus) -> dict[str, Any]:
         "loaded_at": status.loaded_at,
         "last_used": status.last_used,
         "last_error": status.last_error,
+        "priority": status.priority,
+        "max_context": status.max_context,
+        "restarts": status.restarts,
+        "retry_in": status.retry_in,
     }
 
 

@@ -38,7 +38,8 @@ def test_example_configs_parse(path: Path, monkeypatch: pytest.MonkeyPatch) -> N
         ("models:\n  - {name: a, backend: hf, source: x, dtype: int3}\n", "models.0.hf.dtype"),
         ("server: {port: 99999}\nmodels:\n  - {name: a, backend: hf, source: x}\n", "server.port"),
         (
-            "models:\n  - {name: a, backend: hf, source: x}\n  - {name: a, backend: hf, source: y}\n",
+            "models:\n  - {name: a, backend: hf, source: x}\n"
+            "  - {name: a, backend: hf, source: y}\n",
             "used by 'a' and 'a'",
         ),
         ("models:\n  - {name: a, backend: hf, source: x, fallback: [b]}\n", "fallback 'b'"),
