@@ -1,0 +1,75 @@
+"""Registry Prometheus families on the app's own ``CollectorRegistry``.
+
+Labels stay bounded: model names come from the config, states, results and reasons
+from fixed sets in this package.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from gateway.registry.state import ModelState
+
+# Loads range from a proxy health check (milliseconds) to large weights (minutes).
+LOAD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
+
+
+class RegistryMetrics:
+    """Families for model lifecycle and routing. Created once per app."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.model_state = Gauge(
+            "llmso_model_state",
+            "1 for the model's current lifecycle state, 0 for others.",
+            ("model", "state"),
+            registry=registry,
+        )
+        self.load_seconds = Histogram(
+            "llmso_model_load_seconds",
+            "Time to start a model's backend (successful loads).",
+            ("model",),
+            buckets=LOAD_BUCKETS,
+            registry=registry,
+        )
+        self.loads = Counter(
+            "llmso_model_loads_total",
+            "Model load attempts by result.",
+            ("model", "result"),
+            registry=registry,
+        )
+        self.evictions = Counter(
+            "llmso_model_evictions_total",
+            "Models unloaded, by reason.",
+            ("model", "reason"),
+            registry=registry,
+        )
+        self.route_decisions = Counter(
+            "llmso_route_decisions_total",
+            "Routing decisions by reason (and fallbacks).",
+            ("reason",),
+            registry=registry,
+        )
+        self.worker_restarts = Counter(
+            "llmso_worker_restarts_total",
+            "Automatic restarts after a backend crash.",
+            ("model",),
+            registry=registry,
+        )
+        self.inflight = Gauge(
+            "llmso_model_inflight",
+            "Leases (requests) in flight per model.",
+            ("model",),
+            registry=registry,
+        )
+
+    def set_state(self, model: str, state: ModelState) -> None:
+        for each in ModelState:
+            self.model_state.labels(model, each.value).set(1 if each is state else 0)
+
+    def forget(self, model: str) -> None:
+        """Drop a removed model's per-state series so it stops being reported."""
+        for each in ModelState:
+            with contextlib.suppress(KeyError):
+                self.model_state.remove(model, each.value)
