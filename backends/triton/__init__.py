@@ -1,0 +1,1 @@
+"""Triton Inference Server backend: gRPC streaming in the vLLM-backend tensor contract."""

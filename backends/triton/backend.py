@@ -1,0 +1,298 @@
+"""TritonBackend: one model served by a Triton Inference Server, over gRPC streaming.
+
+The model lives in Triton (its own process, possibly its own machine); the gateway keeps
+only a gRPC channel and a tokenizer for chat templates and token counts. Every request is
+one decoupled ``ModelStreamInfer`` call in the vLLM-backend tensor contract
+(``contract.py``), so text arrives as Triton produces it.
+
+Ownership: the event loop owns everything here. ``start`` creates the channel (one per
+backend, closed in ``stop``), loads the tokenizer in a thread and checks the model's
+metadata against the contract; ``generate`` streams; closing its iterator early cancels
+the gRPC call, and Triton cancels the request (the model stops decoding).
+
+Errors: server unreachable -> UpstreamUnavailable (503); model not loaded or not ready
+-> NotReady (503 + retry_after); no first token within ``first_token_timeout`` or no end
+within ``total_timeout`` -> UpstreamTimeout (504); tensors not in the contract ->
+ContractMismatch (502, at start); anything else Triton reports -> UpstreamBadResponse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from tritonclient.grpc import aio as triton_aio
+from tritonclient.utils import InferenceServerException
+
+from backends.base import (
+    BackendCrashed,
+    BackendError,
+    BackendEvent,
+    Finished,
+    GenerationRequest,
+    InvalidRequest,
+    ModelInfo,
+    NotReady,
+    Started,
+    TextDelta,
+    UpstreamBadResponse,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    Usage,
+)
+from backends.metrics import BackendMetrics
+from backends.triton import contract
+from backends.triton.prompt import Prompter
+from config.schema import TritonModelConfig
+
+log = logging.getLogger(__name__)
+
+BACKEND = "triton"
+RETRY_AFTER = 2.0
+# Triton's words for a model that is not (yet) there; they arrive as stream errors.
+_NOT_READY_HINTS = ("unknown model", "not ready", "no available version", "is not found")
+
+
+class TritonBackend:
+    """Backend protocol over ``tritonclient.grpc.aio``. See the module docstring."""
+
+    def __init__(self, config: TritonModelConfig, metrics: BackendMetrics) -> None:
+        self._config = config
+        self._prompter = Prompter(config.tokenizer)
+        self._client: Any = None
+        self._contract: contract.ModelContract | None = None
+        self._streams: set[Any] = set()
+        self._stopped = False
+        labels = (config.name, BACKEND)
+        self._requests = metrics.upstream_requests
+        self._latency = metrics.upstream_latency.labels(*labels)
+        self._ttft = metrics.upstream_ttft.labels(*labels)
+        self._up = metrics.upstream_up.labels(*labels)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self._prompter.load)
+        self._client = triton_aio.InferenceServerClient(self._config.url)
+        try:
+            await self._check_contract()
+        except BaseException:
+            await self._close_client()
+            raise
+        self._up.set(1)
+
+    async def stop(self) -> None:
+        self._stopped = True
+        for call in list(self._streams):
+            call.cancel()
+        await self._close_client()
+        self._up.set(0)
+
+    async def ready(self) -> bool:
+        if self._client is None or self._stopped:
+            return False
+        try:
+            await self._require_ready()
+        except BackendError:
+            self._up.set(0)
+            return False
+        self._up.set(1)
+        return True
+
+    def info(self) -> ModelInfo:
+        return ModelInfo(
+            max_context=self._config.max_context,
+            memory_bytes=self._config.memory_bytes,
+            owned_by="triton",
+            extra={"url": self._config.url, "triton_model": self._config.triton_model},
+        )
+
+    async def _close_client(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+
+    # ------------------------------------------------------------------ health + contract
+
+    async def _require_ready(self) -> None:
+        """Raise UpstreamUnavailable / NotReady unless server and model are ready."""
+        timeout = self._config.connect_timeout
+        name, version = self._config.triton_model, self._config.model_version
+        try:
+            live = await self._client.is_server_live(client_timeout=timeout)
+            if not live:
+                raise UpstreamUnavailable(f"Triton at {self._config.url} is not live")
+            model_ready = await self._client.is_model_ready(name, version, client_timeout=timeout)
+        except InferenceServerException as exc:
+            raise _map_client_error(exc, self._config.url) from exc
+        if not model_ready:
+            raise NotReady(f"Triton model {name!r} is not ready", retry_after=RETRY_AFTER)
+
+    async def _check_contract(self) -> contract.ModelContract:
+        await self._require_ready()
+        name = self._config.triton_model
+        try:
+            metadata = await self._client.get_model_metadata(
+                name,
+                self._config.model_version,
+                as_json=True,
+                client_timeout=self._config.connect_timeout,
+            )
+        except InferenceServerException as exc:
+            raise _map_client_error(exc, self._config.url) from exc
+        self._contract = contract.check_metadata(name, metadata)
+        return self._contract
+
+    # ------------------------------------------------------------------ generation
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
+        return self._generate(request)
+
+    async def _generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
+        if self._client is None or self._stopped:
+            raise BackendCrashed("the Triton backend is stopped")
+        if request.sampling.n != 1:
+            raise InvalidRequest("the triton backend returns one choice (n=1)", param="n")
+        if request.sampling.logprobs is not None:
+            raise InvalidRequest("the triton backend does not return logprobs", param="logprobs")
+        text = await asyncio.to_thread(self._prompter.render, request)
+        model_contract = self._contract or await self._check_contract()
+        payload = {
+            "model_name": self._config.triton_model,
+            "model_version": self._config.model_version,
+            "inputs": contract.build_inputs(text, request.sampling, model_contract),
+            "request_id": request.request_id,
+        }
+        sent_wall = time.time()
+        yield Started(queued_at=request.arrival_time or sent_wall, started_at=sent_wall)
+
+        sent = time.monotonic()
+        call = self._client.stream_infer(_one(payload), stream_timeout=self._config.total_timeout)
+        self._streams.add(call)
+        status = "error"
+        pieces: list[str] = []
+        reported_out = 0
+        last = contract.Chunk(text="", final=False)
+        try:
+            async for chunk in self._chunks(call, sent):
+                last = chunk
+                reported_out += chunk.num_output_tokens or 0
+                if chunk.text:
+                    pieces.append(chunk.text)
+                    yield TextDelta(0, chunk.text, num_tokens=chunk.num_output_tokens or 1)
+            status = "ok"
+        except UpstreamTimeout:
+            status = "timeout"
+            raise
+        except NotReady:
+            status = "unavailable"
+            self._contract = None  # the server may come back with another model: re-check
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            status = "cancelled"
+            raise
+        finally:
+            call.cancel()  # no-op when the stream already ended
+            self._streams.discard(call)
+            upstream_seconds = time.monotonic() - sent
+            self._latency.observe(upstream_seconds)
+            self._requests.labels(self._config.name, BACKEND, status).inc()
+
+        completion = "".join(pieces)
+        prompt_tokens, completion_tokens = await self._usage(text, completion, last, reported_out)
+        reason = contract.finish_reason(
+            last.finish_reason, completion_tokens, request.sampling.max_tokens
+        )
+        yield Finished(0, reason)
+        yield Usage(prompt_tokens, completion_tokens, upstream_seconds=upstream_seconds)
+
+    async def _chunks(self, call: Any, sent: float) -> AsyncIterator[contract.Chunk]:
+        """Decoded responses until Triton's final one (or the stream ends), with the
+        first-token and total deadlines applied and gRPC failures mapped."""
+        cfg = self._config
+        deadline = sent + cfg.total_timeout
+        first = True
+        iterator = call.__aiter__()
+        while True:
+            remaining = deadline - time.monotonic()
+            wait = min(cfg.first_token_timeout, remaining) if first else remaining
+            try:
+                result, error = await asyncio.wait_for(anext(iterator), timeout=max(wait, 0.0))
+            except StopAsyncIteration:
+                return
+            except TimeoutError as exc:
+                what = "first token" if first else "end of stream"
+                raise UpstreamTimeout(
+                    f"Triton model {cfg.triton_model!r}: no {what} within {wait:.1f}s"
+                ) from exc
+            except grpc.aio.AioRpcError as exc:
+                raise _map_rpc_error(exc, cfg.url) from exc
+            if error is not None:
+                raise _map_stream_error(str(error), cfg.triton_model)
+            chunk = contract.parse_result(result)
+            if first:
+                self._ttft.observe(time.monotonic() - sent)
+                first = False
+            yield chunk
+            if chunk.final:
+                return
+
+    async def _usage(
+        self, prompt: str, completion: str, last: contract.Chunk, reported_out: int
+    ) -> tuple[int, int]:
+        """Counts the model reported, else the tokenizer's (0 when there is neither)."""
+        prompt_tokens = last.num_input_tokens
+        if prompt_tokens is None:
+            prompt_tokens = await asyncio.to_thread(self._prompter.count, prompt, prompt=True)
+        completion_tokens: int | None = reported_out
+        has_reported = self._contract is not None and (
+            contract.NUM_OUTPUT_TOKENS in self._contract.outputs
+        )
+        if not has_reported:
+            completion_tokens = await asyncio.to_thread(
+                self._prompter.count, completion, prompt=False
+            )
+        return prompt_tokens or 0, completion_tokens or 0
+
+
+async def _one(payload: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    """The request side of the stream: one request, then half-close."""
+    yield payload
+
+
+def _map_rpc_error(exc: grpc.aio.AioRpcError, url: str) -> BackendError:
+    code = exc.code()
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return UpstreamUnavailable(
+            f"Triton at {url} is unavailable: {exc.details()}", retry_after=RETRY_AFTER
+        )
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return UpstreamTimeout(f"Triton at {url}: deadline exceeded")
+    if code == grpc.StatusCode.CANCELLED:
+        return UpstreamUnavailable(f"Triton at {url} cancelled the stream", retry_after=RETRY_AFTER)
+    return UpstreamBadResponse(f"Triton at {url}: {code.name}: {exc.details()}")
+
+
+def _map_client_error(exc: InferenceServerException, url: str) -> BackendError:
+    status = str(exc.status() or "")
+    message = exc.message() or str(exc)
+    if "UNAVAILABLE" in status:
+        return UpstreamUnavailable(f"Triton at {url} is unavailable: {message}")
+    if "DEADLINE_EXCEEDED" in status:
+        return UpstreamTimeout(f"Triton at {url}: no answer in time")
+    if "NOT_FOUND" in status or any(h in message.lower() for h in _NOT_READY_HINTS):
+        return NotReady(f"Triton at {url}: {message}", retry_after=RETRY_AFTER)
+    return UpstreamBadResponse(f"Triton at {url}: {message}")
+
+
+def _map_stream_error(message: str, model: str) -> BackendError:
+    lowered = message.lower()
+    if any(hint in lowered for hint in _NOT_READY_HINTS):
+        return NotReady(f"Triton model {model!r} is not ready: {message}", retry_after=RETRY_AFTER)
+    if "unavailable" in lowered or "queue is full" in lowered:
+        return UpstreamUnavailable(f"Triton model {model!r}: {message}", retry_after=RETRY_AFTER)
+    return UpstreamBadResponse(f"Triton model {model!r} failed: {message}")

@@ -1,0 +1,63 @@
+"""Prompt text and token counts for Triton models, from a local Hugging Face tokenizer.
+
+Triton's LLM contract takes text, so the gateway renders chat messages with the model's
+chat template itself, and counts tokens for usage when the model does not report them.
+The tokenizer is loaded once in ``Prompter.load`` (in a thread: it reads files and imports
+transformers) and is read-only afterwards; fast tokenizers are safe to share across
+threads, so callers may run ``render``/``count`` through ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from backends.base import GenerationRequest, InvalidRequest, RequestKind
+
+
+class Prompter:
+    """Chat template + token counting. ``source`` may be None (completions only)."""
+
+    def __init__(self, source: str | None) -> None:
+        self._source = source
+        self._tokenizer: Any = None
+
+    def load(self) -> None:
+        """Blocking: resolve the source (maybe converting a packaged model) and load."""
+        if self._source is None or self._tokenizer is not None:
+            return
+        from transformers import AutoTokenizer
+
+        from backends.hf.model_source import resolve_source
+
+        resolved = resolve_source(self._source)
+        self._tokenizer = AutoTokenizer.from_pretrained(resolved.path_or_id)
+
+    @property
+    def loaded(self) -> bool:
+        return self._tokenizer is not None
+
+    def render(self, request: GenerationRequest) -> str:
+        """The text_input for ``request``; raises InvalidRequest when chat cannot be
+        rendered (no tokenizer configured, or one without a chat template)."""
+        if request.kind is RequestKind.COMPLETION:
+            return request.prompt
+        if self._tokenizer is None or not getattr(self._tokenizer, "chat_template", None):
+            raise InvalidRequest(
+                "this Triton model has no tokenizer with a chat template configured; "
+                "use /v1/completions or set `tokenizer:` in the model config",
+                param="messages",
+            )
+        messages = [{"role": m.role, "content": m.content} for m in request.messages]
+        text = self._tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        return str(text)
+
+    def count(self, text: str, *, prompt: bool) -> int | None:
+        """Tokens in ``text``; None without a tokenizer. A prompt is counted the way a
+        model tokenizes its input (with special tokens such as BOS), generated text not."""
+        if self._tokenizer is None:
+            return None
+        if not text:
+            return 0
+        return len(self._tokenizer(text, add_special_tokens=prompt)["input_ids"])
