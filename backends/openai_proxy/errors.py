@@ -3,7 +3,8 @@
 - 4xx: ``UpstreamRejected`` with the upstream's status, message, param and code (a 400
   about the context window gets ``code="context_length_exceeded"``); 429 becomes
   ``Overloaded`` so the client sees Retry-After.
-- 502/503 and connection failures: ``UpstreamUnavailable`` (503), retryable.
+- 502/503 and connection failures (also a connection lost mid-stream):
+  ``UpstreamUnavailable`` (503), retried while no event has reached the client.
 - 504 and read timeouts: ``UpstreamTimeout`` (504).
 - other 5xx and unparseable bodies or streams: ``UpstreamBadResponse`` (502).
 """
@@ -53,8 +54,8 @@ def from_exception(exc: BaseException, *, url: str) -> BackendError:
         return UpstreamTimeout(f"upstream {url} timed out")
     if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ServerDisconnectedError):
         return UpstreamUnavailable(f"cannot reach {url}: {exc}")
-    if isinstance(exc, aiohttp.ClientPayloadError):
-        return UpstreamBadResponse(f"upstream {url} sent a broken stream: {exc}")
+    if isinstance(exc, aiohttp.ClientPayloadError):  # the connection dropped mid-body
+        return UpstreamUnavailable(f"lost the connection to {url} mid-stream: {exc}")
     if isinstance(exc, aiohttp.ClientError | OSError):
         return UpstreamUnavailable(f"connection to {url} failed: {exc}")
     return UpstreamBadResponse(f"upstream {url} failed: {exc!r}")

@@ -47,7 +47,7 @@ class UpstreamStream:
     ``waited`` accumulates the seconds spent blocked on the upstream (connecting, waiting
     for headers, waiting for bytes); time spent handing events to the consumer is not
     included. Exactly one ``upstream_requests`` sample is counted per attempt, labelled
-    with the HTTP status, or ``connect_error``/``timeout``/``bad_response``/``aborted``.
+    with the HTTP status, or ``unavailable``/``timeout``/``bad_response``/``aborted``.
     """
 
     __slots__ = (
@@ -167,5 +167,5 @@ def _label(error: BackendError) -> str:
     if error.status == 504:
         return "timeout"
     if error.status == 503:
-        return "connect_error"
+        return "unavailable"
     return "bad_response"

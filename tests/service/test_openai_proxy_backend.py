@@ -176,8 +176,11 @@ async def test_retries_until_success_before_first_event(h: Harness) -> None:
     events = await _collect(h.backend, _chat())
     assert _text(events) == "".join(WORDS[:4])
     assert len(h.fake.bodies) == 3
+    h.fake.faults.append("cut")  # connection lost after the role chunk, before any token
+    assert _text(await _collect(h.backend, _chat())) == "".join(WORDS[:4])
+    assert len(h.fake.bodies) == 5
     assert h.sample("llmso_upstream_requests_total", status="503") == 1
-    assert h.sample("llmso_upstream_requests_total", status="connect_error") == 1
+    assert h.sample("llmso_upstream_requests_total", status="unavailable") == 2
 
 
 async def test_retries_exhausted_and_connection_refused(h: Harness) -> None:
@@ -229,7 +232,7 @@ async def test_first_token_timeout_and_mid_stream_failures() -> None:
     # Chunks 20 ms apart, so the fault arrives after the first event went out.
     harness = await _harness(FakeOptions(delay_ms=20), retries=0)
     try:
-        for fault, error in (("break", UpstreamBadResponse), ("garbage", UpstreamBadResponse)):
+        for fault, error in (("break", UpstreamUnavailable), ("garbage", UpstreamBadResponse)):
             harness.fake.faults.append(fault)
             seen: list[BackendEvent] = []
             with pytest.raises(error):
@@ -264,7 +267,7 @@ async def test_client_disconnect_aborts_upstream() -> None:
 
 async def test_max_concurrency_waits_then_overloads() -> None:
     harness = await _harness(
-        FakeOptions(chunks=10, delay_ms=30), max_concurrency=1, queue_timeout=0.1, max_queue=1
+        FakeOptions(chunks=10, delay_ms=50), max_concurrency=1, queue_timeout=0.1, max_queue=1
     )
     try:
         first = asyncio.create_task(_collect(harness.backend, _chat(max_tokens=10)))
@@ -276,11 +279,20 @@ async def test_max_concurrency_waits_then_overloads() -> None:
         with pytest.raises(Overloaded, match="no free upstream slot"):
             await second
         assert isinstance((await first)[-1], Usage)
-        # A waiter that gets its slot in time succeeds.
-        slow = asyncio.create_task(_collect(harness.backend, _chat(max_tokens=2)))
-        await asyncio.sleep(0.01)
-        assert isinstance((await _collect(harness.backend, _chat(max_tokens=2)))[-1], Usage)
-        await slow
+    finally:
+        await harness.backend.stop()
+        await harness.fake.stop()
+
+
+async def test_max_concurrency_waiter_gets_the_slot() -> None:
+    harness = await _harness(FakeOptions(chunks=4, delay_ms=30), max_concurrency=1)
+    try:
+        first = asyncio.create_task(_collect(harness.backend, _chat()))
+        await asyncio.sleep(0.03)
+        assert harness.fake.running == 1
+        second = await _collect(harness.backend, _chat())
+        assert isinstance(second[-1], Usage) and first.done()
+        assert harness.fake.running == 0 and harness.fake.completed == 2
     finally:
         await harness.backend.stop()
         await harness.fake.stop()

