@@ -1,0 +1,315 @@
+"""The comparison driver: start every system, then alternate between them level by level.
+
+For each concurrency level and stream mode, every system runs the same prompts with the same
+token budget before the next level starts, and the order of systems rotates by one per level,
+so slow drift of the machine (thermal, other tenants) hits all systems alike. Results are
+rewritten after every level, so an interrupted run still leaves its finished levels on disk.
+
+Ownership: :func:`run_compare` owns the processes it starts and stops them all (process
+groups, SIGTERM then SIGKILL) on every exit path, including cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bench.client import RequestOptions, RequestResult
+from bench.loadgen import LevelRun, LoadSpec, new_session, run_level
+from bench.machine import machine_info
+from bench.prompts import Prompt, builtin_prompts, load_prompts
+from bench.report import RunRecord, markdown_table, overhead_table, plot, write_json
+from bench.spec import CompareSpec, ServiceSpec, SystemSpec, fill
+from bench.stats import Slo, summarize
+from bench.systems import ManagedProcess, StartupError, free_port
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Live:
+    """A system's runtime state; owned by :func:`run_compare`."""
+
+    spec: SystemSpec
+    values: dict[str, str]
+    process: ManagedProcess | None = None
+    failed: str | None = None
+    startup_s: float | None = None
+    records: list[RunRecord] = field(default_factory=list)
+
+
+def _write_files(files: dict[str, str], values: dict[str, str]) -> None:
+    for raw_path, content in files.items():
+        path = Path(fill(raw_path, values))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(fill(content, values), encoding="utf-8")
+
+
+def _fill_all(parts: tuple[str, ...], values: dict[str, str]) -> list[str]:
+    return [fill(part, values) for part in parts]
+
+
+def _prompts(spec: CompareSpec, workdir: Path) -> tuple[tuple[Prompt, ...], Path]:
+    need = max(spec.requests_for(c) for c in spec.concurrency) + spec.warmup
+    prompts = load_prompts(Path(spec.prompts_file)) if spec.prompts_file else builtin_prompts(need)
+    path = workdir / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p.text}) + "\n" for p in prompts), "utf-8")
+    return prompts, path
+
+
+def write_outputs(
+    out_dir: Path, spec: CompareSpec, records: list[RunRecord], meta: dict[str, Any]
+) -> None:
+    """results.json, results.md and results.png under ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json(out_dir / "results.json", records, meta)
+    lines = [f"# {spec.title}", ""]
+    lines += [f"- {note}" for note in (*spec.notes, *meta.get("summary_notes", ()))]
+    lines += ["", markdown_table(records)]
+    if spec.baseline:
+        lines += [
+            f"## Overhead against `{spec.baseline}`",
+            "",
+            overhead_table(records, spec.baseline),
+        ]
+    lines += ["![latency vs throughput](results.png)", ""]
+    (out_dir / "results.md").write_text("\n".join(lines), encoding="utf-8")
+    if records:
+        plot(out_dir / "results.png", records, spec.title)
+
+
+def _summarised(
+    label: str, load: LoadSpec, run: LevelRun, *, stream: bool, slo: Slo, server_cpu: float | None
+) -> RunRecord:
+    summary = summarize(run.results, slo, wall_s=run.wall_s)
+    n = max(summary.requests, 1)
+    return RunRecord(
+        system=label,
+        load=load.label,
+        concurrency=load.concurrency,
+        rate=load.rate,
+        stream=stream,
+        summary=summary,
+        client_cpu_ms_per_request=run.client_cpu_s * 1000 / n,
+        server_cpu_ms_per_request=None if server_cpu is None else server_cpu * 1000 / n,
+        samples=run.results,
+    )
+
+
+class _Driver:
+    """One comparison run. Owned by the coroutine in :func:`run_compare`; not thread-safe."""
+
+    def __init__(
+        self, spec: CompareSpec, session: aiohttp.ClientSession, out_dir: Path, workdir: Path
+    ) -> None:
+        self.spec = spec
+        self.session = session
+        self.out_dir = out_dir
+        self.workdir = workdir
+        self.prompts, self.prompts_path = _prompts(spec, workdir)
+        self.ports = {f"port_{s.name}": str(free_port()) for s in spec.services}
+        self.base_values = {**self.ports, "workdir": str(workdir)}
+        self.services: list[ManagedProcess] = []
+        self.lives = [
+            _Live(spec=s, values={**self.base_values, "port": str(free_port())})
+            for s in spec.systems
+        ]
+        self.records: list[RunRecord] = []
+        self.failed: dict[str, str] = {}
+
+    async def _start(
+        self, name: str, spec: ServiceSpec | SystemSpec, values: dict[str, str], health_url: str
+    ) -> tuple[ManagedProcess, float]:
+        _write_files(spec.files, values)
+        proc = ManagedProcess(
+            name,
+            _fill_all(spec.command, values),
+            self.workdir / "logs" / f"{name}.log",
+            env={k: fill(v, values) for k, v in spec.env.items()},
+        )
+        log.info("starting %s: %s", name, " ".join(proc.command))
+        proc.start()
+        waited = await proc.wait_healthy(
+            self.session, fill(health_url, values), spec.startup_timeout_s
+        )
+        log.info("%s healthy after %.1fs", name, waited)
+        return proc, waited
+
+    async def start_all(self) -> None:
+        """Services first (a failure aborts), then systems one by one (a failure skips it)."""
+        for service in self.spec.services:
+            values = {**self.base_values, "port": self.ports[f"port_{service.name}"]}
+            proc, _ = await self._start(service.name, service, values, service.health_url)
+            self.services.append(proc)
+        for live in self.lives:
+            if live.spec.kind != "server" or not live.spec.command:
+                continue
+            health = live.spec.health_url or f"{live.spec.base_url}/models"
+            try:
+                live.process, live.startup_s = await self._start(
+                    live.spec.label, live.spec, live.values, health
+                )
+            except StartupError as exc:
+                self._fail(live, str(exc))
+
+    def _fail(self, live: _Live, why: str) -> None:
+        live.failed = why
+        self.failed[live.spec.label] = why
+        log.error("%s: %s", live.spec.label, why)
+
+    def stop_all(self) -> None:
+        for live in self.lives:
+            if live.process is not None:
+                live.process.stop()
+        for proc in self.services:
+            proc.stop()
+
+    def _options(self, live: _Live, stream: bool) -> RequestOptions:
+        system = live.spec
+        model = system.model or self.spec.model
+        if not model or not system.base_url:
+            raise ValueError(f"system {system.label!r}: no model or base_url")
+        return RequestOptions(
+            base_url=fill(system.base_url, live.values),
+            model=model,
+            api=self.spec.api,
+            stream=stream,
+            max_tokens=self.spec.max_tokens,
+            temperature=self.spec.temperature,
+            ignore_eos=self.spec.ignore_eos if system.ignore_eos is None else system.ignore_eos,
+            timeout_s=self.spec.timeout_s,
+            extra_body=dict(system.extra_body),
+        )
+
+    async def _run_reference(self, live: _Live, load: LoadSpec) -> tuple[LevelRun, float]:
+        """Run the reference script for one level; returns its samples and its CPU seconds."""
+        out = self.workdir / f"reference-{live.spec.label}-{load.label}.json"
+        values = {
+            **live.values,
+            "out": str(out),
+            "prompts": str(self.prompts_path),
+            "num_requests": str(load.num_requests),
+            "warmup": str(load.warmup),
+            "max_tokens": str(self.spec.max_tokens),
+            "api": self.spec.api,
+        }
+        proc = ManagedProcess(
+            live.spec.label,
+            _fill_all(live.spec.command, values),
+            self.workdir / "logs" / f"{live.spec.label}.log",
+            env={k: fill(v, values) for k, v in live.spec.env.items()},
+        )
+        proc.start()
+        requests = load.warmup + (load.num_requests or 1)
+        budget = self.spec.timeout_s * requests + live.spec.startup_timeout_s
+        t0 = time.monotonic()
+        try:
+            while proc.alive():
+                if time.monotonic() - t0 > budget:
+                    raise StartupError(f"reference exceeded {budget:g}s")
+                await asyncio.sleep(0.5)
+        finally:
+            proc.stop()
+        if not out.exists():
+            raise StartupError(f"reference wrote no results; see {proc.log_path}")
+        doc = json.loads(out.read_text(encoding="utf-8"))
+        results = tuple(RequestResult.from_json(s) for s in doc["samples"])
+        run = LevelRun(load=load, results=results, wall_s=float(doc["wall_s"]), client_cpu_s=0.0)
+        return run, float(doc["cpu_s"])
+
+    async def measure(self, live: _Live, load: LoadSpec, stream: bool) -> RunRecord:
+        slo = Slo(self.spec.slo_ttft_ms, self.spec.slo_itl_ms)
+        if live.spec.kind == "reference":
+            # The reference's own process CPU plays the part of the server's.
+            run, cpu = await self._run_reference(live, load)
+            return _summarised(live.spec.label, load, run, stream=stream, slo=slo, server_cpu=cpu)
+        options = self._options(live, stream)
+        cpu0 = live.process.cpu_seconds() if live.process else None
+        run = await run_level(self.session, options, self.prompts, load)
+        cpu1 = live.process.cpu_seconds() if live.process else None
+        server_cpu = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
+        return _summarised(
+            live.spec.label, load, run, stream=stream, slo=slo, server_cpu=server_cpu
+        )
+
+    def _isolate(self, live: _Live) -> None:
+        for other in self.lives:
+            if other.process is None:
+                continue
+            if other is live:
+                other.process.resume()
+            else:
+                other.process.pause()
+
+    async def run_level_for_all(self, k: int, concurrency: int) -> None:
+        """One concurrency level: every system (order rotated by ``k``), every stream mode."""
+        load = LoadSpec(
+            concurrency=concurrency,
+            num_requests=self.spec.requests_for(concurrency),
+            duration_s=self.spec.level_duration_s,
+            warmup=self.spec.warmup,
+        )
+        shift = k % len(self.lives)
+        order = self.lives[shift:] + self.lives[:shift]
+        for stream in self.spec.streams:
+            for live in order:
+                if live.failed:
+                    continue
+                if live.spec.kind == "reference" and (concurrency != 1 or not stream):
+                    continue
+                if self.spec.pause_idle:
+                    self._isolate(live)
+                log.info("measuring %s %s stream=%s", live.spec.label, load.label, stream)
+                try:
+                    record = await self.measure(live, load, stream)
+                except StartupError as exc:
+                    self._fail(live, str(exc))
+                    continue
+                self.records.append(record)
+                s = record.summary
+                log.info(
+                    "%s %s: ok %d/%d, %.1f tok/s",
+                    live.spec.label,
+                    load.label,
+                    s.ok,
+                    s.requests,
+                    s.output_tokens_per_s,
+                )
+                if live.process is not None and not live.process.alive():
+                    self._fail(live, f"exited during {load.label}; see {live.process.log_path}")
+
+
+async def run_compare(
+    spec: CompareSpec, out_dir: Path, workdir: Path, meta_extra: dict[str, Any] | None = None
+) -> list[RunRecord]:
+    """Run the whole comparison; returns every record (also written under ``out_dir``)."""
+    await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
+    meta: dict[str, Any] = {
+        **machine_info(),
+        **(meta_extra or {}),
+        "spec": spec.model_dump(mode="json"),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    async with new_session(max(spec.concurrency) + 4) as session:
+        driver = _Driver(spec, session, out_dir, workdir)
+        meta["failed"] = driver.failed
+        try:
+            await driver.start_all()
+            meta["startup_s"] = {lv.spec.label: lv.startup_s for lv in driver.lives}
+            for k, concurrency in enumerate(spec.concurrency):
+                await driver.run_level_for_all(k, concurrency)
+                meta["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                write_outputs(out_dir, spec, driver.records, meta)
+        finally:
+            driver.stop_all()
+            with contextlib.suppress(OSError):
+                write_outputs(out_dir, spec, driver.records, meta)
+    return driver.records

@@ -1,0 +1,76 @@
+"""Machine notes recorded next to every result: CPU, cores, memory, load, versions."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+_PACKAGES = ("llmso", "aiohttp", "torch", "transformers", "fastapi", "uvicorn")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _mem_total_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 1024 / 1024, 1)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def venv_package_version(venv: Path, name: str) -> str | None:
+    """Version of ``name`` installed in another virtualenv, read from its dist-info folder."""
+    for dist in sorted(venv.glob(f"lib/python*/site-packages/{name}-*.dist-info")):
+        return dist.name[len(name) + 1 : -len(".dist-info")]
+    return None
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def machine_info() -> dict[str, Any]:
+    return {
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "mem_total_gib": _mem_total_gib(),
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "versions": {name: _version(name) for name in _PACKAGES},
+        "git_commit": _git_commit(),
+        "argv": sys.argv,
+    }

@@ -1,0 +1,49 @@
+"""CPU seconds used by a server under test, read from ``/proc`` (Linux only).
+
+A server may be several processes (vLLM starts an engine-core child), so the unit measured is
+the process group the harness created with ``start_new_session=True``: the sum of user and
+system time of every live process in it, plus children it has already reaped.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_PROC = Path("/proc")
+
+
+def _parse_stat(text: str) -> tuple[int, int, int]:
+    """(pgrp, user+system ticks, reaped children's ticks) from a ``/proc/<pid>/stat`` line."""
+    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    fields = text[text.rindex(")") + 2 :].split()
+    # fields[0] is field 3 (state); pgrp is field 5, utime..cstime are fields 14..17.
+    pgrp = int(fields[2])
+    utime, stime, cutime, cstime = (int(v) for v in fields[11:15])
+    return pgrp, utime + stime, cutime + cstime
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User+system CPU seconds of one process (with reaped children); ``None`` if gone."""
+    try:
+        _, own, children = _parse_stat((_PROC / str(pid) / "stat").read_text())
+    except (OSError, ValueError, IndexError):
+        return None
+    return (own + children) / os.sysconf("SC_CLK_TCK")
+
+
+def group_cpu_seconds(pgid: int) -> float | None:
+    """Sum over every live process whose process group is ``pgid``; ``None`` if none is."""
+    ticks = 0
+    found = False
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            pgrp, own, children = _parse_stat((entry / "stat").read_text())
+        except (OSError, ValueError, IndexError):
+            continue  # exited while we looked
+        if pgrp == pgid:
+            found = True
+            ticks += own + children
+    return ticks / os.sysconf("SC_CLK_TCK") if found else None
