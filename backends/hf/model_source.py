@@ -19,6 +19,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ def convert_gguf(gguf: Path, cache_dir: Path) -> Path:
     return target
 
 
-def _drop_gguf_quantization(model: object) -> None:
+def _drop_gguf_quantization(model: Any) -> None:
     """Forget that the weights came from GGUF: they are dequantised tensors now.
 
     transformers refuses to save a model it still marks as GGUF-quantised, although

@@ -1,0 +1,247 @@
+"""``HFBackend``: the event-loop face of the in-process Transformers engine.
+
+Ownership: the event loop owns this object, the per-request sinks and the count of
+requests not yet started (the bound behind ``Overloaded``); the engine thread
+(``engine.py``) owns model, tokenizer, scheduler and sequences. Requests cross into the
+thread through the engine's bounded inbox; aborts through its abort queue; events come
+back in one ``loop.call_soon_threadsafe`` per engine step and are sorted into each
+request's own ``asyncio.Queue``.
+
+Lifecycle: ``start()`` loads weights and tokenizer in a worker thread and starts the
+engine thread; ``generate()`` may then be called concurrently; ``stop()`` ends every open
+stream with ``BackendCrashed`` and joins the thread. Closing a ``generate()`` iterator
+early (client gone) aborts its request at the engine's next step boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import time
+from collections.abc import AsyncIterator, Callable
+
+from backends.base import (
+    BackendError,
+    BackendEvent,
+    GenerationRequest,
+    ModelInfo,
+    NotReady,
+    Overloaded,
+    Started,
+    Usage,
+)
+from backends.hf import llama_runner
+from backends.hf.detokenizer import TokenTable
+from backends.hf.engine import Engine, EngineLimits, StepPolicy, Submission
+from backends.hf.loader import LoadedModel, load, threads_for
+from backends.hf.outputs import Item, Outbox
+from backends.hf.scheduler import ContinuousScheduler
+from backends.hf.static import StaticScheduler
+from backends.metrics import WorkerObserver
+from config.schema import HFModelConfig
+
+log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 30.0
+
+
+class _Sink:
+    """Where the engine's events for one request land (owned by the event loop)."""
+
+    __slots__ = ("queue",)
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[Item] = asyncio.Queue()
+
+
+class HFBackend:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        config: HFModelConfig,
+        observer: WorkerObserver | None = None,
+        on_crash: Callable[[str], None] | None = None,
+    ) -> None:
+        self._config = config
+        self._observer = observer
+        self._on_crash = on_crash
+        self._loaded: LoadedModel | None = None
+        self._engine: Engine | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._not_started = 0
+        self._failed: str | None = None
+        self.scheduling = config.scheduling
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        if self._engine is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        loaded, policy_factory = await asyncio.to_thread(self._load)
+        self._loaded = loaded
+        limits = EngineLimits(
+            max_context=loaded.max_context,
+            max_num_seqs=self._config.max_num_seqs,
+            max_num_batched_tokens=self._config.max_num_batched_tokens,
+            max_batch_size=self._config.max_batch_size,
+            batch_window_s=self._config.batch_window_ms / 1000.0,
+        )
+        self._engine = Engine(
+            tokenizer=loaded.tokenizer,
+            eos_ids=loaded.eos_ids,
+            limits=limits,
+            policy_factory=policy_factory,
+            post=self._post,
+            on_crash=self._crash_from_thread,
+            observer=self._observer,
+            max_queue=self._config.max_queue,
+            threads=threads_for(self._config),
+            device=loaded.device,
+        )
+        self._failed = None
+        self._engine.start()
+
+    def _load(self) -> tuple[LoadedModel, Callable[[TokenTable], StepPolicy]]:
+        """Load weights and, for the continuous modes, build the runner (worker thread)."""
+        import torch
+
+        torch.set_num_threads(threads_for(self._config))
+        loaded = load(self._config)
+        config = self._config
+        mode = config.scheduling
+        if mode != "static" and not llama_runner.supports(loaded.model):
+            log.warning(
+                "%s: model type %r has no slot-cache runner; using static batching",
+                config.name,
+                getattr(loaded.model.config, "model_type", "?"),
+            )
+            mode = "static"
+        self.scheduling = mode
+        if mode == "static":
+            batch = config.max_batch_size
+
+            def static_policy(table: TokenTable) -> StepPolicy:
+                return StaticScheduler(
+                    loaded.model,
+                    table,
+                    pad_id=loaded.pad_id,
+                    max_batch_size=batch,
+                    batch_window_s=config.batch_window_ms / 1000.0,
+                    observer=self._observer,
+                )
+
+            return loaded, static_policy
+        with torch.inference_mode():
+            runner = llama_runner.LlamaRunner(
+                loaded.model, max_slots=config.max_num_seqs, max_context=loaded.max_context
+            )
+
+        def continuous_policy(table: TokenTable) -> StepPolicy:
+            return ContinuousScheduler(
+                runner,
+                table,
+                max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                observer=self._observer,
+                one_at_a_time=mode == "sequential",
+            )
+
+        return loaded, continuous_policy
+
+    async def stop(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is None:
+            return
+        engine.request_stop()
+        await asyncio.to_thread(engine.thread.join, STOP_TIMEOUT_S)
+        if engine.thread.is_alive():
+            log.error(
+                "%s: engine thread did not stop within %ss", self._config.name, STOP_TIMEOUT_S
+            )
+        self._loaded = None
+
+    async def ready(self) -> bool:
+        return self._engine is not None and self._failed is None and self._engine.thread.is_alive()
+
+    def info(self) -> ModelInfo:
+        loaded = self._loaded
+        if loaded is None:
+            return ModelInfo(max_context=self._config.max_context)
+        return ModelInfo(
+            max_context=loaded.max_context,
+            memory_bytes=loaded.memory_bytes,
+            extra={
+                "dtype": str(loaded.dtype).removeprefix("torch."),
+                "device": str(loaded.device),
+                "scheduling": self.scheduling,
+            },
+        )
+
+    # ------------------------------------------------------------------ requests
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
+        engine = self._engine
+        if engine is None or self._failed is not None:
+            raise NotReady(f"model {request.model!r} is not loaded", retry_after=1.0)
+        if self._not_started >= self._config.max_queue:
+            raise Overloaded("too many requests waiting for this model", retry_after=1.0)
+        sink = _Sink()
+        queued_at = request.arrival_time or time.time()
+        try:
+            engine.inbox.put_nowait(Submission(request, sink, queued_at))
+        except queue.Full:
+            raise Overloaded("too many requests waiting for this model", retry_after=1.0) from None
+        self._not_started += 1
+        waiting = True
+        complete = False
+        try:
+            while True:
+                item = await sink.queue.get()
+                if waiting and isinstance(item, Started | BackendError):
+                    self._not_started -= 1
+                    waiting = False
+                if isinstance(item, BackendError):
+                    complete = True
+                    raise item
+                if isinstance(item, Usage):
+                    complete = True
+                    yield item
+                    return
+                yield item
+        finally:
+            if waiting:
+                self._not_started -= 1
+            if not complete:
+                engine.aborts.put(sink)
+
+    # ------------------------------------------------------------------ engine thread -> loop
+
+    def _post(self, out: Outbox) -> None:
+        """Called on the engine thread once per step with all of its events."""
+        loop = self._loop
+        if loop is None:
+            return
+        # A closed loop (shutdown) has nobody left to listen.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_dispatch, out)
+
+    def _crash_from_thread(self, reason: str) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(self._crashed, reason)
+
+    def _crashed(self, reason: str) -> None:
+        self._failed = reason
+        if self._on_crash is not None:
+            self._on_crash(reason)
+
+
+def _dispatch(out: Outbox) -> None:
+    for sink, item in out:
+        sink.queue.put_nowait(item)

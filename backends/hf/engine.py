@@ -1,0 +1,249 @@
+"""The engine thread: intake, scheduling and stepping for one loaded model.
+
+Ownership: the engine thread owns the model, tokenizer, runner (and its KV cache), the
+waiting/prefilling/decoding sets and every ``RequestState``. Other threads talk to it
+only through ``inbox`` (bounded, submissions) and ``aborts`` (client left), and it talks
+back only through ``post`` — called once per step with all of that step's events, which
+the backend forwards with a single ``loop.call_soon_threadsafe``. Each event carries its
+request's own sink, so no token can reach the wrong client.
+
+Modes: ``continuous`` and ``sequential`` share the iteration-level loop in
+``ContinuousScheduler`` (sequential admits one request at a time); ``static`` runs
+padded batches to completion (``static.py``), which is also the path for model types
+the hand-written runner does not cover.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from backends.base import (
+    BackendCrashed,
+    BackendError,
+    ContextLengthExceeded,
+    GenerationRequest,
+    InvalidRequest,
+    RequestKind,
+)
+from backends.hf.detokenizer import TokenTable
+from backends.hf.outputs import Outbox
+from backends.hf.sequence import RequestState, make_choices
+from backends.metrics import WorkerObserver
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    request: GenerationRequest
+    sink: Any
+    queued_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    max_context: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_batch_size: int
+    batch_window_s: float
+
+
+class _Stop:
+    """Sentinel put into the inbox to wake the thread for shutdown."""
+
+
+class StepPolicy(Protocol):
+    """What a scheduling mode implements; all calls happen on the engine thread."""
+
+    def add(self, state: RequestState, out: Outbox) -> None: ...
+
+    def abort(self, state: RequestState) -> None: ...
+
+    def has_work(self) -> bool: ...
+
+    def wait_hint(self) -> float | None:
+        """Seconds the policy would rather wait for more submissions (static batching)."""
+        ...
+
+    def step(self, out: Outbox) -> None: ...
+
+    def open_requests(self) -> list[RequestState]: ...
+
+
+class Engine:
+    """See the module docstring. ``post`` and ``on_crash`` are thread-safe callables
+    supplied by the backend; ``observer`` is called from this thread."""
+
+    def __init__(
+        self,
+        *,
+        tokenizer: Any,
+        eos_ids: frozenset[int],
+        limits: EngineLimits,
+        policy_factory: Callable[[TokenTable], StepPolicy],
+        post: Callable[[Outbox], None],
+        on_crash: Callable[[str], None],
+        observer: WorkerObserver | None,
+        max_queue: int,
+        threads: int,
+        device: torch.device,
+    ) -> None:
+        self.inbox: queue.Queue[Submission | _Stop] = queue.Queue(maxsize=max_queue + 1)
+        self.aborts: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._tok = tokenizer
+        self._eos = eos_ids
+        self._limits = limits
+        self._policy_factory = policy_factory
+        self._post = post
+        self._on_crash = on_crash
+        self._observer = observer
+        self._threads = threads
+        self._device = device
+        self._stopping = threading.Event()
+        self._by_sink: dict[int, RequestState] = {}
+        self.thread = threading.Thread(target=self._run, name="llmso-hf-engine", daemon=True)
+
+    # ------------------------------------------------------------------ any thread
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+        # A full inbox means a busy thread, which sees the flag at its next step.
+        with contextlib.suppress(queue.Full):
+            self.inbox.put_nowait(_Stop())
+
+    # ------------------------------------------------------------------ engine thread
+
+    def _run(self) -> None:
+        torch.set_num_threads(self._threads)
+        policy: StepPolicy | None = None
+        try:
+            with torch.inference_mode():
+                policy = self._policy_factory(TokenTable(self._tok))
+                self._loop(policy)
+        except BaseException as exc:  # the thread must report any death, then end
+            log.exception("hf engine thread crashed")
+            reason = f"engine thread crashed: {type(exc).__name__}: {exc}"
+            self._fail_all(policy, BackendCrashed(reason))
+            self._on_crash(reason)
+            return
+        self._fail_all(policy, BackendCrashed("backend stopped"))
+
+    def _loop(self, policy: StepPolicy) -> None:
+        while not self._stopping.is_set():
+            out: Outbox = []
+            self._intake(policy, out, block=not policy.has_work())
+            self._apply_aborts(policy)
+            if policy.has_work() and not self._stopping.is_set():
+                policy.step(out)
+                self._forget_finished(policy)
+            if out:
+                self._post(out)
+
+    def _intake(self, policy: StepPolicy, out: Outbox, *, block: bool) -> None:
+        timeout: float | None = 0.5 if block else policy.wait_hint()
+        while True:
+            try:
+                item = self.inbox.get(timeout=timeout) if timeout else self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            timeout = None
+            if isinstance(item, _Stop):
+                return
+            state = self._admit(item, out)
+            if state is not None:
+                self._by_sink[id(item.sink)] = state
+                policy.add(state, out)
+            timeout = policy.wait_hint()
+
+    def _admit(self, sub: Submission, out: Outbox) -> RequestState | None:
+        try:
+            prompt_ids = self._tokenize(sub.request)
+            max_tokens = self._max_tokens(sub.request, len(prompt_ids))
+            if sub.request.sampling.n > self._limits.max_num_seqs:
+                raise InvalidRequest(
+                    f"n may be at most {self._limits.max_num_seqs} for this model", param="n"
+                )
+        except BackendError as exc:
+            out.append((sub.sink, exc))
+            return None
+        state = RequestState(
+            request=sub.request,
+            sink=sub.sink,
+            prompt_ids=prompt_ids,
+            max_tokens=max_tokens,
+            queued_at=sub.queued_at,
+            eos_ids=self._eos,
+        )
+        make_choices(state, self._tok, self._device)
+        return state
+
+    def _tokenize(self, request: GenerationRequest) -> list[int]:
+        if request.kind is RequestKind.CHAT:
+            messages = [{"role": m.role, "content": m.content} for m in request.messages]
+            text = self._tok.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
+            ids = list(self._tok(text, add_special_tokens=False)["input_ids"])
+        else:
+            ids = list(self._tok(request.prompt)["input_ids"])
+        if not ids:
+            raise InvalidRequest("the prompt is empty", param="prompt")
+        return ids
+
+    def _max_tokens(self, request: GenerationRequest, prompt_tokens: int) -> int:
+        limit = self._limits.max_context
+        wanted = request.sampling.max_tokens
+        if prompt_tokens + wanted <= limit:
+            return wanted
+        if request.max_tokens_explicit or prompt_tokens >= limit:
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {limit} tokens; the prompt has "
+                f"{prompt_tokens} tokens and max_tokens is {wanted}.",
+                param="max_tokens" if request.max_tokens_explicit else "messages",
+            )
+        return limit - prompt_tokens
+
+    def _apply_aborts(self, policy: StepPolicy) -> None:
+        while True:
+            try:
+                sink = self.aborts.get_nowait()
+            except queue.Empty:
+                return
+            state = self._by_sink.pop(id(sink), None)
+            if state is None or state.done or state.aborted:
+                continue
+            state.aborted = True
+            policy.abort(state)
+            if self._observer is not None:
+                self._observer.on_abort()
+
+    def _forget_finished(self, policy: StepPolicy) -> None:
+        if len(self._by_sink) > len(policy.open_requests()):
+            open_ids = {id(s.sink) for s in policy.open_requests()}
+            for key in [k for k in self._by_sink if k not in open_ids]:
+                del self._by_sink[key]
+
+    def _fail_all(self, policy: StepPolicy | None, error: BackendError) -> None:
+        out: Outbox = [(s.sink, error) for s in self._by_sink.values() if not s.done]
+        while True:  # submissions never taken in
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, Submission):
+                out.append((item.sink, error))
+        self._by_sink.clear()
+        if out:
+            self._post(out)

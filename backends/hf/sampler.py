@@ -1,0 +1,94 @@
+"""Next-token selection for a batch of rows with per-row sampling parameters.
+
+Greedy rows without penalties or logprobs take one vectorised ``argmax`` over the whole
+batch (the common case costs one op per step). Other rows are processed one by one:
+penalties, temperature, top-k, top-p, then a draw from the row's own
+``torch.Generator``, so a seeded request samples identically alone or in a busy batch.
+Logprobs are the model's log-softmax (after penalties, before temperature), with the
+requested number of top alternatives.
+
+Owner: the engine thread.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from backends.base import TokenLogprob, TopLogprob
+from backends.hf.detokenizer import TokenTable
+from backends.hf.sequence import Choice
+
+
+def _needs_row_work(choice: Choice) -> bool:
+    p = choice.sampling
+    return (
+        not p.greedy
+        or p.logprobs is not None
+        or p.presence_penalty != 0.0
+        or p.frequency_penalty != 0.0
+    )
+
+
+def sample(
+    logits: torch.Tensor, choices: list[Choice], table: TokenTable
+) -> list[tuple[int, TokenLogprob | None]]:
+    """One token (and its logprob entry when asked) per row of ``logits`` ([rows, vocab])."""
+    greedy = logits.argmax(-1).tolist()
+    results: list[tuple[int, TokenLogprob | None]] = []
+    for row, choice in enumerate(choices):
+        if not _needs_row_work(choice):
+            results.append((greedy[row], None))
+            continue
+        results.append(_sample_row(logits[row], choice, table))
+    return results
+
+
+def _sample_row(
+    row: torch.Tensor, choice: Choice, table: TokenTable
+) -> tuple[int, TokenLogprob | None]:
+    p = choice.sampling
+    if (p.presence_penalty or p.frequency_penalty) and choice.counts:
+        row = row.clone()
+        ids = torch.tensor(list(choice.counts), dtype=torch.long, device=row.device)
+        counts = torch.tensor(list(choice.counts.values()), dtype=row.dtype, device=row.device)
+        row.index_add_(0, ids, -(counts * p.frequency_penalty + p.presence_penalty))
+    if p.greedy:
+        token = int(row.argmax())
+    else:
+        token = _draw(row, p.temperature, p.top_k, p.top_p, choice.generator)
+    entry = None
+    if p.logprobs is not None:
+        entry = _logprob_entry(row, token, p.logprobs, table)
+    return token, entry
+
+
+def _draw(
+    row: torch.Tensor, temperature: float, top_k: int, top_p: float, gen: torch.Generator | None
+) -> int:
+    scaled = row / temperature
+    if 0 < top_k < scaled.numel():
+        kth = torch.topk(scaled, top_k).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if top_p < 1.0:
+        ordered, order = torch.sort(scaled, descending=True)
+        probs = ordered.softmax(-1)
+        # Drop a token when the mass before it already reaches top_p (keep at least one).
+        drop = (probs.cumsum(-1) - probs) >= top_p
+        drop[0] = False
+        ordered = ordered.masked_fill(drop, float("-inf"))
+        scaled = torch.empty_like(scaled).scatter_(0, order, ordered)
+    probs = scaled.softmax(-1)
+    return int(torch.multinomial(probs, 1, generator=gen))
+
+
+def _logprob_entry(row: torch.Tensor, token: int, top: int, table: TokenTable) -> TokenLogprob:
+    logprobs = row.float().log_softmax(-1)
+    text, raw = table.get(token)
+    alternatives: tuple[TopLogprob, ...] = ()
+    if top > 0:
+        values, ids = torch.topk(logprobs, top)
+        alternatives = tuple(
+            TopLogprob(token=t, logprob=v, bytes=b)
+            for v, (t, b) in zip(values.tolist(), (table.get(i) for i in ids.tolist()), strict=True)
+        )
+    return TokenLogprob(token=text, logprob=float(logprobs[token]), bytes=raw, top=alternatives)

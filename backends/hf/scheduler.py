@@ -1,0 +1,224 @@
+"""Iteration-level (continuous) scheduling over the slot KV cache.
+
+Owner: the engine thread. Three sets:
+
+- ``waiting``: tokenized requests not yet admitted (FIFO);
+- ``prefilling``: admitted requests whose prompt is still being fed, chunk by chunk, into
+  one cache slot (a request with ``n`` choices reserves ``n`` slots but prefills once);
+- ``decoding``: choices generating tokens; ``decoding[i]`` always lives in cache slot
+  ``i`` so the runner attends over a plain view of the first ``D`` slots.
+
+Every ``step`` runs ONE packed forward: one token per decoding choice plus prefill chunks
+within the step's token budget (``max_num_batched_tokens``; while others decode, a chunk
+is also capped at ``prefill_chunk`` so their inter-token latency stays bounded). Finished
+or aborted choices leave at once; the last decoding choice moves into the hole (one slot
+copy), nothing is recomputed. ``sequential`` is this same loop admitting one request at a
+time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import torch
+
+from backends.hf.detokenizer import TokenTable
+from backends.hf.llama_runner import LlamaRunner, PrefillChunk
+from backends.hf.outputs import Outbox, accept_token, emit_started
+from backends.hf.sampler import sample
+from backends.hf.sequence import Choice, RequestState
+from backends.metrics import WorkerObserver
+
+PREFILL_CHUNK = 512
+
+
+class ContinuousScheduler:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        runner: LlamaRunner,
+        table: TokenTable,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        observer: WorkerObserver | None,
+        one_at_a_time: bool = False,
+        prefill_chunk: int = PREFILL_CHUNK,
+    ) -> None:
+        self._runner = runner
+        self._cache = runner.cache
+        self._table = table
+        self._max_seqs = max_num_seqs
+        self._budget = max_num_batched_tokens
+        self._observer = observer
+        self._one_at_a_time = one_at_a_time
+        self._chunk = prefill_chunk
+        self.waiting: deque[RequestState] = deque()
+        self.prefilling: list[RequestState] = []
+        self.prefill_slot: dict[int, int] = {}  # id(state) -> its cache slot
+        self.decoding: list[Choice] = []
+
+    # ------------------------------------------------------------------ policy API
+
+    def add(self, state: RequestState, out: Outbox) -> None:
+        self.waiting.append(state)
+
+    def abort(self, state: RequestState) -> None:
+        if state in self.waiting:
+            self.waiting.remove(state)
+        if state in self.prefilling:
+            self.prefilling.remove(state)
+            self.prefill_slot.pop(id(state), None)
+        # decoding choices of an aborted request leave in _compact()
+        self._compact()
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.decoding)
+
+    def wait_hint(self) -> float | None:
+        return None
+
+    def open_requests(self) -> list[RequestState]:
+        seen: dict[int, RequestState] = {}
+        for state in (*self.waiting, *self.prefilling, *(c.request for c in self.decoding)):
+            seen[id(state)] = state
+        return list(seen.values())
+
+    # ------------------------------------------------------------------ one step
+
+    def step(self, out: Outbox) -> None:
+        began = time.perf_counter()
+        decode = list(self.decoding)
+        chunks, finishing = self._plan_prefill(out)
+        if not decode and not chunks:
+            return
+        logits = self._runner.forward(
+            [c.next_input for c in decode], [c.length for c in decode], chunks
+        )
+        for choice in decode:
+            choice.length += 1
+        rows: list[Choice] = list(decode)
+        row_index = list(range(len(decode)))
+        for offset, state in enumerate(finishing):
+            self._fork(state)
+            self.prefilling.remove(state)
+            rows.extend(state.choices)
+            row_index.extend([len(decode) + offset] * state.n)
+        if len(row_index) != logits.shape[0]:
+            logits = logits.index_select(0, torch.tensor(row_index, device=logits.device))
+        for choice, (token, logprob) in zip(rows, sample(logits, rows, self._table), strict=True):
+            accept_token(choice, token, logprob, out)
+        num_tokens = len(decode) + sum(len(c.tokens) for c in chunks)
+        batch = len(decode) + len(chunks)
+        self._compact()
+        if self._observer is not None:
+            self._observer.on_step(batch, num_tokens, time.perf_counter() - began)
+            self._observer.on_load(
+                len(self.decoding) + len(self.prefilling), len(self.waiting), self.kv_usage()
+            )
+
+    def kv_usage(self) -> float:
+        used = sum(c.length for c in self.decoding) + sum(s.prefilled for s in self.prefilling)
+        total = self._max_seqs * self._runner.max_context
+        return used / total if total else 0.0
+
+    def _reserved(self) -> int:
+        return len(self.decoding) + sum(s.n for s in self.prefilling)
+
+    def _plan_prefill(self, out: Outbox) -> tuple[list[PrefillChunk], list[RequestState]]:
+        budget = self._budget - len(self.decoding)
+        if self.decoding:
+            budget = min(budget, self._chunk)
+        chunks: list[PrefillChunk] = []
+        finishing: list[RequestState] = []
+        for state in self.prefilling:
+            if budget <= 0:
+                break
+            budget -= self._add_chunk(state, budget, chunks, finishing)
+        while self.waiting and budget > 0 and self._can_admit(self.waiting[0]):
+            state = self.waiting.popleft()
+            self.prefill_slot[id(state)] = self._free_slot()
+            self.prefilling.append(state)
+            emit_started(state, out)
+            budget -= self._add_chunk(state, budget, chunks, finishing)
+        return chunks, finishing
+
+    def _can_admit(self, state: RequestState) -> bool:
+        if self._one_at_a_time and (self.decoding or self.prefilling):
+            return False
+        return self._reserved() + state.n <= self._max_seqs
+
+    def _add_chunk(
+        self,
+        state: RequestState,
+        budget: int,
+        chunks: list[PrefillChunk],
+        finishing: list[RequestState],
+    ) -> int:
+        start = state.prefilled
+        take = min(len(state.prompt_ids) - start, budget)
+        done = start + take == len(state.prompt_ids)
+        chunks.append(
+            PrefillChunk(
+                slot=self.prefill_slot[id(state)],
+                tokens=tuple(state.prompt_ids[start : start + take]),
+                start=start,
+                want_logits=done,
+            )
+        )
+        state.prefilled += take
+        if done:
+            finishing.append(state)
+        return take
+
+    def _occupied(self) -> dict[int, RequestState]:
+        return {
+            slot: s for s in self.prefilling if (slot := self.prefill_slot.get(id(s))) is not None
+        }
+
+    def _free_slot(self, avoid: frozenset[int] = frozenset()) -> int:
+        taken = set(self._occupied()) | avoid
+        for slot in range(self._cache.max_slots - 1, len(self.decoding) - 1, -1):
+            if slot not in taken:
+                return slot
+        raise RuntimeError("no free cache slot")  # admission guarantees one
+
+    def _fork(self, state: RequestState) -> None:
+        """Place the request's choices at the end of the decode region, sharing its
+        prefilled keys (one copy per extra choice; the prompt is computed once)."""
+        source = self.prefill_slot.pop(id(state))
+        length = len(state.prompt_ids)
+        base = len(self.decoding)
+        targets = list(range(base, base + state.n))
+        occupied = self._occupied()
+        for target in targets:
+            other = occupied.get(target)
+            if other is not None and other is not state:
+                new_slot = self._free_slot(frozenset(targets) | {source})
+                self._cache.ensure(new_slot + 1, other.prefilled)
+                self._cache.move(target, new_slot, other.prefilled)
+                self.prefill_slot[id(other)] = new_slot
+        self._cache.ensure(base + state.n, length)
+        for target in targets:
+            self._cache.move(source, target, length)
+        for choice, target in zip(state.choices, targets, strict=True):
+            choice.slot = target
+            choice.length = length
+            self.decoding.append(choice)
+
+    def _compact(self) -> None:
+        """Drop finished/aborted choices, keeping ``decoding[i].slot == i``."""
+        dec = self.decoding
+        i = 0
+        while i < len(dec):
+            choice = dec[i]
+            if choice.finish is None and not choice.request.aborted:
+                i += 1
+                continue
+            last = dec.pop()
+            if i < len(dec):
+                self._cache.move(last.slot, i, last.length)
+                last.slot = i
+                dec[i] = last

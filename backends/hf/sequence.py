@@ -1,0 +1,95 @@
+"""Engine-side state of one request and of each of its choices.
+
+Owner: the engine thread creates, mutates and drops these; the event loop never sees
+them (it only receives immutable ``BackendEvent`` values). ``RequestState.sink`` is an
+opaque delivery target that the engine passes back to the backend's dispatcher.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from backends.base import FinishReason, GenerationRequest, SamplingParams
+from backends.hf.detokenizer import IncrementalDetokenizer, StopMatcher, TokenDecoder
+
+
+@dataclass(eq=False)
+class Choice:
+    """One output stream (choice ``index``) of a request; holds cache slot ``slot``."""
+
+    request: RequestState
+    index: int
+    detok: IncrementalDetokenizer
+    stop: StopMatcher
+    generator: torch.Generator | None
+    slot: int = -1
+    length: int = 0  # tokens of this choice already in the KV cache
+    output_ids: list[int] = field(default_factory=list)
+    counts: dict[int, int] = field(default_factory=dict)
+    finish: FinishReason | None = None
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return self.request.request.sampling
+
+    @property
+    def next_input(self) -> int:
+        return self.output_ids[-1]
+
+
+@dataclass(eq=False)
+class RequestState:
+    """A request inside the engine: prompt ids, progress of its (shared) prefill, choices."""
+
+    request: GenerationRequest
+    sink: Any
+    prompt_ids: list[int]
+    max_tokens: int
+    queued_at: float
+    eos_ids: frozenset[int]
+    choices: list[Choice] = field(default_factory=list)
+    prefilled: int = 0  # prompt tokens already in the cache (in choice 0's slot)
+    started: bool = False
+    aborted: bool = False
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.prefilled >= len(self.prompt_ids)
+
+    @property
+    def n(self) -> int:
+        return self.request.sampling.n
+
+    @property
+    def done(self) -> bool:
+        return bool(self.choices) and all(c.finish is not None for c in self.choices)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(len(c.output_ids) for c in self.choices)
+
+
+def make_choices(state: RequestState, tokenizer: TokenDecoder, device: torch.device) -> None:
+    """Create the request's ``n`` choices, each with its own detokenizer, stop matcher and
+    (for sampled requests) its own generator, so a seeded request draws the same numbers
+    whatever else shares the batch."""
+    params = state.request.sampling
+    base_seed = params.seed if params.seed is not None else random.getrandbits(63)
+    for index in range(params.n):
+        generator = None
+        if not params.greedy:
+            generator = torch.Generator(device=device)
+            generator.manual_seed((base_seed + index) % (2**63))
+        state.choices.append(
+            Choice(
+                request=state,
+                index=index,
+                detok=IncrementalDetokenizer(tokenizer, state.prompt_ids),
+                stop=StopMatcher(params.stop),
+                generator=generator,
+            )
+        )
