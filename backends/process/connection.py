@@ -257,9 +257,10 @@ class WorkerProcess:
         except (ConnectionError, OSError) as exc:
             log.debug("model %s: worker channel error: %r", self.name, exc)
         # The channel is gone; the process should follow. Make sure it does, so that
-        # _watch() sees the exit and fails everything in flight.
+        # _watch() sees the exit and fails everything in flight (terminate() has its own
+        # SIGTERM-then-SIGKILL schedule and is left alone).
         proc = self._proc
-        if proc is not None and proc.returncode is None:
+        if proc is not None and proc.returncode is None and not self._terminating:
             try:
                 await asyncio.wait_for(proc.wait(), EOF_GRACE_S)
             except TimeoutError:
