@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 
 BACKEND = "triton"
 RETRY_AFTER = 2.0
+_MAX_MESSAGE = 2**31 - 1  # Triton's own limit (INT32_MAX), as tritonclient sets it
 # Triton's words for a model that is not (yet) there; they arrive as stream errors.
 _NOT_READY_HINTS = ("unknown model", "not ready", "no available version", "is not found")
 
@@ -77,7 +78,9 @@ class TritonBackend:
 
     async def start(self) -> None:
         await asyncio.to_thread(self._prompter.load)
-        self._client = triton_aio.InferenceServerClient(self._config.url)
+        self._client = triton_aio.InferenceServerClient(
+            self._config.url, channel_args=_channel_args(self._config)
+        )
         try:
             await self._check_contract()
         except BaseException:
@@ -257,6 +260,20 @@ class TritonBackend:
                 self._prompter.count, completion, prompt=False
             )
         return prompt_tokens or 0, completion_tokens or 0
+
+
+def _channel_args(config: TritonModelConfig) -> list[tuple[str, int]]:
+    """tritonclient's defaults plus a short reconnect backoff: gRPC's default grows to
+    two minutes while the server is down, and a restarted Triton would stay unused
+    that long. Keepalive pings stay off, as in tritonclient (Triton rejects eager ones)."""
+    backoff_ms = int(min(config.connect_timeout, 2.0) * 1000)
+    return [
+        ("grpc.max_send_message_length", _MAX_MESSAGE),
+        ("grpc.max_receive_message_length", _MAX_MESSAGE),
+        ("grpc.initial_reconnect_backoff_ms", min(250, backoff_ms)),
+        ("grpc.min_reconnect_backoff_ms", min(250, backoff_ms)),
+        ("grpc.max_reconnect_backoff_ms", backoff_ms),
+    ]
 
 
 async def _one(payload: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:

@@ -5,12 +5,15 @@ hung forever and its stub ignored SIGTERM. So this process
 - builds the environment the stub needs (the Python installation's lib dir first on
   LD_LIBRARY_PATH, so the stub does not mix two libpython builds; the model virtualenv's
   bin first on PATH, so the stub's interpreter runs in that virtualenv, with numpy<2);
-- starts tritonserver in its own process group with a shared-memory prefix of its own;
-- waits up to --load-timeout for /v2/health/ready; past that it SIGKILLs the group (the
-  stubs with it), removes the /dev/shm regions that prefix made, and tries again;
+- starts tritonserver (in the launcher's own process group) with a shared-memory prefix
+  of its own;
+- waits up to --load-timeout for /v2/health/ready; past that it SIGKILLs the server and
+  every process below it (the stubs), removes the /dev/shm regions that prefix made, and
+  tries again;
 - once ready prints one line ``TRITON READY http=.. grpc=.. metrics=..`` and waits;
 - on SIGTERM/SIGINT stops the server (SIGTERM, then SIGKILL after a grace period) and
-  cleans up; if the launcher itself dies, PR_SET_PDEATHSIG takes tritonserver down too.
+  cleans up; if the launcher itself dies, PR_SET_PDEATHSIG takes tritonserver down too,
+  and killing the launcher's process group takes everything.
 
 Standard library only, so it runs with any python3.
 """
@@ -136,9 +139,10 @@ def server_command(args: argparse.Namespace, shm_prefix: str) -> list[str]:
 
 
 def _pdeathsig() -> None:
+    """In the child: die with the launcher. The server stays in the launcher's process
+    group, so whoever kills that group (a test fixture, systemd) takes the stubs too."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    os.setpgid(0, 0)
 
 
 def is_ready(http_port: int) -> bool:
@@ -159,15 +163,35 @@ def remove_shm(prefix: str) -> int:
     return removed
 
 
-def kill_group(proc: subprocess.Popen[bytes], grace: float) -> None:
+def descendants(root: int) -> list[int]:
+    """Pids below ``root``, from /proc (children first found, then theirs)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found: list[int] = []
+    todo = [root]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(proc: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM the server, wait ``grace``, then SIGKILL it and every process below it.
+    The list is taken first: a stub whose server died is re-parented and hard to find,
+    and a stub stuck in a model load ignores SIGTERM."""
+    tree = descendants(proc.pid)
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
+            proc.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=grace)
-    # Stubs may outlive their server (or ignore SIGTERM): take the whole group down.
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    for pid in [proc.pid, *tree, *descendants(proc.pid)]:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
 
@@ -190,7 +214,7 @@ def start_once(
             return proc
         time.sleep(0.5)
     print(f"launch: not ready after {args.load_timeout:.0f}s, killing", file=sys.stderr)
-    kill_group(proc, grace=2.0)
+    kill_tree(proc, grace=2.0)
     remove_shm(shm_prefix)
     return None
 
@@ -234,7 +258,7 @@ def main(argv: list[str]) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         for running in current:
-            kill_group(running, grace=args.stop_grace)
+            kill_tree(running, grace=args.stop_grace)
         remove_shm(shm_prefix)
         return 128 + stop.signum
 

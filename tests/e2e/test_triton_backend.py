@@ -227,6 +227,10 @@ async def test_crash_mid_stream_then_recovery(backend: TritonBackend, triton: Tr
         await collect(backend, chat(max_tokens=2))
 
     await asyncio.to_thread(triton.start)
-    assert await backend.ready() is True
+    # The channel reconnects within its (short) backoff; the registry would poll like this.
+    deadline = time.monotonic() + 10
+    while not await backend.ready():
+        assert time.monotonic() < deadline, "backend did not see Triton come back"
+        await asyncio.sleep(0.25)
     events = await collect(backend, chat(max_tokens=4))
     assert text_of(events) and isinstance(events[-1], Usage)
