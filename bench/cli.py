@@ -204,10 +204,20 @@ def _compare(spec: CompareSpec, out: Path, workdir: Path | None, meta: dict[str,
     log.info("scratch folder (configs, server logs): %s", work)
     records = asyncio.run(_cancellable(run_compare(spec, out, work, meta)))
     print(markdown_table(records), end="")
-    failed = {r.system for r in records}
-    missing = [s.label for s in spec.systems if s.label not in failed]
+    working = {r.system for r in records if r.summary.ok}
+    missing = [s.label for s in spec.systems if s.label not in working]
     if missing:
-        log.error("no results for %s; server logs under %s", ", ".join(missing), work / "logs")
+        log.error("no successful requests for %s; logs under %s", ", ".join(missing), work / "logs")
+    for r in records:
+        errors = [x.error for x in r.samples if x.error]
+        if errors:
+            log.warning(
+                "%s %s: %d errors (warm-up included), first: %s",
+                r.system,
+                r.load,
+                len(errors),
+                errors[0],
+            )
     return 1 if missing or not records else 0
 
 

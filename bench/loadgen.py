@@ -197,6 +197,8 @@ async def run_level(
 
 def new_session(max_connections: int, connect_timeout_s: float = 10.0) -> aiohttp.ClientSession:
     """One pooled session for a whole run; the caller closes it."""
-    connector = aiohttp.TCPConnector(limit=max_connections, force_close=False)
+    # Idle pooled connections are dropped before uvicorn's 5 s keep-alive would close them
+    # under us (a POST on a half-closed socket fails instead of being retried).
+    connector = aiohttp.TCPConnector(limit=max_connections, keepalive_timeout=3.0)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
     return aiohttp.ClientSession(connector=connector, timeout=timeout)

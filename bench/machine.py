@@ -40,10 +40,14 @@ def _version(name: str) -> str | None:
         return None
 
 
-def venv_package_version(venv: Path, name: str) -> str | None:
-    """Version of ``name`` installed in another virtualenv, read from its dist-info folder."""
-    for dist in sorted(venv.glob(f"lib/python*/site-packages/{name}-*.dist-info")):
-        return dist.name[len(name) + 1 : -len(".dist-info")]
+def venv_package_version(venv: Path, *names: str) -> str | None:
+    """``name==version`` of the first of ``names`` installed in another virtualenv.
+
+    Read from its dist-info folder, so nothing from that environment gets imported here.
+    """
+    for name in names:
+        for dist in sorted(venv.glob(f"lib/python*/site-packages/{name}-*.dist-info")):
+            return f"{name}=={dist.name[len(name) + 1 : -len('.dist-info')]}"
     return None
 
 

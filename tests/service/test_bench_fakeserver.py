@@ -99,6 +99,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--delay", type=float, default=0.002)
+    parser.add_argument("--tag", default="", help="Ignored; lets a test find its processes.")
     args = parser.parse_args()
     web.run_app(build_app(args.delay), host="127.0.0.1", port=args.port, print=None)
     sys.exit(0)
