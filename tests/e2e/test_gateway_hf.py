@@ -253,20 +253,26 @@ def test_disconnect_stops_generation(server: RunningServer) -> None:
                 received += 1
             if received >= 5:
                 break  # leaving the block closes the connection mid-stream
+
+    def settled(text: str) -> bool:
+        left = metric_value(text, "llmso_requests_total", status="disconnected") > metric_value(
+            before, "llmso_requests_total", status="disconnected"
+        )
+        aborted = metric_value(text, "llmso_worker_aborted_requests_total") > metric_value(
+            before, "llmso_worker_aborted_requests_total"
+        )
+        return left and aborted
+
     deadline = time.monotonic() + 20
     after = before
-    while time.monotonic() < deadline:
-        after = httpx.get(server.url + "/metrics").text
-        if metric_value(after, "llmso_requests_total", status="disconnected") > metric_value(
-            before, "llmso_requests_total", status="disconnected"
-        ):
-            break
+    while time.monotonic() < deadline and not settled(after):
         time.sleep(0.2)
+        after = httpx.get(server.url + "/metrics").text
     assert (
         metric_value(after, "llmso_requests_total", status="disconnected")
         == metric_value(before, "llmso_requests_total", status="disconnected") + 1
     )
-    assert metric_value(after, "llmso_worker_aborted_requests_total") >= 1 + metric_value(
+    assert metric_value(after, "llmso_worker_aborted_requests_total") == 1 + metric_value(
         before, "llmso_worker_aborted_requests_total"
     )
     # Generation stopped well short of the 400 tokens asked for.
