@@ -106,8 +106,13 @@ class FakeFactory:
 
 def fake_model(name: str, **fields: Any) -> dict[str, Any]:
     """A model entry for the schema; the openai backend needs no local files."""
-    return {"name": name, "backend": "openai", "base_url": "http://127.0.0.1:9/v1",
-            "preload": False, **fields}
+    return {
+        "name": name,
+        "backend": "openai",
+        "base_url": "http://127.0.0.1:9/v1",
+        "preload": False,
+        **fields,
+    }
 
 
 def app_config(*models: dict[str, Any], budget: int | None = None) -> AppConfig:
@@ -116,8 +121,8 @@ def app_config(*models: dict[str, Any], budget: int | None = None) -> AppConfig:
     )
 
 
-async def wait_until(predicate: Callable[[], bool], timeout: float = 3.0) -> None:
-    deadline = time.monotonic() + timeout
+async def wait_until(predicate: Callable[[], bool], within: float = 3.0) -> None:
+    deadline = time.monotonic() + within
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")

@@ -24,14 +24,15 @@ from gateway.registry import (
 )
 from tests.tools.registry_fakes import FakeFactory, app_config, fake_model, wait_until
 
-Make = Callable[..., tuple[ModelRegistry, FakeFactory, CollectorRegistry]]
+Built = tuple[ModelRegistry, FakeFactory, CollectorRegistry]
+Make = Callable[..., Built]
 
 
 @pytest.fixture
 async def make() -> AsyncIterator[Make]:
     registries: list[ModelRegistry] = []
 
-    def build(config: AppConfig, **kwargs: Any) -> tuple[ModelRegistry, FakeFactory, CollectorRegistry]:
+    def build(config: AppConfig, **kwargs: Any) -> Built:
         prometheus = CollectorRegistry()
         factory = FakeFactory()
         kwargs.setdefault("backoff", Backoff(base=0.1, cap=0.4))
@@ -58,8 +59,9 @@ def transitions(caplog: pytest.LogCaptureFixture, model: str) -> list[str]:
     return states
 
 
-async def hold(registry: ModelRegistry, name: str, release: asyncio.Event,
-               holding: asyncio.Event | None = None) -> str:
+async def hold(
+    registry: ModelRegistry, name: str, release: asyncio.Event, holding: asyncio.Event | None = None
+) -> str:
     async with registry.lease(name) as lease:
         if holding is not None:
             holding.set()
@@ -70,8 +72,9 @@ async def hold(registry: ModelRegistry, name: str, release: asyncio.Event,
 # --------------------------------------------------------------------------- Lab 05 table
 
 
-async def _ready_model(registry: ModelRegistry, factory: FakeFactory,
-                       caplog: pytest.LogCaptureFixture) -> None:
+async def _ready_model(
+    registry: ModelRegistry, factory: FakeFactory, caplog: pytest.LogCaptureFixture
+) -> None:
     await registry.load("small")
     caplog.clear()
     decision = registry.route("small")
@@ -81,15 +84,17 @@ async def _ready_model(registry: ModelRegistry, factory: FakeFactory,
     assert transitions(caplog, "small") == ["active", "ready"]
 
 
-async def _unloaded_model(registry: ModelRegistry, factory: FakeFactory,
-                          caplog: pytest.LogCaptureFixture) -> None:
+async def _unloaded_model(
+    registry: ModelRegistry, factory: FakeFactory, caplog: pytest.LogCaptureFixture
+) -> None:
     async with registry.lease("small") as lease:
         assert lease.backend is factory.last("small")
     assert transitions(caplog, "small") == ["loading", "ready", "active", "ready"]
 
 
-async def _loading_same_model(registry: ModelRegistry, factory: FakeFactory,
-                              caplog: pytest.LogCaptureFixture) -> None:
+async def _loading_same_model(
+    registry: ModelRegistry, factory: FakeFactory, caplog: pytest.LogCaptureFixture
+) -> None:
     factory.plan("small").load_seconds = 0.1
     first = asyncio.ensure_future(registry.load("small"))
     await wait_until(lambda: registry.list_models()[0].state is ModelState.LOADING)
@@ -99,8 +104,9 @@ async def _loading_same_model(registry: ModelRegistry, factory: FakeFactory,
     assert factory.plan("small").starts == 1
 
 
-async def _not_found(registry: ModelRegistry, factory: FakeFactory,
-                     caplog: pytest.LogCaptureFixture) -> None:
+async def _not_found(
+    registry: ModelRegistry, factory: FakeFactory, caplog: pytest.LogCaptureFixture
+) -> None:
     with pytest.raises(ModelNotFound) as caught:
         registry.route("gpt-17")
     assert (caught.value.status, caught.value.code) == (404, "model_not_found")
@@ -110,8 +116,9 @@ async def _not_found(registry: ModelRegistry, factory: FakeFactory,
     assert factory.built == {}
 
 
-async def _capability_only(registry: ModelRegistry, factory: FakeFactory,
-                           caplog: pytest.LogCaptureFixture) -> None:
+async def _capability_only(
+    registry: ModelRegistry, factory: FakeFactory, caplog: pytest.LogCaptureFixture
+) -> None:
     await registry.load("big")  # ready beats a higher priority that would have to load
     decision = registry.route("capability:chat")
     assert decision.reason == "capability"
@@ -125,8 +132,9 @@ async def _capability_only(registry: ModelRegistry, factory: FakeFactory,
     [_ready_model, _unloaded_model, _loading_same_model, _not_found, _capability_only],
     ids=["ready-model", "unloaded-model", "loading-same-model", "not-found", "capability-only"],
 )
-async def test_lab05_scenarios(make: Make, caplog: pytest.LogCaptureFixture,
-                               scenario: Callable[..., Any]) -> None:
+async def test_lab05_scenarios(
+    make: Make, caplog: pytest.LogCaptureFixture, scenario: Callable[..., Any]
+) -> None:
     caplog.set_level(logging.DEBUG, logger="gateway.registry.registry")
     config = app_config(
         fake_model("small", capabilities=["chat", "small"], priority=10),
@@ -177,7 +185,7 @@ async def test_waiters_give_up_after_load_timeout_with_retry_after(make: Make) -
 
 async def test_preload_and_readiness(make: Make) -> None:
     config = app_config(fake_model("a", preload=True), fake_model("b"))
-    registry, factory, _ = make(config)
+    registry, _, _ = make(config)
     assert not registry.is_ready()
     await registry.start()
     assert registry.is_ready()
@@ -239,8 +247,9 @@ async def test_eviction_lru_under_budget(make: Make) -> None:
 
 
 async def test_budget_for_one_drains_in_flight_never_cuts(make: Make) -> None:
-    config = app_config(fake_model("a", memory_bytes=100), fake_model("b", memory_bytes=100),
-                        budget=150)
+    config = app_config(
+        fake_model("a", memory_bytes=100), fake_model("b", memory_bytes=100), budget=150
+    )
     registry, factory, _ = make(config)
     await registry.start()
     release, holding = asyncio.Event(), asyncio.Event()
@@ -273,8 +282,9 @@ async def test_model_larger_than_budget_fails_with_reason(make: Make) -> None:
 
 
 async def test_idle_ttl_unloads(make: Make) -> None:
-    registry, factory, prometheus = make(app_config(fake_model("m", idle_ttl=0.15)),
-                                         sweep_interval=0.03)
+    registry, factory, prometheus = make(
+        app_config(fake_model("m", idle_ttl=0.15)), sweep_interval=0.03
+    )
     await registry.start()
     async with registry.lease("m"):
         await asyncio.sleep(0.25)  # in flight: never idle, whatever the TTL

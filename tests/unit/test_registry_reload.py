@@ -1,0 +1,142 @@
+"""Hot reload: apply_config with leases in flight, and the file/SIGHUP watcher."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+from config.loader import load_config
+from gateway.registry import (
+    Backoff,
+    ConfigWatcher,
+    ModelNotFound,
+    ModelRegistry,
+    ModelState,
+    RegistryMetrics,
+)
+from tests.tools.registry_fakes import FakeFactory, app_config, fake_model, wait_until
+
+
+@pytest.fixture
+async def setup() -> AsyncIterator[tuple[ModelRegistry, FakeFactory, CollectorRegistry]]:
+    config = app_config(
+        fake_model("keep", preload=True),
+        fake_model("swap", preload=True),
+        fake_model("drop", preload=True),
+    )
+    prometheus = CollectorRegistry()
+    factory = FakeFactory()
+    registry = ModelRegistry(
+        config, RegistryMetrics(prometheus), factory, backoff=Backoff(0.05, 0.1)
+    )
+    await registry.start()
+    yield registry, factory, prometheus
+    await registry.stop()
+
+
+async def _hold(registry: ModelRegistry, name: str, release: asyncio.Event) -> list[str]:
+    """Stream a whole request on the leased backend once released; return its text."""
+    async with registry.lease(name) as lease:
+        await release.wait()
+        texts = []
+        async for event in lease.backend.generate(None):  # type: ignore[arg-type]
+            texts.append(getattr(event, "text", ""))
+        return texts
+
+
+def _states(registry: ModelRegistry) -> dict[str, ModelState]:
+    return {status.name: status.state for status in registry.list_models()}
+
+
+async def test_apply_config_with_leases_in_flight(
+    setup: tuple[ModelRegistry, FakeFactory, CollectorRegistry],
+) -> None:
+    registry, factory, prometheus = setup
+    release = asyncio.Event()
+    old_swap, old_drop = factory.last("swap"), factory.last("drop")
+    holders = [asyncio.create_task(_hold(registry, n, release)) for n in ("swap", "drop")]
+    await wait_until(lambda: _states(registry)["drop"] is ModelState.ACTIVE)
+    new = app_config(
+        fake_model("keep", preload=True, priority=4),
+        fake_model("swap", preload=True, base_url="http://127.0.0.1:10/v1"),
+        fake_model("fresh", preload=True),
+    )
+    diff = await registry.apply_config(new)
+    assert (diff.added, diff.removed, diff.reloaded, diff.updated) == (
+        ("fresh",),
+        ("drop",),
+        ("swap",),
+        ("keep",),
+    )
+    with pytest.raises(ModelNotFound):
+        registry.route("drop")
+    await wait_until(
+        lambda: _states(registry)["swap"] is ModelState.READY and len(factory.built["swap"]) == 2
+    )
+    await wait_until(lambda: _states(registry)["fresh"] is ModelState.READY)
+    async with registry.lease("swap") as lease:  # new leases get the new backend
+        assert lease.backend is factory.last("swap")
+        assert lease.config.base_url == "http://127.0.0.1:10/v1"  # type: ignore[union-attr]
+    assert not old_swap.stopped and not old_drop.stopped  # still serving their leases
+    assert [s.name for s in registry.list_models()] == ["keep", "swap", "fresh"]
+    assert registry.list_models()[1].inflight == 1  # the old lease is still counted
+    release.set()
+    results = await asyncio.gather(*holders)
+    assert [r[1] for r in results] == ["swap", "drop"]  # both streams finished whole
+    await wait_until(lambda: old_swap.stopped and old_drop.stopped)
+    assert len(factory.built["keep"]) == 1  # an in-place update keeps the backend
+    assert registry.list_models()[0].priority == 4
+    assert (
+        prometheus.get_sample_value(
+            "llmso_model_evictions_total", {"model": "swap", "reason": "config_changed"}
+        )
+        == 1
+    )
+    assert (
+        prometheus.get_sample_value("llmso_model_state", {"model": "drop", "state": "ready"})
+        is None
+    )  # a removed model's state series is gone
+
+
+def _write(path: Path, models: list[dict[str, Any]]) -> None:
+    path.write_text(yaml.safe_dump({"models": models}))
+
+
+async def test_watcher_reloads_on_change_rejects_bad_config_and_sighup(tmp_path: Path) -> None:
+    path = tmp_path / "llmso.yaml"
+    _write(path, [fake_model("a")])
+    factory = FakeFactory()
+    registry = ModelRegistry(load_config(path), RegistryMetrics(CollectorRegistry()), factory)
+    await registry.start()
+    watcher = ConfigWatcher(registry, path, interval=0.02)
+    watcher.start()
+    try:
+        _write(path, [fake_model("a"), fake_model("b")])
+        await wait_until(lambda: "b" in {s.name for s in registry.list_models()})
+        path.write_text("models: [{name: c, backend: nosuch}]\n")
+        await wait_until(lambda: watcher.rejected == 1)
+        assert [s.name for s in registry.list_models()] == ["a", "b"]  # old config serves
+        assert registry.route("b").candidates == ("b",)
+    finally:
+        await watcher.stop()
+    # SIGHUP alone (no polling to race with): the loop runs in pytest's main thread.
+    watcher = ConfigWatcher(registry, path, interval=3600)
+    watcher.start()
+    try:
+        assert watcher.signal_installed
+        _write(path, [fake_model("c")])
+        os.kill(os.getpid(), signal.SIGHUP)
+        await wait_until(lambda: watcher.reloads == 1)
+        assert [s.name for s in registry.list_models()] == ["c"]
+    finally:
+        await watcher.stop()
+        await registry.stop()
+    assert not watcher.signal_installed
