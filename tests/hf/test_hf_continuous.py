@@ -1,0 +1,199 @@
+"""Continuous batching with the real SmolLM2: equivalence, cancellation, sampling, errors.
+
+One fp32 backend is loaded for the module; every test uses few tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from backends.base import ContextLengthExceeded, NotReady, Overloaded, TextDelta
+from backends.hf.backend import HFBackend
+from tests.hf.helpers import RecordingObserver, chat, collect, completion, config
+
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, in a small village by the sea, there lived an old fisherman who",
+    "def fibonacci(n):",
+    "1, 2, 3, 4,",
+    "The quick brown fox",
+    "Water boils at a temperature of",
+    "In machine learning, a neural network is a model that learns to map inputs to outputs by",
+    "My favourite colour is",
+    "The three primary colours are red,",
+    "Python is a programming language that",
+    "To make a cup of tea, first",
+    "The sun rises in the",
+    "import numpy as np\nx = np.arange(10)\nprint(",
+    "A haiku about autumn:\n",
+    "Q: What is the largest planet in our solar system?\nA:",
+    "The Eiffel Tower was built in the year",
+]
+TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def observer() -> RecordingObserver:
+    return RecordingObserver()
+
+
+@pytest.fixture(scope="module")
+async def backend(observer: RecordingObserver) -> AsyncIterator[HFBackend]:
+    b = HFBackend(config(scheduling="continuous", max_num_seqs=24), observer)
+    await b.start()
+    yield b
+    await b.stop()
+
+
+@pytest.fixture(scope="module")
+async def alone(backend: HFBackend) -> list[str]:
+    """Each prompt's greedy output with nothing else running."""
+    return [(await collect(backend.generate(completion(p, TOKENS)))).text() for p in PROMPTS]
+
+
+async def test_not_ready_before_start() -> None:
+    b = HFBackend(config())
+    with pytest.raises(NotReady):
+        await anext(b.generate(completion("hi")))
+    assert not await b.ready()
+
+
+async def test_info_reports_context_and_memory(backend: HFBackend) -> None:
+    info = backend.info()
+    assert info.max_context == 8192
+    assert info.memory_bytes is not None and 400e6 < info.memory_bytes < 700e6
+    assert await backend.ready()
+
+
+async def test_staggered_concurrent_greedy_equals_alone(
+    backend: HFBackend, alone: list[str], observer: RecordingObserver
+) -> None:
+    async def late(i: int, prompt: str) -> str:
+        await asyncio.sleep(0.03 * i)
+        return (await collect(backend.generate(completion(prompt, TOKENS)))).text()
+
+    before = len(observer.steps)
+    together = await asyncio.gather(*(late(i, p) for i, p in enumerate(PROMPTS)))
+    assert together == alone
+    assert len(set(alone)) == len(alone)
+    assert max(size for size, _, _ in observer.steps[before:]) >= 8  # really batched
+
+
+async def test_one_of_eight_disconnects(
+    backend: HFBackend, alone: list[str], observer: RecordingObserver
+) -> None:
+    aborts_before = observer.aborts
+
+    async def leaves_early(prompt: str) -> int:
+        stream = backend.generate(completion(prompt, 200))
+        seen = 0
+        async for event in stream:
+            seen += isinstance(event, TextDelta)
+            if seen == 3:
+                break
+        await stream.aclose()  # type: ignore[attr-defined]
+        return seen
+
+    async def stays(prompt: str) -> str:
+        return (await collect(backend.generate(completion(prompt, TOKENS)))).text()
+
+    results = await asyncio.gather(leaves_early(PROMPTS[1]), *(stays(p) for p in PROMPTS[8:15]))
+    assert results[0] == 3
+    assert results[1:] == alone[8:15]
+    for _ in range(50):  # the abort lands at the next step boundary
+        if observer.aborts > aborts_before and observer.loads[-1][0] == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert observer.aborts == aborts_before + 1
+    assert observer.loads[-1][0] == 0  # nothing left running: no compute for the leaver
+
+
+async def test_stop_string_across_tokens_is_cut(backend: HFBackend, alone: list[str]) -> None:
+    reference = alone[1]
+    stop = reference[6:14]
+    result = await collect(backend.generate(completion(PROMPTS[1], TOKENS, stop=(stop, "@@@"))))
+    assert result.text() == reference[: reference.index(stop)]
+    assert result.reason() == "stop"
+
+
+async def test_length_and_eos(backend: HFBackend) -> None:
+    capped = await collect(backend.generate(completion(PROMPTS[0], 5)))
+    assert capped.reason() == "length" and capped.usage.completion_tokens == 5
+    short = await collect(backend.generate(chat("Reply with just the word: yes", 40)))
+    assert short.reason() == "stop"
+    assert short.usage.completion_tokens < 40
+    assert "<|im_end|>" not in short.text()
+
+
+async def test_seeded_sampling_same_alone_and_in_busy_batch(backend: HFBackend) -> None:
+    request = completion(PROMPTS[6], TOKENS, temperature=0.9, top_p=0.95, seed=1234)
+    solo = (await collect(backend.generate(request))).text()
+    busy = await asyncio.gather(
+        *(collect(backend.generate(completion(p, TOKENS))) for p in PROMPTS[:6]),
+        collect(backend.generate(request)),
+    )
+    assert busy[-1].text() == solo
+    other_seed = completion(PROMPTS[6], TOKENS, temperature=0.9, top_p=0.95, seed=99)
+    assert (await collect(backend.generate(other_seed))).text() != solo
+
+
+async def test_n_choices_share_prefill_and_carry_logprobs(backend: HFBackend) -> None:
+    request = chat("Write three emoji.", 10, n=3, temperature=1.0, seed=5, logprobs=2)
+    result = await collect(backend.generate(request))
+    texts = [result.text(i) for i in range(3)]
+    assert len(set(texts)) > 1
+    assert result.usage.completion_tokens == sum(
+        len([d for d in result.events if isinstance(d, TextDelta) and d.index == i])
+        + (result.reason(i) == "stop")
+        for i in range(3)
+    )
+    for i in range(3):
+        entries = [
+            lp
+            for d in result.events
+            if isinstance(d, TextDelta) and d.index == i
+            for lp in d.logprobs
+        ]
+        assert all(len(e.top) == 2 and e.logprob <= 0.0 for e in entries)
+        raw = b"".join(bytes(e.bytes) for e in entries).decode("utf-8", errors="replace")
+        assert raw.startswith(texts[i].rstrip("\ufffd"))
+
+
+async def test_greedy_top_k_and_penalties(backend: HFBackend, alone: list[str]) -> None:
+    top1 = completion(PROMPTS[3], TOKENS, temperature=1.0, top_k=1, seed=3)
+    assert (await collect(backend.generate(top1))).text() == alone[3]
+    penalised = completion(PROMPTS[3], TOKENS, frequency_penalty=2.0, presence_penalty=1.0)
+    assert (await collect(backend.generate(penalised))).text() != alone[3]
+
+
+async def test_context_length_checked_before_first_event(backend: HFBackend) -> None:
+    with pytest.raises(ContextLengthExceeded):
+        await anext(backend.generate(completion(PROMPTS[0], 8190)))
+    implicit = completion(PROMPTS[0], 8190).__class__(
+        **{**_fields(completion(PROMPTS[0], 8190)), "max_tokens_explicit": False}
+    )
+    stream = backend.generate(implicit)
+    first = await anext(stream)
+    assert first.__class__.__name__ == "Started"
+    await stream.aclose()  # type: ignore[attr-defined]
+
+
+def _fields(obj: object) -> dict[str, object]:
+    return {name: getattr(obj, name) for name in obj.__slots__}  # type: ignore[attr-defined]
+
+
+async def test_overloaded_when_queue_full() -> None:
+    b = HFBackend(config(scheduling="sequential", max_queue=2))
+    await b.start()
+    try:
+        streams = [b.generate(completion(p, 4)) for p in PROMPTS[:5]]
+        firsts = await asyncio.gather(*(anext(s) for s in streams), return_exceptions=True)
+        assert sum(isinstance(f, Overloaded) for f in firsts) == 3
+        for stream, first in zip(streams, firsts, strict=True):
+            if not isinstance(first, Exception):
+                await stream.aclose()  # type: ignore[attr-defined]
+    finally:
+        await b.stop()
