@@ -138,8 +138,8 @@ class ProcessBackend:
 
     def _worker_lost(self, worker: WorkerProcess, reason: str) -> None:
         """Called by the worker handle on the loop when its process died on its own."""
-        if worker is not self._worker:
-            return
+        if worker is not self._worker or not worker.was_ready:
+            return  # a stopped worker, or one still loading: start() raises instead
         log.error("model %s: worker crashed: %s", self._config.name, reason)
         if self._on_crash is not None:
             asyncio.get_running_loop().call_soon(self._on_crash, reason)

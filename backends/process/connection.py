@@ -135,9 +135,14 @@ class WorkerProcess:
         return self._proc is not None and self.lost_reason is None
 
     @property
-    def is_ready(self) -> bool:
+    def was_ready(self) -> bool:
+        """The engine reported ready at some point (it may have died since)."""
         ready = self._ready
-        return self.alive and ready is not None and ready.done() and ready.exception() is None
+        return ready is not None and ready.done() and ready.exception() is None
+
+    @property
+    def is_ready(self) -> bool:
+        return self.alive and self.was_ready
 
     @property
     def open_streams(self) -> int:

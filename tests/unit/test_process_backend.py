@@ -339,6 +339,20 @@ async def test_bad_factory_surfaces_with_its_message() -> None:
         await harness.backend.start()
 
 
+async def test_worker_killed_while_loading_fails_start_not_on_crash() -> None:
+    harness = Harness(env={"LLMSO_FAKE_LOAD_DELAY": "60"})
+    start = asyncio.create_task(harness.backend.start())
+    assert await _wait_until(lambda: harness.backend.pid is not None)
+    pid = harness.backend.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(WorkerStartError, match=r"died while loading .*SIGKILL"):
+        await asyncio.wait_for(start, 10)
+    await asyncio.sleep(0.1)
+    assert harness.crashes == []
+    assert harness.backend.pid is None
+
+
 async def test_load_timeout_kills_the_worker() -> None:
     registry = CollectorRegistry()
     backend = ProcessBackend(
