@@ -88,9 +88,12 @@ class Outbox:
             self._loop.call_soon_threadsafe(self.put, message)
 
     async def run(self) -> None:
-        while True:
-            await self._wake.wait()
-            await self.flush()
+        try:
+            while True:
+                await self._wake.wait()
+                await self.flush()
+        except (ConnectionError, OSError):
+            return  # the parent is gone; the reader sees end of stream and ends the worker
 
     async def flush(self) -> None:
         self._wake.clear()
