@@ -99,6 +99,7 @@ def _add_suite(sub: Any) -> None:
     p.add_argument("--concurrency", type=_int_list, default=None)
     p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
     p.add_argument("--no-vllm", action="store_true", help="Leave vLLM out of the models suite.")
+    p.add_argument("--systems", default=None, help="Only these labels, comma-separated.")
     p.add_argument("--workdir", type=Path, default=None)
     p.add_argument("--dry-run", action="store_true", help="Print the spec as JSON and exit.")
 
@@ -237,6 +238,19 @@ def _cmd_suite(args: argparse.Namespace) -> int:
         )
     else:
         spec = overhead_suite(root, quick=args.quick, concurrency=args.concurrency)
+    if args.systems:
+        keep = set(args.systems.split(","))
+        unknown = keep - {s.label for s in spec.systems}
+        if unknown:
+            log.error("unknown systems %s", ", ".join(sorted(unknown)))
+            return 2
+        baseline = spec.baseline if spec.baseline in keep else None
+        spec = spec.model_copy(
+            update={
+                "systems": tuple(s for s in spec.systems if s.label in keep),
+                "baseline": baseline,
+            }
+        )
     if args.dry_run:
         print(json.dumps(spec.model_dump(mode="json"), indent=1))
         return 0

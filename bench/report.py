@@ -141,6 +141,7 @@ def plot(path: Path, records: Sequence[RunRecord], title: str) -> None:
     """Latency (TTFT, ITL, E2E p50) against output tokens/s; one line per system and mode."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import ScalarFormatter
 
     modes = {r.stream for r in records}
     series: dict[str, list[RunRecord]] = {}
@@ -168,6 +169,7 @@ def plot(path: Path, records: Sequence[RunRecord], title: str) -> None:
         ax.set_xlabel("output tokens/s (aggregate)")
         ax.set_ylabel(ylabel)
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ScalarFormatter())
         ax.grid(True, which="both", alpha=0.3)
         if k == 0 and ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)

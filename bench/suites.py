@@ -46,13 +46,14 @@ def models_suite(
 ) -> CompareSpec:
     """hf x3 modes, vLLM-CPU and the transformers reference on one model folder."""
     levels = concurrency or ((1, 2) if quick else (1, 4, 16))
+    max_seqs = 64  # the gateway's continuous batcher and vLLM get the same batch cap
     llmso = str(root / ".venv/bin/llmso")
     python = str(root / ".venv/bin/python")
     systems = [
         SystemSpec(
             label=f"llmso-hf-{mode}",
             command=(llmso, "serve", "--config", f"{{workdir}}/gateway-hf-{mode}.yaml"),
-            files={f"{{workdir}}/gateway-hf-{mode}.yaml": _gateway_yaml_hf(mode, dtype, 64)},
+            files={f"{{workdir}}/gateway-hf-{mode}.yaml": _gateway_yaml_hf(mode, dtype, max_seqs)},
             base_url="http://127.0.0.1:{port}/v1",
             startup_timeout_s=300,
         )
@@ -63,9 +64,13 @@ def models_suite(
         systems.append(
             SystemSpec(
                 label="vllm-cpu",
+                # `python -m ...api_server`: the `vllm` script looks up metadata of a
+                # distribution named "vllm", but vllm-cpu installs as "vllm_cpu".
                 command=(
-                    str(vllm_venv / "bin/vllm"),
-                    "serve",
+                    str(vllm_venv / "bin/python"),
+                    "-m",
+                    "vllm.entrypoints.openai.api_server",
+                    "--model",
                     model_path,
                     "--enforce-eager",
                     "--served-model-name",
@@ -78,10 +83,16 @@ def models_suite(
                     dtype,
                     "--max-model-len",
                     "2048",
+                    "--max-num-seqs",
+                    str(max_seqs),
                     # Our engines have no prefix cache; the same prompts repeat across levels.
                     "--no-enable-prefix-caching",
                 ),
-                env={"VLLM_CPU_KVCACHE_SPACE": "2"},
+                env={
+                    "VLLM_CPU_KVCACHE_SPACE": "2",
+                    "VLLM_NO_USAGE_STATS": "1",
+                    "HF_HUB_OFFLINE": "1",
+                },
                 base_url="http://127.0.0.1:{port}/v1",
                 health_url="http://127.0.0.1:{port}/health",
                 startup_timeout_s=900,
@@ -131,7 +142,7 @@ def models_suite(
             f"model: {model_path} ({dtype}), chat API, temperature 0, ignore_eos (min_new_tokens"
             " for the reference), same built-in prompts for every system",
             f"vLLM: {vllm_version or 'not installed'}, --enforce-eager, "
-            "VLLM_CPU_KVCACHE_SPACE=2, prefix caching off",
+            "VLLM_CPU_KVCACHE_SPACE=2, max_num_seqs 64, prefix caching off",
             "systems alternate per concurrency level (order rotates); all stay resident",
             "transformers-generate is sequential in-process (concurrency 1 only)",
         ),
