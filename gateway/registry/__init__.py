@@ -7,8 +7,9 @@ errors, ``RegistryMetrics`` and the ``ConfigWatcher`` for hot reload.
 from backends.factory import CrashHandler
 from gateway.registry.entry import Backoff
 from gateway.registry.errors import ModelNotFound, ModelOverloaded, ModelUnavailable
+from gateway.registry.lifecycle import BackendFactory
 from gateway.registry.metrics import RegistryMetrics
-from gateway.registry.registry import BackendFactory, ModelRegistry
+from gateway.registry.registry import ModelRegistry
 from gateway.registry.reload import ConfigWatcher
 from gateway.registry.routing import CAPABILITY_PREFIX
 from gateway.registry.state import (

@@ -54,8 +54,9 @@ def transitions(caplog: pytest.LogCaptureFixture, model: str) -> list[str]:
     """States a model went through, from the registry's debug log of each transition."""
     states: list[str] = []
     for record in caplog.records:
-        if record.msg == "model %s: %s -> %s" and record.args and record.args[0] == model:
-            states.append(str(record.args[2]))
+        args = record.args
+        if record.msg == "model %s: %s -> %s" and isinstance(args, tuple) and args[0] == model:
+            states.append(str(args[2]))
     return states
 
 
@@ -135,7 +136,7 @@ async def _capability_only(
 async def test_lab05_scenarios(
     make: Make, caplog: pytest.LogCaptureFixture, scenario: Callable[..., Any]
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="gateway.registry.registry")
+    caplog.set_level(logging.DEBUG, logger="gateway.registry")
     config = app_config(
         fake_model("small", capabilities=["chat", "small"], priority=10),
         fake_model("big", capabilities=["chat"], priority=1),

@@ -112,7 +112,7 @@ def _write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]]) ->
         name: {"dtype": dtype, "shape": shape, "data_offsets": [0, 0]}
         for name, (dtype, shape) in tensors.items()
     }
-    header["__metadata__"] = {"format": "pt"}  # type: ignore[dict-item]
+    header["__metadata__"] = {"format": "pt"}
     raw = json.dumps(header).encode()
     path.write_bytes(struct.pack("<Q", len(raw)) + raw)
 
