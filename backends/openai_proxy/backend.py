@@ -153,6 +153,8 @@ class OpenAIProxyBackend:
                 retry_after=max(decision.retry_after, 0.1),
             )
         async with self._slot():
+            if self._stopping:  # stopped while this request waited for a slot
+                raise BackendCrashed("backend stopped")
             path, body = build_body(request, self._upstream_model, self._profile)
             stream, started_at, first = await self._open(session, self._api + path, body, request)
             self._streams.add(stream)

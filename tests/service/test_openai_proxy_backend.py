@@ -308,16 +308,22 @@ async def test_health_hysteresis_drives_ready_and_gauge(h: Harness) -> None:
 
 
 async def test_stop_ends_open_streams_and_info() -> None:
-    harness = await _harness(FakeOptions(chunks=200, delay_ms=20), api_key="sekret")
+    harness = await _harness(
+        FakeOptions(chunks=200, delay_ms=20), api_key="sekret", max_concurrency=1
+    )
     try:
         info = harness.backend.info()
         assert info.max_context == 2048 and info.extra["engine"] == "generic"
         stream = harness.backend.generate(_chat(max_tokens=200))
         await anext(stream)
+        waiter = asyncio.create_task(_collect(harness.backend, _chat()))
+        await asyncio.sleep(0.02)
         await harness.backend.stop()
         with pytest.raises(BackendCrashed):
             async for _ in stream:
                 pass
+        with pytest.raises(BackendCrashed):
+            await waiter
         assert harness.fake.headers[-1]["Authorization"] == "Bearer sekret"
     finally:
         await harness.backend.stop()
