@@ -39,6 +39,9 @@ def config(**overrides: Any) -> HFModelConfig:
         "source": model_path(),
         "dtype": "float32",
         "device": "cpu",
+        # The test machine is shared; one intra-op thread avoids OpenMP barrier stalls
+        # when cores are oversubscribed (2 threads measured 10-40x slower under load).
+        "threads": 1,
     }
     values.update(overrides)
     return HFModelConfig(**values)

@@ -85,8 +85,8 @@ def test_top_k_one_and_tiny_top_p_are_greedy() -> None:
 
 def test_seeded_draws_repeat() -> None:
     logits = torch.zeros(50)
-    first = [_draw(logits, 1.0, 0, 1.0, torch.Generator().manual_seed(3)) for _ in range(1)]
     gen_a, gen_b = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
     seq_a = [_draw(logits, 0.7, 0, 0.9, gen_a) for _ in range(10)]
     seq_b = [_draw(logits, 0.7, 0, 0.9, gen_b) for _ in range(10)]
-    assert seq_a == seq_b and first
+    assert seq_a == seq_b
+    assert len(set(seq_a)) > 1
