@@ -15,7 +15,6 @@ import asyncio
 import json
 import logging
 import signal
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable
@@ -254,7 +253,7 @@ def _cmd_suite(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(json.dumps(spec.model_dump(mode="json"), indent=1))
         return 0
-    meta = {"command": " ".join(["llmso", "bench", *sys.argv[1:]]) if sys.argv else None}
+    meta = {"command": " ".join(["llmso", "bench", *args.argv])}
     return _compare(spec, args.out, args.workdir, meta)
 
 
@@ -265,6 +264,7 @@ def main(argv: list[str]) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits on --help and on errors
         return int(exc.code or 0)
+    args.argv = list(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

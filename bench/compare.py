@@ -65,6 +65,20 @@ def _prompts(spec: CompareSpec, workdir: Path) -> tuple[tuple[Prompt, ...], Path
     return prompts, path
 
 
+def _machine_lines(meta: dict[str, Any]) -> list[str]:
+    versions = ", ".join(f"{k} {v}" for k, v in (meta.get("versions") or {}).items() if v)
+    return [
+        f"- command: `{meta.get('command') or ' '.join(meta.get('argv') or ())}`",
+        f"- machine: {meta.get('cpu_model')}, {meta.get('cpus_usable')} usable CPUs, "
+        f"{meta.get('mem_total_gib')} GiB RAM, {meta.get('platform')}",
+        f"- load average at start: {meta.get('loadavg_at_start')}; "
+        f"run {meta.get('started_at')} to {meta.get('finished_at')}; "
+        f"git {meta.get('git_commit')}",
+        f"- python {meta.get('python')}; {versions}",
+        f"- server startup seconds: {meta.get('startup_s')}",
+    ]
+
+
 def write_outputs(
     out_dir: Path, spec: CompareSpec, records: list[RunRecord], meta: dict[str, Any]
 ) -> None:
@@ -72,7 +86,10 @@ def write_outputs(
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / "results.json", records, meta)
     lines = [f"# {spec.title}", ""]
-    lines += [f"- {note}" for note in (*spec.notes, *meta.get("summary_notes", ()))]
+    lines += [f"- {note}" for note in spec.notes]
+    for label, why in (meta.get("failed") or {}).items():
+        first = why.strip().splitlines()[0] if why.strip() else "?"
+        lines.append(f"- **{label} failed**: {first} (full log tail in results.json)")
     lines += ["", markdown_table(records)]
     if spec.baseline:
         lines += [
@@ -80,7 +97,8 @@ def write_outputs(
             "",
             overhead_table(records, spec.baseline),
         ]
-    lines += ["![latency vs throughput](results.png)", ""]
+    lines += ["![latency vs throughput](results.png)", "", "## Machine and command", ""]
+    lines += [*_machine_lines(meta), ""]
     (out_dir / "results.md").write_text("\n".join(lines), encoding="utf-8")
     if records:
         plot(out_dir / "results.png", records, spec.title)

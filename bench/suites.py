@@ -137,7 +137,7 @@ def models_suite(
         requests_per_concurrency=1 if quick else 2,
         warmup=1 if quick else 2,
         timeout_s=300,
-        level_duration_s=120 if quick else 240,
+        level_duration_s=120,
         notes=(
             f"model: {model_path} ({dtype}), chat API, temperature 0, ignore_eos (min_new_tokens"
             " for the reference), same built-in prompts for every system",
