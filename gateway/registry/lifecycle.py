@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -74,8 +75,14 @@ class Lifecycle:
         begun = time.monotonic()
         instance: Instance | None = None
 
+        loop = asyncio.get_running_loop()
+        loop_thread = threading.get_ident()
+
         def on_crash(reason: str) -> None:
-            if instance is not None:
+            # The contract says backends call this on the loop; hop over if one does not.
+            if threading.get_ident() != loop_thread:
+                loop.call_soon_threadsafe(on_crash, reason)
+            elif instance is not None:
                 self.on_crash(entry, instance, reason)
 
         deadline = asyncio.timeout(config.load_timeout)

@@ -110,15 +110,20 @@ class ModelRegistry:
             if entry.state in SERVING_STATES
         ]
         drains += [e.drain_task for e in self._life.entries.values() if e.drain_task is not None]
-        pending = [*drains, *self._life.retired.values()]
+        pending = {*drains, *self._life.retired.values()}
         if pending:
-            await asyncio.wait(set(pending), timeout=self._drain_timeout)
+            await asyncio.wait(pending, timeout=self._drain_timeout)
         leftovers = [e.instance for e in self._life.entries.values() if e.instance is not None]
         leftovers += list(self._life.retired)
         await asyncio.gather(*(self._life.stop_instance(inst) for inst in leftovers))
-        for task in list(self._life.tasks):
+        # Whatever still waits for a lease to end has nothing left to stop.
+        stragglers = {*pending, *self._life.tasks}
+        stragglers |= {e.restart_task for e in self._life.entries.values() if e.restart_task}
+        if self._sweeper is not None:
+            stragglers.add(self._sweeper)
+        for task in stragglers:
             task.cancel()
-        await asyncio.gather(*self._life.tasks, return_exceptions=True)
+        await asyncio.gather(*stragglers, return_exceptions=True)
         log.info("registry stopped")
 
     def is_ready(self) -> bool:

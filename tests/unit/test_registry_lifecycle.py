@@ -313,6 +313,35 @@ async def test_unload_waits_for_in_flight_lease(make: Make) -> None:
     assert factory.last("m").stopped
 
 
+async def test_stop_drains_then_stops_everything(make: Make) -> None:
+    registry, factory, _ = make(app_config(fake_model("a"), fake_model("b")), drain_timeout=0.2)
+    await registry.start()
+    await registry.load("b")
+    release, holding = asyncio.Event(), asyncio.Event()
+    holder = asyncio.create_task(hold(registry, "a", release, holding))
+    await holding.wait()
+    asyncio.get_running_loop().call_later(0.05, release.set)
+    await registry.stop()  # the lease ends within the drain timeout: nothing is cut off
+    assert holder.done() and await holder == "a"
+    assert factory.last("a").stopped and factory.last("b").stopped
+    assert {s.state for s in registry.list_models()} == {ModelState.UNLOADED}
+    with pytest.raises(ModelUnavailable):
+        async with registry.lease("a"):
+            pass
+
+
+async def test_stop_gives_up_on_a_lease_after_drain_timeout(make: Make) -> None:
+    registry, factory, _ = make(app_config(fake_model("a")), drain_timeout=0.1)
+    await registry.start()
+    release, holding = asyncio.Event(), asyncio.Event()
+    holder = asyncio.create_task(hold(registry, "a", release, holding))
+    await holding.wait()
+    await asyncio.wait_for(registry.stop(), 2.0)
+    assert factory.last("a").stopped and not holder.done()
+    release.set()
+    await holder
+
+
 # --------------------------------------------------------------------------- failures
 
 
@@ -379,6 +408,14 @@ async def test_crash_marks_failed_then_restarts(make: Make) -> None:
     assert sample(prometheus, "llmso_worker_restarts_total", model="m") == 1
     async with registry.lease("m") as lease:
         assert lease.backend is factory.last("m")
+
+
+async def test_crash_reported_from_another_thread(make: Make) -> None:
+    registry, factory, _ = make(app_config(fake_model("m", preload=True)))
+    await registry.start()
+    await asyncio.to_thread(factory.last("m").crash, "engine thread died")
+    await wait_until(lambda: len(factory.built["m"]) == 2)
+    assert "engine thread died" in (registry.list_models()[0].last_error or "")
 
 
 async def test_restart_that_fails_keeps_retrying(make: Make) -> None:
