@@ -222,8 +222,11 @@ class OpenAIProxyBackend:
         return Usage(prompt, completion, upstream_seconds=stream.waited)
 
     def _account(self, error: BackendError) -> None:
-        """Feed one failed attempt to the breaker: rejections and 429s are answers."""
-        if not isinstance(error, UpstreamRejected | Overloaded):
+        """Feed one failed attempt to the breaker: a rejection (4xx) proves the upstream
+        works; a 429 says nothing either way; everything else is a failure."""
+        if isinstance(error, UpstreamRejected):
+            self._breaker.record_success()
+        elif not isinstance(error, Overloaded):
             self._breaker.record_failure(time.monotonic())
 
     @staticmethod
