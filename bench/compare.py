@@ -135,7 +135,7 @@ class _Driver:
         self.prompts, self.prompts_path = _prompts(spec, workdir)
         self.ports = {f"port_{s.name}": str(free_port()) for s in spec.services}
         self.base_values = {**self.ports, "workdir": str(workdir)}
-        self.services: list[ManagedProcess] = []
+        self.services: dict[str, ManagedProcess] = {}
         self.lives = [
             _Live(spec=s, values={**self.base_values, "port": str(free_port())})
             for s in spec.systems
@@ -166,7 +166,7 @@ class _Driver:
         for service in self.spec.services:
             values = {**self.base_values, "port": self.ports[f"port_{service.name}"]}
             proc, _ = await self._start(service.name, service, values, service.health_url)
-            self.services.append(proc)
+            self.services[service.name] = proc
         for live in self.lives:
             if live.spec.kind != "server" or not live.spec.command:
                 continue
@@ -187,7 +187,7 @@ class _Driver:
         for live in self.lives:
             if live.process is not None:
                 live.process.stop()
-        for proc in self.services:
+        for proc in self.services.values():
             proc.stop()
 
     def _options(self, live: _Live, stream: bool) -> RequestOptions:
@@ -250,9 +250,12 @@ class _Driver:
             run, cpu = await self._run_reference(live, load)
             return _summarised(live.spec.label, load, run, stream=stream, slo=slo, server_cpu=cpu)
         options = self._options(live, stream)
-        cpu0 = live.process.cpu_seconds() if live.process else None
+        measured = live.process
+        if measured is None and live.spec.cpu_of is not None:
+            measured = self.services[live.spec.cpu_of]
+        cpu0 = measured.cpu_seconds() if measured else None
         run = await run_level(self.session, options, self.prompts, load)
-        cpu1 = live.process.cpu_seconds() if live.process else None
+        cpu1 = measured.cpu_seconds() if measured else None
         server_cpu = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
         return _summarised(
             live.spec.label, load, run, stream=stream, slo=slo, server_cpu=server_cpu

@@ -52,6 +52,9 @@ class SystemSpec(_Frozen):
     startup_timeout_s: float = Field(default=600.0, gt=0)
     ignore_eos: bool | None = None
     extra_body: dict[str, object] = {}
+    cpu_of: str | None = Field(
+        default=None, description="Service whose CPU counts as this system's (no command)."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> SystemSpec:
@@ -96,6 +99,10 @@ class CompareSpec(_Frozen):
         labels = [s.label for s in self.systems]
         if len(set(labels)) != len(labels):
             raise ValueError("system labels must be unique")
+        names = {s.name for s in self.services}
+        for system in self.systems:
+            if system.cpu_of is not None and system.cpu_of not in names:
+                raise ValueError(f"system {system.label!r}: cpu_of {system.cpu_of!r} unknown")
         if self.baseline is not None and self.baseline not in labels:
             raise ValueError(f"baseline {self.baseline!r} is not a system label")
         if not self.concurrency or any(c < 1 for c in self.concurrency):

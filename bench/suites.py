@@ -184,8 +184,9 @@ def overhead_suite(
         baseline="direct",
         notes=(
             "upstream: python -m tests.tools.fake_upstream --chunks 16 --model fake (no sleeps)",
-            "server CPU ms/req for the gateway: user+system CPU of the gateway process group "
-            "(/proc/<pid>/stat) over the level, divided by measured requests",
+            "server CPU ms/req: user+system CPU (/proc/<pid>/stat) over the level divided by "
+            "measured requests; gateway rows count the gateway process only, direct rows "
+            "the fake upstream",
         ),
         services=(
             ServiceSpec(
@@ -205,7 +206,7 @@ def overhead_suite(
             ),
         ),
         systems=(
-            SystemSpec(label="direct", base_url="http://127.0.0.1:{port_fake}/v1"),
+            SystemSpec(label="direct", base_url="http://127.0.0.1:{port_fake}/v1", cpu_of="fake"),
             SystemSpec(
                 label="gateway",
                 command=(

@@ -163,6 +163,8 @@ def test_spec_placeholders_and_validation() -> None:
         CompareSpec.model_validate({**ok, "baseline": "b"})
     with pytest.raises(ValueError):
         CompareSpec.model_validate({"systems": [{"label": "r", "kind": "reference"}]})
+    with pytest.raises(ValueError):  # cpu_of must name a service
+        CompareSpec.model_validate({"systems": [{"label": "a", "base_url": "x", "cpu_of": "up"}]})
 
 
 def test_proc_stat_parsing_handles_odd_names() -> None:
