@@ -37,6 +37,7 @@ from backends.base import (
     InvalidRequest,
     ModelInfo,
     NotReady,
+    Overloaded,
     Started,
     TextDelta,
     UpstreamBadResponse,
@@ -310,6 +311,8 @@ def _map_stream_error(message: str, model: str) -> BackendError:
     lowered = message.lower()
     if any(hint in lowered for hint in _NOT_READY_HINTS):
         return NotReady(f"Triton model {model!r} is not ready: {message}", retry_after=RETRY_AFTER)
-    if "unavailable" in lowered or "queue is full" in lowered:
+    if "queue is full" in lowered:
+        return Overloaded(f"Triton model {model!r} is busy: {message}", retry_after=RETRY_AFTER)
+    if "unavailable" in lowered:
         return UpstreamUnavailable(f"Triton model {model!r}: {message}", retry_after=RETRY_AFTER)
     return UpstreamBadResponse(f"Triton model {model!r} failed: {message}")

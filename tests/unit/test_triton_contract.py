@@ -16,6 +16,7 @@ from tritonclient.grpc import InferResult, service_pb2
 from backends.base import (
     GenerationRequest,
     NotReady,
+    Overloaded,
     RequestKind,
     SamplingParams,
     TextDelta,
@@ -178,7 +179,8 @@ def test_stream_errors_map_to_typed_errors() -> None:
     assert isinstance(
         _map_stream_error("Request for unknown model: 'x' is not found", "x"), NotReady
     )
-    assert isinstance(_map_stream_error("llm queue is full", "llm"), UpstreamUnavailable)
+    assert isinstance(_map_stream_error("llm queue is full", "llm"), Overloaded)
+    assert isinstance(_map_stream_error("UNAVAILABLE: shutting down", "llm"), UpstreamUnavailable)
     assert isinstance(_map_stream_error("llm: boom", "llm"), UpstreamBadResponse)
 
 
