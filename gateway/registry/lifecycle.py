@@ -316,17 +316,22 @@ class Lifecycle:
             self.retired.pop(instance, None)
 
     async def reload_entry(self, entry: Entry, was_loaded: bool) -> None:
+        """Move a changed model onto ``entry.config``: the old instance retires (its
+        leases finish on it) and, if it was loaded or preloads, a new one loads."""
         await self._settle(entry)
         instance = entry.instance
-        if instance is not None and instance.config is not entry.config:
+        if instance is not None:
+            if instance.config is entry.config:
+                return  # an earlier reload (or a lease) already loaded this config
             entry.instance = None
             self.retire(instance, wait_idle=True, reason="config_changed")
-        if entry.state is not ModelState.LOADING:
-            self.set_state(entry, ModelState.UNLOADED)
-            entry.failures = 0
-            entry.retry_at = 0.0
-            if (was_loaded or entry.config.preload) and self.started and not self.stopping:
-                self.begin_load(entry)
+        if entry.state is ModelState.LOADING:
+            return  # a lease started loading the new config meanwhile
+        self.set_state(entry, ModelState.UNLOADED)
+        entry.failures = 0
+        entry.retry_at = 0.0
+        if (was_loaded or entry.config.preload) and self.started and not self.stopping:
+            self.begin_load(entry)
 
     async def retire_entry(self, entry: Entry) -> None:
         await self._settle(entry)

@@ -106,6 +106,23 @@ async def test_apply_config_with_leases_in_flight(
     )  # a removed model's state series is gone
 
 
+async def test_back_to_back_reloads_leave_one_backend(
+    setup: tuple[ModelRegistry, FakeFactory, CollectorRegistry],
+) -> None:
+    registry, factory, _ = setup
+    factory.plan("swap").load_seconds = 0.05
+    for port in (11, 12, 13):
+        swapped = fake_model("swap", preload=True, base_url=f"http://127.0.0.1:{port}/v1")
+        await registry.apply_config(app_config(fake_model("keep", preload=True), swapped))
+    await wait_until(lambda: _states(registry)["swap"] is ModelState.READY)
+    await asyncio.sleep(0.1)
+    live = [b for b in factory.built["swap"] if not b.stopped]
+    assert len(live) == 1
+    async with registry.lease("swap") as lease:
+        assert lease.backend is live[0]
+        assert lease.config.base_url.endswith(":13/v1")  # type: ignore[union-attr]
+
+
 def _write(path: Path, models: list[dict[str, Any]]) -> None:
     path.write_text(yaml.safe_dump({"models": models}))
 
