@@ -99,6 +99,8 @@ def _add_suite(sub: Any) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
     p.add_argument("--no-vllm", action="store_true", help="Leave vLLM out of the models suite.")
     p.add_argument("--systems", default=None, help="Only these labels, comma-separated.")
+    p.add_argument("--slo-ttft-ms", type=float, default=None, help="Override the suite's SLO.")
+    p.add_argument("--slo-itl-ms", type=float, default=None, help="Override the suite's SLO.")
     p.add_argument("--workdir", type=Path, default=None)
     p.add_argument("--dry-run", action="store_true", help="Print the spec as JSON and exit.")
 
@@ -237,6 +239,8 @@ def _cmd_suite(args: argparse.Namespace) -> int:
         )
     else:
         spec = overhead_suite(root, quick=args.quick, concurrency=args.concurrency)
+    slos = {"slo_ttft_ms": args.slo_ttft_ms, "slo_itl_ms": args.slo_itl_ms}
+    spec = spec.model_copy(update={k: v for k, v in slos.items() if v is not None})
     if args.systems:
         keep = set(args.systems.split(","))
         unknown = keep - {s.label for s in spec.systems}
