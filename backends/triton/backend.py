@@ -19,9 +19,10 @@ ContractMismatch (502, at start); anything else Triton reports -> UpstreamBadRes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import grpc
@@ -182,12 +183,13 @@ class TritonBackend:
         reported_out = 0
         last = contract.Chunk(text="", final=False)
         try:
-            async for chunk in self._chunks(call, sent):
-                last = chunk
-                reported_out += chunk.num_output_tokens or 0
-                if chunk.text:
-                    pieces.append(chunk.text)
-                    yield TextDelta(0, chunk.text, num_tokens=chunk.num_output_tokens or 1)
+            async with contextlib.aclosing(self._chunks(call, sent)) as chunks:
+                async for chunk in chunks:
+                    last = chunk
+                    reported_out += chunk.num_output_tokens or 0
+                    if chunk.text:
+                        pieces.append(chunk.text)
+                        yield TextDelta(0, chunk.text, num_tokens=chunk.num_output_tokens or 1)
             status = "ok"
         except UpstreamTimeout:
             status = "timeout"
@@ -214,7 +216,7 @@ class TritonBackend:
         yield Finished(0, reason)
         yield Usage(prompt_tokens, completion_tokens, upstream_seconds=upstream_seconds)
 
-    async def _chunks(self, call: Any, sent: float) -> AsyncIterator[contract.Chunk]:
+    async def _chunks(self, call: Any, sent: float) -> AsyncGenerator[contract.Chunk, None]:
         """Decoded responses until Triton's final one (or the stream ends), with the
         first-token and total deadlines applied and gRPC failures mapped."""
         cfg = self._config
