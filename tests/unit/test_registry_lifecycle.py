@@ -368,6 +368,22 @@ async def test_load_failure_backoff_then_recovery(make: Make) -> None:
     assert sample(prometheus, "llmso_model_loads_total", model="m", result="success") == 1
 
 
+async def test_admin_load_ignores_backoff_and_unload_waits_for_a_load(make: Make) -> None:
+    registry, factory, _ = make(app_config(fake_model("m")), backoff=Backoff(30.0, 60.0))
+    await registry.start()
+    factory.plan("m").fail_starts = 1
+    with pytest.raises(ModelUnavailable):
+        await registry.load("m")
+    assert registry.list_models()[0].retry_in is not None  # 30 s for lazy leases...
+    factory.plan("m").load_seconds = 0.05
+    loading = asyncio.create_task(registry.load("m"))  # ...but an operator may insist
+    await wait_until(lambda: registry.list_models()[0].state is ModelState.LOADING)
+    status = await registry.unload("m")  # finishes the load, then drains it
+    assert status.state is ModelState.UNLOADED and factory.last("m").stopped
+    assert (await loading).state in (ModelState.READY, ModelState.UNLOADED)
+    assert factory.plan("m").starts == 2
+
+
 async def test_load_timeout_marks_failed(make: Make) -> None:
     registry, factory, prometheus = make(app_config(fake_model("m", load_timeout=0.1)))
     await registry.start()
