@@ -60,7 +60,8 @@ def build_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         watcher = None
-        await registry.start()
+        # Preloads run in the background: /health answers at once, /ready once they are up.
+        await registry.start(wait=False)
         if watch_config and config.source_path is not None:
             watcher = ConfigWatcher(registry, config.source_path)
             watcher.start()
