@@ -179,8 +179,10 @@ class ContinuousScheduler:
         }
 
     def _free_slot(self, avoid: frozenset[int] = frozenset()) -> int:
+        # The lowest free slot past the decode region: the cache then only grows as far
+        # as the load needs, and a lone prefill usually forks in place (no copy).
         taken = set(self._occupied()) | avoid
-        for slot in range(self._cache.max_slots - 1, len(self.decoding) - 1, -1):
+        for slot in range(len(self.decoding), self._cache.max_slots):
             if slot not in taken:
                 return slot
         raise RuntimeError("no free cache slot")  # admission guarantees one
