@@ -9,6 +9,7 @@ upstream measured directly and through the gateway's ``openai`` backend. Both ar
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from bench.machine import venv_package_version
@@ -18,7 +19,7 @@ MODEL_NAME = "smollm2"
 HF_MODES = ("sequential", "static", "continuous")
 
 
-def _gateway_yaml_hf(mode: str, dtype: str, max_seqs: int) -> str:
+def _gateway_yaml_hf(mode: str, dtype: str, max_seqs: int, threads: int) -> str:
     return f"""\
 server:
   host: 127.0.0.1
@@ -32,6 +33,7 @@ models:
     max_num_seqs: {max_seqs}
     max_batch_size: {min(max_seqs, 16)}
     max_queue: 1024
+    threads: {threads}
 """
 
 
@@ -47,13 +49,20 @@ def models_suite(
     """hf x3 modes, vLLM-CPU and the transformers reference on one model folder."""
     levels = concurrency or ((1, 2) if quick else (1, 4, 16))
     max_seqs = 64  # the gateway's continuous batcher and vLLM get the same batch cap
+    # torch intra-op threads, pinned alike for the gateway and the reference (vLLM binds
+    # its OpenMP threads to every usable core by itself).
+    threads = len(os.sched_getaffinity(0))
     llmso = str(root / ".venv/bin/llmso")
     python = str(root / ".venv/bin/python")
     systems = [
         SystemSpec(
             label=f"llmso-hf-{mode}",
             command=(llmso, "serve", "--config", f"{{workdir}}/gateway-hf-{mode}.yaml"),
-            files={f"{{workdir}}/gateway-hf-{mode}.yaml": _gateway_yaml_hf(mode, dtype, max_seqs)},
+            files={
+                f"{{workdir}}/gateway-hf-{mode}.yaml": _gateway_yaml_hf(
+                    mode, dtype, max_seqs, threads
+                )
+            },
             base_url="http://127.0.0.1:{port}/v1",
             startup_timeout_s=300,
         )
@@ -120,6 +129,8 @@ def models_suite(
                 "{api}",
                 "--dtype",
                 dtype,
+                "--threads",
+                str(threads),
                 "--out",
                 "{out}",
             ),
@@ -150,6 +161,7 @@ def models_suite(
             "VLLM_CPU_KVCACHE_SPACE=2, max_num_seqs 64, prefix caching off",
             "systems alternate per concurrency level (order rotates); all stay resident",
             "transformers-generate is sequential in-process (concurrency 1 only)",
+            f"torch intra-op threads: {threads} for the gateway and the reference",
             "goodput: requests with TTFT <= 1000 ms and mean inter-token gap <= 100 ms",
         ),
         systems=tuple(systems),
