@@ -168,6 +168,16 @@ async def test_stop_string_cuts_text_and_reports_stop(backend: TritonBackend) ->
     assert finished.reason == "stop"
 
 
+async def test_concurrent_streams_each_get_their_own_text(backend: TritonBackend) -> None:
+    """The CPU model decodes one request at a time; Triton queues the second stream and
+    both complete with the same (greedy) text, on one shared gRPC channel."""
+    first, second = await asyncio.gather(
+        collect(backend, chat(max_tokens=4)), collect(backend, chat(max_tokens=4))
+    )
+    assert text_of(first) and text_of(first) == text_of(second)
+    assert isinstance(first[-1], Usage) and isinstance(second[-1], Usage)
+
+
 async def test_contract_mismatch_is_refused_at_start(
     triton: TritonServer, registry: CollectorRegistry
 ) -> None:
