@@ -78,6 +78,9 @@ class StepPolicy(Protocol):
 
     def open_requests(self) -> list[RequestState]: ...
 
+    def report_load(self) -> None:
+        """Tell the observer the current running/waiting counts and cache usage."""
+
 
 class Engine:
     """See the module docstring. ``post`` and ``on_crash`` are thread-safe callables
@@ -216,18 +219,22 @@ class Engine:
         return limit - prompt_tokens
 
     def _apply_aborts(self, policy: StepPolicy) -> None:
+        aborted = False
         while True:
             try:
                 sink = self.aborts.get_nowait()
             except queue.Empty:
-                return
+                break
             state = self._by_sink.pop(id(sink), None)
             if state is None or state.done or state.aborted:
                 continue
             state.aborted = True
+            aborted = True
             policy.abort(state)
             if self._observer is not None:
                 self._observer.on_abort()
+        if aborted:  # the engine may go idle now: no step would report the drop
+            policy.report_load()
 
     def _forget_finished(self, policy: StepPolicy) -> None:
         if len(self._by_sink) > len(policy.open_requests()):

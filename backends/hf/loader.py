@@ -49,9 +49,20 @@ def pick_device(spec: str) -> torch.device:
 def pick_dtype(spec: str, device: torch.device) -> torch.dtype:
     if spec != "auto":
         return _DTYPES[spec]
-    # CPU: fp32 measured faster than bf16 for this model size on our machines (docs/hf.md);
-    # GPUs: bf16 halves memory traffic with no accuracy concern at serving time.
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
+    # bf16 halves the weight traffic that bounds a decode step; on CPUs without bf16
+    # matmul units (AMX / AVX512-BF16) it is emulated and slower than fp32 (docs/hf.md).
+    if device.type == "cuda" or _cpu_has_bf16_units():
+        return torch.bfloat16
+    return torch.float32
+
+
+def _cpu_has_bf16_units() -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
+            flags = next((line for line in info if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
 def threads_for(config: HFModelConfig) -> int:

@@ -115,6 +115,10 @@ class ContinuousScheduler:
         self._compact()
         if self._observer is not None:
             self._observer.on_step(batch, num_tokens, time.perf_counter() - began)
+        self.report_load()
+
+    def report_load(self) -> None:
+        if self._observer is not None:
             self._observer.on_load(
                 len(self.decoding) + len(self.prefilling), len(self.waiting), self.kv_usage()
             )

@@ -97,8 +97,14 @@ class StaticScheduler:
             self._observer.on_step(len(self._rows), tokens, time.perf_counter() - began)
         if all(c.finish is not None or c.request.aborted for c in self._rows):
             self._rows, self._cache, self._mask, self._positions = [], None, None, None
+        self.report_load()
+
+    def report_load(self) -> None:
         if self._observer is not None:
-            self._observer.on_load(len({id(c.request) for c in self._rows}), len(self.waiting), 0.0)
+            running = {
+                id(c.request) for c in self._rows if c.finish is None and not c.request.aborted
+            }
+            self._observer.on_load(len(running), len(self.waiting), 0.0)
 
     def _prefill(self, out: Outbox) -> int:
         batch: list[RequestState] = []
