@@ -84,6 +84,9 @@ class LlamaRunner:
         param = next(model.parameters())
         self.device = param.device
         self.dtype = param.dtype
+        # Half-precision models keep norms and softmax in fp32 (bf16 alone measurably
+        # degrades answers of this small model).
+        self.upcast = self.dtype != torch.float32
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(config.num_key_value_heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
@@ -155,7 +158,7 @@ class LlamaRunner:
         for index, layer in enumerate(self.layers):
             x = self._layer(index, layer, x, step)
         rows = torch.tensor(logit_rows, dtype=torch.long, device=self.device)
-        h = F.rms_norm(x.index_select(0, rows), (self.hidden,), self.norm, self.eps)
+        h = self._norm(x.index_select(0, rows), self.norm)
         return F.linear(h, self.lm_head).float()
 
     def _prepare(
@@ -221,7 +224,7 @@ class LlamaRunner:
 
     def _layer(self, index: int, layer: _Layer, x: torch.Tensor, step: _Step) -> torch.Tensor:
         hd, heads, kvh, n = self.head_dim, self.heads, self.kv_heads, step.n
-        h = F.rms_norm(x, (self.hidden,), layer.ln_in, self.eps)
+        h = self._norm(x, layer.ln_in)
         qkv = F.linear(h, layer.w_qkv, layer.b_qkv)
         qk = qkv[:, : (heads + kvh) * hd].view(n, heads + kvh, hd)
         flipped = qk.view(n, heads + kvh, 2, hd // 2).flip(2).view(n, heads + kvh, hd)
@@ -253,7 +256,7 @@ class LlamaRunner:
             parts.append(out[0].transpose(0, 1).reshape(end - begin, heads * hd))
         attn = parts[0] if len(parts) == 1 else torch.cat(parts)
         x = x + F.linear(attn, layer.w_o)
-        h = F.rms_norm(x, (self.hidden,), layer.ln_post, self.eps)
+        h = self._norm(x, layer.ln_post)
         gate, up = F.linear(h, layer.w_gate_up).chunk(2, dim=-1)
         return x + F.linear(F.silu(gate) * up, layer.w_down)
 
@@ -268,4 +271,13 @@ class LlamaRunner:
         kd = k_cache[:d, :, :span].reshape(d * kvh, span, hd)
         vd = v_cache[:d, :, :span].reshape(d * kvh, span, hd)
         scores = torch.baddbmm(step.bias, qd, kd.transpose(1, 2), alpha=self.scale)
-        return torch.bmm(scores.softmax(-1), vd).view(d, self.heads * hd)
+        if self.upcast:
+            probs = scores.softmax(-1, dtype=torch.float32).to(self.dtype)
+        else:
+            probs = scores.softmax(-1)
+        return torch.bmm(probs, vd).view(d, self.heads * hd)
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if self.upcast:  # as transformers does: normalise in fp32, scale in the model dtype
+            return F.rms_norm(x.float(), (self.hidden,), None, self.eps).to(self.dtype) * weight
+        return F.rms_norm(x, (self.hidden,), weight, self.eps)
