@@ -213,3 +213,25 @@ def test_breaker_opens_cools_down_and_closes() -> None:
     assert not b.check(12.0).allowed
     b.record_success()
     assert b.check(12.0).allowed and not b.is_open
+
+
+def test_deltas_read_together_are_coalesced_per_choice() -> None:
+    from backends.base import TokenLogprob
+    from backends.openai_proxy.relay import _coalesce
+
+    lp = TokenLogprob("b", -1.0, (98,))
+    events: list[BackendEvent] = [
+        TextDelta(0, "a"),
+        TextDelta(0, "b", (lp,)),
+        TextDelta(1, "x"),
+        TextDelta(0, "c"),
+        Finished(0, "stop"),
+        TextDelta(0, "d"),
+    ]
+    assert _coalesce(events) == [
+        TextDelta(0, "ab", (lp,), 2),
+        TextDelta(1, "x"),
+        TextDelta(0, "c"),
+        Finished(0, "stop"),
+        TextDelta(0, "d"),
+    ]
