@@ -19,10 +19,11 @@ from backends.base import Backend, BackendError
 from backends.factory import CrashHandler, create_backend
 from backends.metrics import BackendMetrics
 from config.schema import AppConfig, ModelConfig
-from gateway import ops_routes, routes
+from gateway import ops_routes
 from gateway.errors import handle_backend_error, handle_http_exception, handle_unexpected
 from gateway.metrics import GatewayMetrics
 from gateway.registry import ConfigWatcher, ModelRegistry, RegistryMetrics
+from gateway.routes import GatewayASGI
 from gateway.service import CompletionService
 from gateway.state import AppState
 
@@ -37,7 +38,7 @@ def build_app(
     admin_key: str | None = None,
     backend_factory: BackendFactory | None = None,
     watch_config: bool = False,
-) -> FastAPI:
+) -> GatewayASGI:
     """Create the app. ``backend_factory`` replaces real backends in service tests."""
     prometheus = CollectorRegistry()
     backend_metrics = BackendMetrics(prometheus)
@@ -81,9 +82,8 @@ def build_app(
         redoc_url=None,
     )
     app.state.llmso = state
-    app.include_router(routes.router)
     app.include_router(ops_routes.router)
     app.add_exception_handler(BackendError, handle_backend_error)
     app.add_exception_handler(StarletteHTTPException, handle_http_exception)
     app.add_exception_handler(Exception, handle_unexpected)
-    return app
+    return GatewayASGI(app, state)

@@ -63,16 +63,22 @@ def error_payload(exc: BackendError) -> dict[str, Any]:
     }
 
 
-def error_response(exc: BackendError, headers: dict[str, str] | None = None) -> Response:
-    merged = dict(headers or {})
+def error_body(exc: BackendError) -> tuple[bytes, dict[str, str]]:
+    """The envelope's bytes and the headers it needs (``Retry-After`` when known)."""
+    headers: dict[str, str] = {}
     retry_after = getattr(exc, "retry_after", None)
     if retry_after is not None:
-        merged["Retry-After"] = str(max(1, math.ceil(retry_after)))
+        headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
+    return orjson.dumps(error_payload(exc)), headers
+
+
+def error_response(exc: BackendError, headers: dict[str, str] | None = None) -> Response:
+    body, extra = error_body(exc)
     return Response(
-        orjson.dumps(error_payload(exc)),
+        body,
         status_code=exc.status,
         media_type="application/json",
-        headers=merged,
+        headers={**(headers or {}), **extra},
     )
 
 

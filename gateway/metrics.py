@@ -5,6 +5,9 @@ Labels are bounded: model, backend, status. Histograms use base units (seconds, 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from backends.metrics import LATENCY_BUCKETS
@@ -12,10 +15,34 @@ from backends.metrics import LATENCY_BUCKETS
 TOKEN_BUCKETS = (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
+@dataclass(frozen=True, slots=True)
+class ModelSeries:
+    """The labelled children of every family for one (model, backend) pair.
+
+    Looked up once per pair and cached, so the per-token path never pays for
+    ``labels()`` (a dict lookup over a tuple of label values each time).
+    """
+
+    ttft: Any
+    itl: Any
+    duration: Any
+    queue_time: Any
+    prompt_tokens: Any
+    generation_tokens: Any
+    request_prompt_tokens: Any
+    request_generation_tokens: Any
+    inflight: Any
+    disconnects: Any
+
+
 class GatewayMetrics:
-    """Families observed once per request (and per token for inter-token latency)."""
+    """Families observed once per request (and per token for inter-token latency).
+
+    Owned by one app; ``series`` caches children and is only called on the event loop.
+    """
 
     def __init__(self, registry: CollectorRegistry) -> None:
+        self._series: dict[tuple[str, str], ModelSeries] = {}
         hop = ("model", "backend")
         self.requests = Counter(
             "llmso_requests_total",
@@ -89,3 +116,21 @@ class GatewayMetrics:
             hop,
             registry=registry,
         )
+
+    def series(self, model: str, backend: str) -> ModelSeries:
+        key = (model, backend)
+        found = self._series.get(key)
+        if found is None:
+            found = self._series[key] = ModelSeries(
+                ttft=self.ttft.labels(model, backend),
+                itl=self.itl.labels(model, backend),
+                duration=self.duration.labels(model, backend),
+                queue_time=self.queue_time.labels(model, backend),
+                prompt_tokens=self.prompt_tokens.labels(model, backend),
+                generation_tokens=self.generation_tokens.labels(model, backend),
+                request_prompt_tokens=self.request_prompt_tokens.labels(model, backend),
+                request_generation_tokens=self.request_generation_tokens.labels(model, backend),
+                inflight=self.inflight.labels(model, backend),
+                disconnects=self.disconnects.labels(model, backend),
+            )
+        return found

@@ -1,9 +1,16 @@
-"""Thin HTTP handlers: parse the wire body, call the service, render.
+"""The generation routes, ``POST /v1/chat/completions`` and ``POST /v1/completions``,
+served as plain ASGI: parse the wire body, call the service, render.
+
+Why not FastAPI here: these two routes carry every token. Measured with a fast fake
+upstream, FastAPI's routing, its middleware stack (which wraps ``send`` once per layer)
+and Starlette's ``StreamingResponse`` (an anyio task group per response) cost more CPU
+per streamed request than everything llmso itself does. The operational routes stay on
+FastAPI (``gateway.ops_routes``); ``GatewayASGI`` sends everything else there.
 
 Bodies are read with a size limit and parsed once with orjson + pydantic; every failure
-is raised as a typed error for the one handler in ``gateway.errors``. While a request
-waits for its first token (and for the whole of a non-streamed response) a watcher
-listens for the client leaving, and cancels the work so no compute is spent on it.
+is a typed ``BackendError`` rendered by ``gateway.errors.error_response``. A watcher
+listens for the client leaving for the whole life of a request, and cancels the work so
+no compute is spent on a client that is gone.
 """
 
 from __future__ import annotations
@@ -13,157 +20,256 @@ import contextlib
 import logging
 import re
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, TypeVar
 
 import orjson
-from fastapi import APIRouter, Request
-from pydantic import BaseModel, ValidationError
-from starlette.responses import Response, StreamingResponse
+from pydantic import ValidationError
 
 from backends.base import BackendError, GenerationRequest, InvalidRequest
-from gateway.errors import RequestTooLarge, from_validation_error
+from gateway.errors import (
+    InternalError,
+    MethodNotAllowed,
+    RequestTooLarge,
+    error_body,
+    from_validation_error,
+)
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
-from gateway.service import CompletionService, server_timing
+from gateway.service import Generation, server_timing
 from gateway.state import AppState
 from gateway.tracking import RequestRecord
 from gateway.translate import chat_request, completion_request, report_unknown_fields
 
 log = logging.getLogger(__name__)
 
-router = APIRouter()
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
-_WireT = TypeVar("_WireT", bound=BaseModel)
-_T = TypeVar("_T")
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:@/+=-]{1,128}$")
+_WireT = TypeVar("_WireT", bound=SamplingFields)
+_JSON = (b"content-type", b"application/json")
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
 
 
 class ClientDisconnected(Exception):
-    """The client closed the connection before the response was ready."""
+    """The client closed the connection before the response was complete."""
 
 
-@router.post("/v1/chat/completions")
-async def chat_completions(request: Request) -> Response:
-    return await _handle(request, ChatCompletionRequest, chat_request)
+class GatewayASGI:
+    """The app's ASGI entry point: generation routes here, the rest to FastAPI."""
+
+    def __init__(self, api: ASGIApp, state: AppState) -> None:
+        self.api = api
+        self.state = state
+        self._routes: dict[str, Callable[[Scope, Receive, Send], Awaitable[None]]] = {
+            "/v1/chat/completions": self._chat,
+            "/v1/completions": self._completion,
+        }
+
+    def lifespan(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """The app's start-up and shut-down, for tests that drive it without a server."""
+        api: Any = self.api
+        context: contextlib.AbstractAsyncContextManager[None] = api.router.lifespan_context(api)
+        return context
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        handler = self._routes.get(scope["path"]) if scope["type"] == "http" else None
+        if handler is None:
+            await self.api(scope, receive, send)
+        elif scope["method"] == "POST":
+            await handler(scope, receive, send)
+        else:
+            body, _ = error_body(
+                MethodNotAllowed(f"method {scope['method']} not allowed on {scope['path']}")
+            )
+            headers = [_JSON, (b"allow", b"POST")]
+            await send({"type": "http.response.start", "status": 405, "headers": headers})
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await GenerationCall(self.state, scope, receive, send).run(
+            ChatCompletionRequest, chat_request
+        )
+
+    async def _completion(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await GenerationCall(self.state, scope, receive, send).run(
+            CompletionRequest, completion_request
+        )
 
 
-@router.post("/v1/completions")
-async def completions(request: Request) -> Response:
-    return await _handle(request, CompletionRequest, completion_request)
+class GenerationCall:
+    """One generation request on one connection; owned by the task that runs it."""
 
-
-async def _handle(
-    request: Request,
-    wire_type: type[_WireT],
-    translate: Callable[[_WireT, str, float], GenerationRequest],
-) -> Response:
-    state = _state(request)
-    request_id = request_id_for(request)
-    record = RequestRecord(request_id=request_id, requested_model="")
-    wire = _parse(wire_type, await read_json(request, state.max_body_bytes))
-    assert isinstance(wire, SamplingFields)
-    report_unknown_fields(wire, request_id)
-    include_usage = bool(wire.stream_options and wire.stream_options.include_usage)
-    generation_request = translate(wire, request_id, record.arrival_time)
-    return await _serve(
-        request,
-        state.service,
-        generation_request,
-        record,
-        stream=wire.stream,
-        include_usage=include_usage,
+    __slots__ = (
+        "_complete",
+        "_disconnected",
+        "_receive",
+        "_scope",
+        "_send",
+        "_started",
+        "_state",
+        "record",
     )
 
+    def __init__(self, state: AppState, scope: Scope, receive: Receive, send: Send) -> None:
+        self._state = state
+        self._scope = scope
+        self._receive = receive
+        self._send = send
+        self._started = False
+        self._complete = False
+        self._disconnected = False
+        self.record = RequestRecord(request_id=_request_id(scope), requested_model="")
 
-async def _serve(
-    request: Request,
-    service: CompletionService,
-    generation_request: GenerationRequest,
-    record: RequestRecord,
-    *,
-    stream: bool,
-    include_usage: bool,
-) -> Response:
-    record.requested_model = generation_request.model
-    headers = {"X-Request-ID": record.request_id}
-    try:
-        generation = await until_disconnect(request, service.open(generation_request, record))
-        if stream:
-            headers["Server-Timing"] = server_timing(generation)
-            return StreamingResponse(
-                service.stream(generation, include_usage),
-                media_type="text/event-stream",
-                headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-            )
-        body = await until_disconnect(request, service.complete(generation))
-        headers["Server-Timing"] = server_timing(generation)
-    except BackendError as exc:
-        record.fail("client_error" if exc.status < 500 else "server_error", exc.error_type)
-        record.finish()
-        raise
-    except ClientDisconnected:
-        record.fail("disconnected", None)
-        record.finish()
-        return Response(status_code=499)
-    except BaseException:
-        record.fail("server_error", "server_error")
-        record.finish()
-        raise
-    record.finish()
-    return Response(orjson.dumps(body), media_type="application/json", headers=headers)
+    async def run(
+        self,
+        wire_type: type[_WireT],
+        translate: Callable[[_WireT, str, float], GenerationRequest],
+    ) -> None:
+        record = self.record
+        try:
+            body = await self._read_body(self._state.max_body_bytes)
+            wire = _parse(wire_type, body)
+            report_unknown_fields(wire, record.request_id)
+            request = translate(wire, record.request_id, record.arrival_time)
+            record.requested_model = request.model
+            include_usage = bool(wire.stream_options and wire.stream_options.include_usage)
+            await self._serve(request, stream=wire.stream, include_usage=include_usage)
+        except ClientDisconnected:
+            record.fail("disconnected", None)
+        except BackendError as exc:
+            record.fail("client_error" if exc.status < 500 else "server_error", exc.error_type)
+            await self._send_error(exc)
+        except Exception:
+            log.exception("request %s failed", record.request_id)
+            record.fail("server_error", "server_error")
+            await self._send_error(InternalError("internal server error"))
+        finally:
+            if record.model:
+                record.finish()
 
+    async def _serve(
+        self, request: GenerationRequest, *, stream: bool, include_usage: bool
+    ) -> None:
+        service = self._state.service
+        async with self._watch_disconnect():
+            generation = await service.open(request, self.record)
+            if stream:
+                await self._stream(generation, include_usage)
+                return
+            body = await service.complete(generation)
+            await self._respond(200, orjson.dumps(body), self._headers(generation, _JSON))
 
-async def until_disconnect(request: Request, work: Awaitable[_T]) -> _T:
-    """Await ``work`` unless the client disconnects first; then cancel it.
+    async def _stream(self, generation: Generation, include_usage: bool) -> None:
+        frames = self._state.service.stream(generation, include_usage)
+        try:
+            await self._start(200, self._headers(generation, *_SSE_HEADERS))
+            send = self._send
+            async for frame in frames:
+                await send({"type": "http.response.body", "body": frame, "more_body": True})
+            self._complete = True
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await frames.aclose()
 
-    Only valid after the body has been read: the next ASGI message is then the
-    disconnect. Cancelling ``work`` closes the backend stream, which aborts generation.
-    """
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_disconnect(request))
-    try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        task.cancel()
-        watcher.cancel()
-        raise
-    if task in done:
-        watcher.cancel()
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, BackendError):
-        await task
-    raise ClientDisconnected()
+    @contextlib.asynccontextmanager
+    async def _watch_disconnect(self) -> Any:
+        """Cancel the serving task if the client leaves; the body is already read, so the
+        next ASGI message can only be the disconnect."""
+        task = asyncio.current_task()
+        assert task is not None
 
+        def on_message(watcher: asyncio.Future[Message]) -> None:
+            # After the last body message the server reports a disconnect by design.
+            if self._complete or watcher.cancelled() or watcher.exception() is not None:
+                return
+            if watcher.result().get("type") == "http.disconnect":
+                self._disconnected = True
+                task.cancel()
 
-async def _wait_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
+        watcher = asyncio.ensure_future(self._receive())
+        watcher.add_done_callback(on_message)
+        try:
+            yield
+        except asyncio.CancelledError:
+            if not self._disconnected:
+                raise
+            # Our own cancellation: the client left. Un-cancel so cleanup can await.
+            task.uncancel()
+            raise ClientDisconnected() from None
+        finally:
+            watcher.remove_done_callback(on_message)
+            watcher.cancel()
 
-
-def request_id_for(request: Request) -> str:
-    supplied = request.headers.get("x-request-id")
-    request_id = supplied if supplied and _REQUEST_ID.match(supplied) else secrets.token_hex(16)
-    request.state.request_id = request_id
-    return request_id
-
-
-async def read_json(request: Request, limit: int) -> Any:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise RequestTooLarge(f"request body is larger than {limit} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
+    async def _read_body(self, limit: int) -> Any:
+        declared = _header(self._scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
             raise RequestTooLarge(f"request body is larger than {limit} bytes")
-        chunks.append(chunk)
-    try:
-        return orjson.loads(b"".join(chunks))
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnected()
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise RequestTooLarge(f"request body is larger than {limit} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        try:
+            return orjson.loads(b"".join(chunks))
+        except orjson.JSONDecodeError as exc:
+            raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+
+    def _headers(
+        self, generation: Generation, *extra: tuple[bytes, bytes]
+    ) -> list[tuple[bytes, bytes]]:
+        return [
+            *extra,
+            (b"x-request-id", self.record.request_id.encode()),
+            (b"server-timing", server_timing(generation).encode()),
+        ]
+
+    async def _start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self._started = True
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def _respond(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        await self._start(status, headers)
+        self._complete = True
+        await self._send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _send_error(self, exc: BackendError) -> None:
+        if self._started:
+            return  # a stream already reported its own failure in-band
+        body, extra = error_body(exc)
+        headers = [_JSON, (b"x-request-id", self.record.request_id.encode())]
+        headers.extend((name.lower().encode(), value.encode()) for name, value in extra.items())
+        with contextlib.suppress(OSError, RuntimeError):
+            await self._respond(exc.status, body, headers)
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+def _request_id(scope: Scope) -> str:
+    for key, value in scope["headers"]:
+        if key == b"x-request-id" and _REQUEST_ID.match(value):
+            return bytes(value).decode()
+    return secrets.token_hex(16)
 
 
 def _parse(model: type[_WireT], body: Any) -> _WireT:
@@ -173,8 +279,3 @@ def _parse(model: type[_WireT], body: Any) -> _WireT:
         return model.model_validate(body)
     except ValidationError as exc:
         raise from_validation_error(exc) from None
-
-
-def _state(request: Request) -> AppState:
-    state: AppState = request.app.state.llmso
-    return state

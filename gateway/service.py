@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, replace
 from typing import Any
@@ -158,7 +158,9 @@ class CompletionService:
             want_logprobs=generation.request.sampling.logprobs is not None,
         )
 
-    async def stream(self, generation: Generation, include_usage: bool) -> AsyncIterator[bytes]:
+    async def stream(
+        self, generation: Generation, include_usage: bool
+    ) -> AsyncGenerator[bytes, None]:
         """SSE frames: role, deltas, finish per choice, usage if asked, ``[DONE]``.
 
         The caller must consume or close this iterator; closing it (client gone) closes

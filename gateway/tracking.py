@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from backends.base import BackendEvent, Started, TextDelta, Usage
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, ModelSeries
 
 request_log = logging.getLogger("llmso.requests")
 
@@ -39,13 +39,20 @@ class RequestRecord:
     fallback_from: list[str] = field(default_factory=list)
     _last_token_mono: float | None = None
     _metrics: GatewayMetrics | None = None
+    _series: ModelSeries | None = None
     _finished: bool = False
 
     def bind(self, model: str, backend: str, metrics: GatewayMetrics) -> None:
-        """Attach the model that will answer; from here on the request counts as in flight."""
+        """Attach the model that will answer; from here on the request counts as in flight.
+
+        A fallback binds again to the next model: the first binding is then undone.
+        """
+        if self._series is not None:
+            self._series.inflight.dec()
         self.model, self.backend, self._metrics = model, backend, metrics
+        self._series = metrics.series(model, backend)
         self.queue_start_time = time.time()
-        metrics.inflight.labels(model, backend).inc()
+        self._series.inflight.inc()
 
     def observe(self, event: BackendEvent) -> None:
         if isinstance(event, TextDelta):
@@ -60,13 +67,13 @@ class RequestRecord:
 
     def _on_text(self) -> None:
         now = time.perf_counter()
-        metrics = self._metrics
+        series = self._series
         if self._last_token_mono is None:
             self.first_token_time = time.time()
-            if metrics is not None:
-                metrics.ttft.labels(self.model, self.backend).observe(now - self.arrival_mono)
-        elif metrics is not None:
-            metrics.itl.labels(self.model, self.backend).observe(now - self._last_token_mono)
+            if series is not None:
+                series.ttft.observe(now - self.arrival_mono)
+        elif series is not None:
+            series.itl.observe(now - self._last_token_mono)
         self._last_token_mono = now
 
     @property
@@ -81,25 +88,23 @@ class RequestRecord:
             return
         self._finished = True
         self.finish_time = time.time()
-        metrics = self._metrics
-        if metrics is not None:
-            self._observe_finish(metrics)
-        request_log.info(orjson.dumps(self.log_fields()).decode())
+        if self._metrics is not None and self._series is not None:
+            self._observe_finish(self._metrics, self._series)
+        if request_log.isEnabledFor(logging.INFO):
+            request_log.info(orjson.dumps(self.log_fields()).decode())
 
-    def _observe_finish(self, metrics: GatewayMetrics) -> None:
-        labels = (self.model, self.backend)
-        metrics.inflight.labels(*labels).dec()
-        metrics.requests.labels(*labels, self.status).inc()
-        metrics.duration.labels(*labels).observe(self.elapsed)
+    def _observe_finish(self, metrics: GatewayMetrics, series: ModelSeries) -> None:
+        series.inflight.dec()
+        metrics.requests.labels(self.model, self.backend, self.status).inc()
+        series.duration.observe(self.elapsed)
         if self.inference_start_time is not None and self.queue_start_time is not None:
-            wait = max(0.0, self.inference_start_time - self.queue_start_time)
-            metrics.queue_time.labels(*labels).observe(wait)
-        metrics.prompt_tokens.labels(*labels).inc(self.input_tokens)
-        metrics.generation_tokens.labels(*labels).inc(self.output_tokens)
-        metrics.request_prompt_tokens.labels(*labels).observe(self.input_tokens)
-        metrics.request_generation_tokens.labels(*labels).observe(self.output_tokens)
+            series.queue_time.observe(max(0.0, self.inference_start_time - self.queue_start_time))
+        series.prompt_tokens.inc(self.input_tokens)
+        series.generation_tokens.inc(self.output_tokens)
+        series.request_prompt_tokens.observe(self.input_tokens)
+        series.request_generation_tokens.observe(self.output_tokens)
         if self.status == "disconnected":
-            metrics.disconnects.labels(*labels).inc()
+            series.disconnects.inc()
 
     def log_fields(self) -> dict[str, object]:
         return {

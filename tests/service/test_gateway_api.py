@@ -98,7 +98,7 @@ async def client_for() -> AsyncIterator[Callable[..., Any]]:
             return backends[model.name]
 
         app = build_app(app_config, admin_key=admin_key, backend_factory=factory)
-        lifespan = app.router.lifespan_context(app)
+        lifespan = app.lifespan()
         await lifespan.__aenter__()
         client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
         client.backends = backends  # type: ignore[attr-defined]

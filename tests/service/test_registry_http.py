@@ -31,7 +31,7 @@ async def client_for() -> AsyncIterator[Callable[..., Any]]:
         app = build_app(
             config, admin_key="registry-admin", backend_factory=factory, watch_config=watch
         )
-        lifespan = app.router.lifespan_context(app)
+        lifespan = app.lifespan()
         await lifespan.__aenter__()
         client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
         opened.append((lifespan, client))
