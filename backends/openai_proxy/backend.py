@@ -184,19 +184,19 @@ class OpenAIProxyBackend:
             try:
                 await stream.open(session, body)
                 first = await stream.first_events()
-            except EmptyStream as empty:
+            except BackendError as failure:
                 stream.close()
-                if not self._profile.hides_stream_errors:
-                    raise
-                raise await self._unhidden_error(session, url, body, empty) from empty
-            except BackendError as error:
-                stream.close()
+                error = failure
+                if isinstance(failure, EmptyStream):
+                    if self._profile.hides_stream_errors:
+                        raise await self._unhidden_error(session, url, body, failure) from None
+                    error = failure.cause or failure
                 waited += stream.waited
                 self._account(error)
                 if self._stopping:
                     raise BackendCrashed("backend stopped") from error
                 if not is_retryable(error) or attempt >= self._config.retries:
-                    raise
+                    raise error from None
                 delay = self._backoff(attempt, error)
                 attempt += 1
                 await asyncio.sleep(delay)
@@ -218,14 +218,18 @@ class OpenAIProxyBackend:
         plain = orjson.loads(body)
         plain["stream"] = False
         plain.pop("stream_options", None)
-        try:
-            async with session.post(url, data=orjson.dumps(plain)) as response:
-                raw = await response.content.read(64 * 1024)
-                if response.status != 200:
+        data = orjson.dumps(plain)
+        error: BackendError = empty
+        for _ in range(2):  # once more if a pooled connection was stale
+            try:
+                async with session.post(url, data=data) as response:
+                    raw = await response.content.read(64 * 1024)
+                    if response.status == 200:
+                        return empty
                     return from_status(response.status, raw, response.headers.get("Retry-After"))
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            return from_exception(exc, url=url)
-        return empty
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                error = from_exception(exc, url=url)
+        return error
 
     async def _next(self, stream: UpstreamStream) -> list[BackendEvent]:
         try:

@@ -20,6 +20,7 @@ from backends.base import (
     Overloaded,
     TextDelta,
     UpstreamBadResponse,
+    UpstreamTimeout,
     UpstreamUnavailable,
 )
 from backends.openai_proxy.errors import from_exception, from_status
@@ -29,8 +30,13 @@ _MAX_ERROR_BODY = 64 * 1024
 
 
 class EmptyStream(UpstreamBadResponse):
-    """A 200 answer without a single byte of stream: how llama.cpp reports a request it
-    rejects once streaming has begun (e.g. a prompt longer than its context)."""
+    """A 200 answer that ended, or dropped the connection, before a single byte of
+    stream: how llama.cpp reports a request it rejects once streaming has begun (e.g. a
+    prompt longer than its context). ``cause`` is the transport error, if any."""
+
+    def __init__(self, message: str, *, cause: BackendError | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +127,10 @@ class UpstreamStream:
             data = await response.content.readany()
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             self.waited += time.perf_counter() - began
-            raise self._fail(from_exception(exc, url=self._url)) from exc
+            error = from_exception(exc, url=self._url)
+            if not self._got_bytes and not isinstance(error, UpstreamTimeout):
+                error = EmptyStream(f"upstream {self._url} sent nothing: {error}", cause=error)
+            raise self._fail(error) from exc
         now = time.perf_counter()
         self.waited += now - began
         out: list[BackendEvent] = []
@@ -169,7 +178,8 @@ class UpstreamStream:
 
     def _fail(self, error: BackendError) -> BackendError:
         if self._outcome is None:
-            self._outcome = _label(error)
+            cause = error.cause if isinstance(error, EmptyStream) else None
+            self._outcome = _label(cause or error)
             self._metrics.count(self._outcome)
         return error
 

@@ -180,6 +180,10 @@ async def test_empty_stream_reveals_the_hidden_rejection() -> None:
         assert info.value.status == 400 and "injected failure" in info.value.message
         assert harness.fake.bodies[-1]["stream"] is False
         assert harness.fake.bodies[-1]["max_tokens"] == 4
+        harness.fake.faults.extend(["reset", 413])
+        with pytest.raises(UpstreamRejected) as info:
+            await _collect(harness.backend, _chat())
+        assert info.value.status == 413
     finally:
         await harness.backend.stop()
         await harness.fake.stop()
@@ -190,6 +194,9 @@ async def test_empty_stream_reveals_the_hidden_rejection() -> None:
         with pytest.raises(UpstreamBadResponse, match="empty stream"):
             await _collect(harness.backend, _chat())
         assert len(harness.fake.bodies) == 1
+        harness.fake.faults.append("reset")  # a plain connection drop: retried
+        assert _text(await _collect(harness.backend, _chat())) == "".join(WORDS[:4])
+        assert len(harness.fake.bodies) == 3
     finally:
         await harness.backend.stop()
         await harness.fake.stop()

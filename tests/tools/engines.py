@@ -209,7 +209,7 @@ class EngineSuite:
     def test_upstream_rejection_is_mapped(self, client: openai.OpenAI, model: str) -> None:
         with pytest.raises(openai.APIStatusError) as info:
             self.rejected_call(client, model)
-        assert info.value.status_code == self.rejected_status
+        assert info.value.status_code == self.rejected_status, info.value.body
         body = info.value.body
         assert isinstance(body, dict), body
         error = body.get("error", body)

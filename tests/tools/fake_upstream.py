@@ -32,6 +32,7 @@ consumed one per request with ``fake.faults.append(...)``:
 - ``"garbage"``: send invalid JSON as the third event;
 - ``"stall"``: send headers, then nothing until the client leaves;
 - ``"empty"``: answer 200 with an empty stream (llama.cpp's way of rejecting);
+- ``"reset"``: answer 200 headers, then drop the connection (its other way);
 
 and read its counters (``running``, ``aborted``, ``completed``, ``bodies``, ``headers``).
 """
@@ -177,6 +178,10 @@ class FakeUpstream:
             await response.prepare(request)
             if fault == "empty":  # how llama.cpp answers a streaming request it rejects
                 await response.write_eof()
+                return response
+            if fault == "reset":  # ... or, as often, by dropping the connection
+                assert request.transport is not None
+                request.transport.close()
                 return response
             await self._sleep(self.options.ttft_ms)
             if fault == "stall":
