@@ -197,3 +197,20 @@ async def test_overloaded_when_queue_full() -> None:
                 await stream.aclose()  # type: ignore[attr-defined]
     finally:
         await b.stop()
+
+
+async def test_chunked_prefill_under_a_small_token_budget(alone: list[str]) -> None:
+    observer = RecordingObserver()
+    b = HFBackend(config(max_num_seqs=4, max_num_batched_tokens=12), observer)
+    await b.start()
+    try:
+        picks = [1, 6, 12, 0]
+        results = await asyncio.gather(
+            *(collect(b.generate(completion(PROMPTS[i], TOKENS))) for i in picks)
+        )
+        assert [r.text() for r in results] == [alone[i] for i in picks]
+        assert max(tokens for _, tokens, _ in observer.steps) <= 12
+        # prompts of ~20 tokens needed several steps while others were decoding
+        assert any(size > 1 and tokens > size for size, tokens, _ in observer.steps)
+    finally:
+        await b.stop()
