@@ -6,6 +6,7 @@ One fp32 backend is loaded for the module; every test uses few tokens.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 
 import pytest
@@ -172,17 +173,11 @@ async def test_greedy_top_k_and_penalties(backend: HFBackend, alone: list[str]) 
 async def test_context_length_checked_before_first_event(backend: HFBackend) -> None:
     with pytest.raises(ContextLengthExceeded):
         await anext(backend.generate(completion(PROMPTS[0], 8190)))
-    implicit = completion(PROMPTS[0], 8190).__class__(
-        **{**_fields(completion(PROMPTS[0], 8190)), "max_tokens_explicit": False}
-    )
+    implicit = dataclasses.replace(completion(PROMPTS[0], 8190), max_tokens_explicit=False)
     stream = backend.generate(implicit)
     first = await anext(stream)
     assert first.__class__.__name__ == "Started"
     await stream.aclose()  # type: ignore[attr-defined]
-
-
-def _fields(obj: object) -> dict[str, object]:
-    return {name: getattr(obj, name) for name in obj.__slots__}  # type: ignore[attr-defined]
 
 
 async def test_overloaded_when_queue_full() -> None:

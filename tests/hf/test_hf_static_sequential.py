@@ -109,11 +109,8 @@ def _break_runner(backend: HFBackend) -> None:
     engine = backend._engine
     assert engine is not None
     policy_factory = engine._policy_factory
-    runner = next(
-        c.cell_contents
-        for c in policy_factory.__closure__  # type: ignore[attr-defined]
-        if type(c.cell_contents).__name__ == "LlamaRunner"
-    )
+    cells = getattr(policy_factory, "__closure__", None) or ()
+    runner = next(c.cell_contents for c in cells if type(c.cell_contents).__name__ == "LlamaRunner")
 
     def boom(*args: object, **kwargs: object) -> None:
         raise RuntimeError("injected fault")
