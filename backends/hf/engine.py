@@ -181,6 +181,10 @@ class Engine:
         except BackendError as exc:
             out.append((sub.sink, exc))
             return None
+        except Exception as exc:  # a template or tokenizer rejecting this input
+            log.info("cannot tokenize request %s: %s", sub.request.request_id, exc)
+            out.append((sub.sink, InvalidRequest(f"cannot tokenize the request: {exc}")))
+            return None
         state = RequestState(
             request=sub.request,
             sink=sub.sink,

@@ -54,6 +54,7 @@ class StaticScheduler:
         self._cache: DynamicCache | None = None
         self._mask: torch.Tensor | None = None
         self._positions: torch.Tensor | None = None
+        self._keep_last = True
 
     def add(self, state: RequestState, out: Outbox) -> None:
         if not self.waiting:
@@ -147,14 +148,20 @@ class StaticScheduler:
     def _forward(
         self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor
     ) -> torch.Tensor:
-        result = self._model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=self._cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        kwargs: dict[str, Any] = {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": positions,
+            "past_key_values": self._cache,
+            "use_cache": True,
+        }
+        if self._keep_last:
+            try:  # only the last position's logits: saves a vocab-sized matmul per token
+                result = self._model(**kwargs, logits_to_keep=1)
+            except TypeError:  # an architecture without that argument
+                self._keep_last = False
+        if not self._keep_last:
+            result = self._model(**kwargs)
         logits: torch.Tensor = result.logits[:, -1, :]
         return logits.float()
 
