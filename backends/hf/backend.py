@@ -136,8 +136,10 @@ class HFBackend:
 
             return loaded, static_policy
         with torch.inference_mode():
+            # One spare slot: moving a half-prefilled request out of the way when another
+            # request's choices take their places never runs out of room.
             runner = llama_runner.LlamaRunner(
-                loaded.model, max_slots=config.max_num_seqs, max_context=loaded.max_context
+                loaded.model, max_slots=config.max_num_seqs + 1, max_context=loaded.max_context
             )
 
         def continuous_policy(table: TokenTable) -> StepPolicy:
