@@ -36,6 +36,7 @@ def accept_token(choice: Choice, token: int, logprob: TokenLogprob | None, out: 
     state = choice.request
     params = choice.sampling
     choice.output_ids.append(token)
+    choice.unsent += 1
     reason: FinishReason | None = None
     if token in state.eos_ids and not params.ignore_eos:
         text = choice.stop.feed(choice.detok.flush()) + choice.stop.flush()
@@ -51,7 +52,11 @@ def accept_token(choice: Choice, token: int, logprob: TokenLogprob | None, out: 
             text += choice.stop.feed(choice.detok.flush()) + choice.stop.flush()
     if text or logprob is not None:
         logprobs = (logprob,) if logprob is not None else ()
-        out.append((state.sink, TextDelta(index=choice.index, text=text, logprobs=logprobs)))
+        delta = TextDelta(
+            index=choice.index, text=text, logprobs=logprobs, num_tokens=choice.unsent
+        )
+        choice.unsent = 0
+        out.append((state.sink, delta))
     if reason is not None:
         finish_choice(choice, reason, out)
 

@@ -31,6 +31,7 @@ class Choice:
     output_ids: list[int] = field(default_factory=list)
     counts: dict[int, int] = field(default_factory=dict)
     finish: FinishReason | None = None
+    unsent: int = 0  # tokens whose text is still held back (UTF-8 or stop prefix)
 
     @property
     def sampling(self) -> SamplingParams:

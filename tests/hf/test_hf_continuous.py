@@ -146,11 +146,11 @@ async def test_n_choices_share_prefill_and_carry_logprobs(backend: HFBackend) ->
     result = await collect(backend.generate(request))
     texts = [result.text(i) for i in range(3)]
     assert len(set(texts)) > 1
-    assert result.usage.completion_tokens == sum(
-        len([d for d in result.events if isinstance(d, TextDelta) and d.index == i])
-        + (result.reason(i) == "stop")
-        for i in range(3)
-    )
+    deltas = [d for d in result.events if isinstance(d, TextDelta)]
+    # every sampled token carries one logprob entry; an end-of-sequence token none
+    eos = sum(result.reason(i) == "stop" for i in range(3))
+    assert result.usage.completion_tokens == sum(len(d.logprobs) for d in deltas) + eos
+    assert result.usage.completion_tokens == sum(d.num_tokens for d in deltas) + eos
     for i in range(3):
         entries = [
             lp
