@@ -50,10 +50,13 @@ STOP_TIMEOUT_S = 30.0
 class _Sink:
     """Where the engine's events for one request land (owned by the event loop)."""
 
-    __slots__ = ("queue",)
+    __slots__ = ("cancelled", "queue")
 
     def __init__(self) -> None:
         self.queue: asyncio.Queue[Item] = asyncio.Queue()
+        # Set (on the loop) when the client leaves; the engine reads it at intake, so a
+        # request still in the inbox is never started.
+        self.cancelled = False
 
 
 class HFBackend:
@@ -218,6 +221,7 @@ class HFBackend:
             if waiting:
                 self._not_started -= 1
             if not complete:
+                sink.cancelled = True
                 engine.aborts.put(sink)
 
     # ------------------------------------------------------------------ engine thread -> loop

@@ -164,6 +164,11 @@ class Engine:
             timeout = None
             if isinstance(item, _Stop):
                 return
+            if getattr(item.sink, "cancelled", False):
+                # The client left before the engine took the request in: skip it.
+                if self._observer is not None:
+                    self._observer.on_abort()
+                continue
             state = self._admit(item, out)
             if state is not None:
                 self._by_sink[id(item.sink)] = state
