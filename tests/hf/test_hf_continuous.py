@@ -11,7 +11,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from backends.base import ContextLengthExceeded, NotReady, Overloaded, TextDelta
+from backends.base import (
+    ContextLengthExceeded,
+    InvalidRequest,
+    NotReady,
+    Overloaded,
+    TextDelta,
+)
 from backends.hf.backend import HFBackend
 from tests.hf.helpers import RecordingObserver, chat, collect, completion, config
 
@@ -209,3 +215,8 @@ async def test_chunked_prefill_under_a_small_token_budget(alone: list[str]) -> N
         assert any(size > 1 and tokens > size for size, tokens, _ in observer.steps)
     finally:
         await b.stop()
+
+
+async def test_too_many_choices_is_invalid(backend: HFBackend) -> None:
+    with pytest.raises(InvalidRequest):
+        await anext(backend.generate(completion(PROMPTS[0], 4, n=25, temperature=1.0)))
