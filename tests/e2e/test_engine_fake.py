@@ -26,17 +26,8 @@ def server() -> Iterator[RunningServer]:
         yield running
 
 
-@pytest.fixture(scope="module")
-def client(server: RunningServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def model() -> str:
-    return MODEL
-
-
 class TestFakeEngine(EngineSuite):
+    model_name = MODEL
     max_tokens = 4
 
     def rejected_call(self, client: openai.OpenAI, model: str) -> object:

@@ -41,17 +41,9 @@ def server(engine: RunningServer) -> Iterator[RunningServer]:
         yield running
 
 
-@pytest.fixture(scope="module")
-def client(server: RunningServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=600)
-
-
-@pytest.fixture(scope="module")
-def model() -> str:
-    return MODEL
-
-
 class TestMLX(EngineSuite):
+    model_name = MODEL
+    client_timeout = 600.0
     max_tokens = 4
     rejected_snippet = "top_logprobs"
 

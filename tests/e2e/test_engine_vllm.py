@@ -35,16 +35,6 @@ def server(engine: RunningServer) -> Iterator[RunningServer]:
         yield running
 
 
-@pytest.fixture(scope="module")
-def client(server: RunningServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def model() -> str:
-    return MODEL
-
-
 def vllm_metric(engine: RunningServer, name: str) -> float:
     text = httpx.get(engine.url + "/metrics", timeout=10).text
     return sum(
@@ -55,6 +45,7 @@ def vllm_metric(engine: RunningServer, name: str) -> float:
 
 
 class TestVLLM(EngineSuite):
+    model_name = MODEL
     max_tokens = 8
 
     def rejected_call(self, client: openai.OpenAI, model: str) -> object:

@@ -148,14 +148,29 @@ def proxy_config(
 
 
 class EngineSuite:
-    """SDK checks through the gateway; subclasses set ``max_tokens`` and implement
-    ``rejected_call`` (a call the engine answers with a 4xx) and provide ``client`` and
-    ``model`` fixtures."""
+    """SDK checks through the gateway; subclasses set ``model_name`` and ``max_tokens``,
+    implement ``rejected_call`` (a call the engine answers with a 4xx), and their module
+    provides a ``server`` fixture (the gateway in front of the engine)."""
 
+    model_name = ""
+    client_timeout = 120.0
     max_tokens = 8
     rejected_status = 400
     rejected_snippet = "context"
     """Lower-case text the upstream's own error message contains (proves it was relayed)."""
+
+    @pytest.fixture(scope="class")
+    def client(self, server: RunningServer) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=server.url + "/v1",
+            api_key="unused",
+            max_retries=0,
+            timeout=self.client_timeout,
+        )
+
+    @pytest.fixture(scope="class")
+    def model(self) -> str:
+        return self.model_name
 
     def rejected_call(self, client: openai.OpenAI, model: str) -> object:
         raise NotImplementedError
