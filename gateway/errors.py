@@ -114,7 +114,7 @@ def _dotted(parts: list[str]) -> str:
 
 async def handle_backend_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, BackendError)
-    return error_response(exc, _request_id_header(request))
+    return error_response(exc)
 
 
 async def handle_http_exception(request: Request, exc: Exception) -> Response:
@@ -128,14 +128,9 @@ async def handle_http_exception(request: Request, exc: Exception) -> Response:
         mapped = BackendError(str(exc.detail))
         mapped.status = exc.status_code
         mapped.error_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
-    return error_response(mapped, _request_id_header(request))
+    return error_response(mapped)
 
 
 async def handle_unexpected(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return error_response(InternalError("internal server error"), _request_id_header(request))
-
-
-def _request_id_header(request: Request) -> dict[str, str]:
-    request_id = getattr(request.state, "request_id", None)
-    return {"X-Request-ID": request_id} if request_id else {}
+    return error_response(InternalError("internal server error"))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, replace
@@ -235,7 +234,3 @@ def server_timing(generation: Generation) -> str:
         f"upstream;dur={upstream_ms:.2f}, overhead;dur={max(0.0, total_ms - upstream_ms):.2f}, "
         f"total;dur={total_ms:.2f}"
     )
-
-
-def now() -> float:
-    return time.time()
