@@ -134,14 +134,42 @@ class Usage:
 BackendEvent = Started | TextDelta | Finished | Usage
 
 
+class Feature(Enum):
+    """A request feature a backend may or may not honour.
+
+    A backend declares what it serves in ``ModelInfo.features``; the gateway refuses a
+    request that needs a feature the routed backend lacks with a 400 naming the request
+    field (``gateway.capabilities``), so the decision is the backend's, never a guess.
+    """
+
+    CHAT = "chat"
+    COMPLETION = "completion"
+    LOGPROBS = "logprobs"
+    TOOLS = "tools"
+    JSON_OBJECT = "json_object"
+    JSON_SCHEMA = "json_schema"
+    IMAGE_INPUT = "image_input"
+    EMBEDDINGS = "embeddings"
+
+
+TEXT_GENERATION: frozenset[Feature] = frozenset(
+    {Feature.CHAT, Feature.COMPLETION, Feature.LOGPROBS}
+)
+"""What every generation backend served before tools and structured outputs existed."""
+
+
 @dataclass(frozen=True, slots=True)
 class ModelInfo:
-    """What ``/v1/models`` and the registry may show about a loaded backend."""
+    """What ``/v1/models`` and the registry may show about a loaded backend.
+
+    ``features`` is the backend's declaration of what it can honour (see ``Feature``).
+    """
 
     max_context: int | None = None
     memory_bytes: int | None = None
     owned_by: str = "llmso"
     extra: dict[str, str] = field(default_factory=dict)
+    features: frozenset[Feature] = TEXT_GENERATION
 
 
 # --------------------------------------------------------------------------- errors
@@ -170,6 +198,12 @@ class InvalidRequest(BackendError):
 
 class ContextLengthExceeded(InvalidRequest):
     code = "context_length_exceeded"
+
+
+class UnsupportedFeature(InvalidRequest):
+    """The request needs a ``Feature`` the routed backend does not declare."""
+
+    code = "unsupported_feature"
 
 
 class Overloaded(BackendError):

@@ -32,6 +32,7 @@ from backends.base import (
     Usage,
 )
 from backends.metrics import BackendMetrics
+from gateway.capabilities import require_features
 from gateway.errors import error_payload
 from gateway.metrics import GatewayMetrics
 from gateway.registry import ModelOverloaded, ModelRegistry, ModelUnavailable
@@ -105,6 +106,7 @@ class CompletionService:
         try:
             lease = await stack.enter_async_context(self._registry.lease(name))
             routed = replace(request, model=name)
+            require_features(routed, name, lease.backend.info())
             events = lease.backend.generate(routed)
             stack.push_async_callback(_aclose, events)
             record.bind(name, lease.config.backend, self._metrics)

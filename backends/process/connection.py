@@ -20,6 +20,7 @@ import socket
 import sys
 from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -344,14 +345,7 @@ class WorkerProcess:
     def _on_ready(self, info: ModelInfo) -> None:
         if self._ready is not None and not self._ready.done():
             extra = {**info.extra, "pid": str(self.pid), "isolation": "process"}
-            self._ready.set_result(
-                ModelInfo(
-                    max_context=info.max_context,
-                    memory_bytes=info.memory_bytes,
-                    owned_by=info.owned_by,
-                    extra=extra,
-                )
-            )
+            self._ready.set_result(replace(info, extra=extra))
 
     def _observe(self, method: str, args: Any) -> None:
         if method not in p.OBSERVER_METHODS:

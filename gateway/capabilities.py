@@ -1,0 +1,38 @@
+"""Feature checks: a request the routed backend cannot honour is refused with a 400.
+
+Which features a request needs is read off the ``GenerationRequest`` here, in one place;
+what a backend can honour is its own declaration, ``ModelInfo.features``. The service runs
+the check after routing and before the backend sees the request, so a fallback model is
+checked against its own declaration.
+"""
+
+from __future__ import annotations
+
+from backends.base import (
+    Feature,
+    GenerationRequest,
+    ModelInfo,
+    RequestKind,
+    UnsupportedFeature,
+)
+
+
+def needed_features(request: GenerationRequest) -> list[tuple[Feature, str]]:
+    """Each feature the request needs, with the request field that asks for it."""
+    needs: list[tuple[Feature, str]] = []
+    if request.kind is RequestKind.CHAT:
+        needs.append((Feature.CHAT, "messages"))
+    else:
+        needs.append((Feature.COMPLETION, "prompt"))
+    if request.sampling.logprobs is not None:
+        needs.append((Feature.LOGPROBS, "logprobs"))
+    return needs
+
+
+def require_features(request: GenerationRequest, model: str, info: ModelInfo) -> None:
+    """Raise ``UnsupportedFeature`` naming the first field whose feature ``info`` lacks."""
+    for feature, param in needed_features(request):
+        if feature not in info.features:
+            raise UnsupportedFeature(
+                f"model '{model}' does not support {feature.value}", param=param
+            )
