@@ -1,4 +1,4 @@
-"""Validate our responses against the official OpenAI schemas in ../shared/openai-schemas."""
+"""Validate our responses against the official OpenAI schemas kept in tests/data."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def schema_file() -> Path:
     explicit = os.environ.get("LLMSO_OPENAI_SCHEMAS")
     if explicit:
         return Path(explicit)
-    return REPO.parent / "shared" / "openai-schemas" / "schemas.json"
+    return REPO / "tests" / "data" / "openai-schemas" / "schemas.json"
 
 
 @functools.cache
