@@ -6,8 +6,9 @@ and every reader run there, so no lock is needed):
 
 - ``recent``: a ring buffer of the last ``capacity`` request summaries, the timeline
   fields of the request log line and never any prompt or output text;
-- ``window``: per model, the finished requests of the last ``WINDOW_SECONDS`` (also capped
-  in count), from which ``/admin/stats`` computes rates and percentiles on demand.
+- ``window``: per model, exact per-second counts over the last ``WINDOW_SECONDS`` and the
+  latencies of at most the newest ``WINDOW_MAX_SAMPLES`` requests in it, from which
+  ``/admin/stats`` computes rates and percentiles on demand.
 
 Figures come from the records themselves, not from parsing ``/metrics`` text.
 """
@@ -25,8 +26,9 @@ from gateway.tracking import RequestRecord
 
 WINDOW_SECONDS = 60.0
 RECENT_CAPACITY = 500
-# A cap per model so a flood of tiny requests cannot grow the window without bound.
-WINDOW_MAX_SAMPLES = 20_000
+# Latency percentiles use at most the newest this many requests per model, so a poll
+# costs the same at any request rate (counts and rates stay exact).
+WINDOW_MAX_SAMPLES = 2048
 
 # RequestRecord.status values, by the HTTP class they were answered with.
 _CLIENT_ERRORS = frozenset({"client_error"})
@@ -114,10 +116,49 @@ class RequestSummary:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class _Sample:
-    at: float  # time.monotonic() at finish
-    summary: RequestSummary
+@dataclass(slots=True)
+class _Second:
+    """Exact counts for the requests that finished in one second of ``time.monotonic()``."""
+
+    second: int
+    requests: int = 0
+    output_tokens: int = 0
+    errors_4xx: int = 0
+    errors_5xx: int = 0
+    disconnects: int = 0
+
+
+class _ModelWindow:
+    """One model's window: per-second counts (at most one bucket per second of the window)
+    and the latencies of at most the newest ``max_samples`` requests in it, so a poll
+    costs the same whatever the request rate."""
+
+    def __init__(self, max_samples: int) -> None:
+        self.seconds: deque[_Second] = deque()
+        # (finished at, ttft, mean itl, e2e)
+        self.latencies: deque[tuple[float, float | None, float | None, float]] = deque(
+            maxlen=max_samples
+        )
+
+    def add(self, at: float, summary: RequestSummary) -> None:
+        second = int(at)
+        if not self.seconds or self.seconds[-1].second != second:
+            self.seconds.append(_Second(second))
+        bucket = self.seconds[-1]
+        bucket.requests += 1
+        bucket.output_tokens += summary.output_tokens
+        bucket.errors_4xx += summary.status in _CLIENT_ERRORS
+        bucket.errors_5xx += summary.status in _SERVER_ERRORS
+        bucket.disconnects += summary.status == "disconnected"
+        self.latencies.append((at, summary.ttft, summary.mean_itl, summary.e2e))
+
+    def prune(self, now: float, size: int) -> None:
+        """Drop what is older than the ``size`` seconds ending at ``now``."""
+        oldest = int(now) - size + 1
+        while self.seconds and self.seconds[0].second < oldest:
+            self.seconds.popleft()
+        while self.latencies and self.latencies[0][0] < oldest:
+            self.latencies.popleft()
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -141,19 +182,22 @@ class Activity:
         max_samples: int = WINDOW_MAX_SAMPLES,
     ) -> None:
         self.window_seconds = window_seconds
+        self._size = math.ceil(window_seconds)
         self._recent: deque[RequestSummary] = deque(maxlen=capacity)
         self._max_samples = max_samples
-        self._window: dict[str, deque[_Sample]] = {}
+        self._window: dict[str, _ModelWindow] = {}
         self._created = time.monotonic()
 
     def add(self, record: RequestRecord) -> None:
-        """The finish sink: O(1), called once per bound request on the event loop."""
+        """The finish sink: O(1) amortised, called once per bound request on the loop."""
         summary = RequestSummary.of(record)
         self._recent.append(summary)
-        samples = self._window.get(summary.model)
-        if samples is None:
-            samples = self._window[summary.model] = deque(maxlen=self._max_samples)
-        samples.append(_Sample(time.monotonic(), summary))
+        window = self._window.get(summary.model)
+        if window is None:
+            window = self._window[summary.model] = _ModelWindow(self._max_samples)
+        now = time.monotonic()
+        window.add(now, summary)
+        window.prune(now, self._size)
 
     def recent(
         self, *, model: str | None = None, status: str | None = None, limit: int = 100
@@ -176,16 +220,20 @@ class Activity:
     def summary(self, model: str, now: float | None = None) -> dict[str, Any]:
         """Rates, percentiles and a per-second series over the window for one model."""
         now = time.monotonic() if now is None else now
-        samples = self._prune(model, now)
+        window = self._window.get(model) or _ModelWindow(1)
+        window.prune(now, self._size)
+        if not window.seconds and model in self._window:
+            del self._window[model]
         span = max(1.0, min(self.window_seconds, now - self._created))
-        finished = [s.summary for s in samples]
-        ttfts = [v for v in (s.ttft for s in finished) if v is not None]
-        itls = [v for v in (s.mean_itl for s in finished) if v is not None]
-        e2es = [s.e2e for s in finished]
-        output = sum(s.output_tokens for s in finished)
+        seconds = window.seconds
+        requests = sum(b.requests for b in seconds)
+        output = sum(b.output_tokens for b in seconds)
+        ttfts = [ttft for _, ttft, _, _ in window.latencies if ttft is not None]
+        itls = [itl for _, _, itl, _ in window.latencies if itl is not None]
+        e2es = [e2e for _, _, _, e2e in window.latencies]
         return {
-            "requests": len(finished),
-            "requests_per_s": len(finished) / span,
+            "requests": requests,
+            "requests_per_s": requests / span,
             "output_tokens": output,
             "output_tokens_per_s": output / span,
             "ttft_p50_s": percentile(ttfts, 0.5),
@@ -194,35 +242,20 @@ class Activity:
             "itl_p95_s": percentile(itls, 0.95),
             "e2e_p50_s": percentile(e2es, 0.5),
             "e2e_p95_s": percentile(e2es, 0.95),
-            "errors_4xx": sum(1 for s in finished if s.status in _CLIENT_ERRORS),
-            "errors_5xx": sum(1 for s in finished if s.status in _SERVER_ERRORS),
-            "disconnects": sum(1 for s in finished if s.status == "disconnected"),
-            "series": self._series(samples, now),
+            "errors_4xx": sum(b.errors_4xx for b in seconds),
+            "errors_5xx": sum(b.errors_5xx for b in seconds),
+            "disconnects": sum(b.disconnects for b in seconds),
+            "series": self._series(seconds, now),
         }
 
-    def _series(self, samples: Iterable[_Sample], now: float) -> dict[str, Any]:
-        """Per-second buckets, oldest first, the last one ending ``now``."""
-        size = math.ceil(self.window_seconds)
-        requests = [0] * size
-        tokens = [0] * size
-        errors = [0] * size
-        for sample in samples:
-            age = int(now - sample.at)
-            if 0 <= age < size:
-                slot = size - 1 - age
-                requests[slot] += 1
-                tokens[slot] += sample.summary.output_tokens
-                if sample.summary.status in _CLIENT_ERRORS | _SERVER_ERRORS:
-                    errors[slot] += 1
+    def _series(self, seconds: Iterable[_Second], now: float) -> dict[str, Any]:
+        """Per-second buckets, oldest first, the last one the current second."""
+        size = self._size
+        requests, tokens, errors = [0] * size, [0] * size, [0] * size
+        for bucket in seconds:
+            slot = size - 1 - (int(now) - bucket.second)
+            if 0 <= slot < size:
+                requests[slot] = bucket.requests
+                tokens[slot] = bucket.output_tokens
+                errors[slot] = bucket.errors_4xx + bucket.errors_5xx
         return {"step_s": 1, "requests": requests, "output_tokens": tokens, "errors": errors}
-
-    def _prune(self, model: str, now: float) -> list[_Sample]:
-        samples = self._window.get(model)
-        if samples is None:
-            return []
-        horizon = now - self.window_seconds
-        while samples and samples[0].at < horizon:
-            samples.popleft()
-        if not samples:
-            del self._window[model]
-        return list(samples)
