@@ -55,7 +55,7 @@ export class RequestsView {
     const tr = document.createElement("tr");
     tr.dataset.id = r.request_id;
     tr.tabIndex = 0;
-    tr.setAttribute("aria-selected", "false");
+    tr.setAttribute("aria-current", "false");
     const status = el("span", r.status, `badge ${r.status}`);
     const statusCell = el("td");
     statusCell.append(status);
@@ -90,10 +90,10 @@ export class RequestsView {
   pick(tr) {
     const entry = tr && this.rows.get(tr.dataset.id);
     if (!entry) return;
-    for (const row of this.body.querySelectorAll('tr[aria-selected="true"]')) {
-      row.setAttribute("aria-selected", "false");
+    for (const row of this.body.querySelectorAll('tr[aria-current="true"]')) {
+      row.setAttribute("aria-current", "false");
     }
-    tr.setAttribute("aria-selected", "true");
+    tr.setAttribute("aria-current", "true");
     this.selected = entry.record.request_id;
     this.showTimeline(entry.record);
   }
