@@ -199,6 +199,12 @@ class Activity:
         window.add(now, summary)
         window.prune(now, self._size)
 
+    def add_refused(self, record: RequestRecord) -> None:
+        """A request refused before any model was bound (bad body, unknown model, a
+        feature no backend has): it goes to the recent list only, since its requested
+        name is the client's free text and must not become a stats key."""
+        self._recent.append(RequestSummary.of(record))
+
     def recent(
         self, *, model: str | None = None, status: str | None = None, limit: int = 100
     ) -> list[RequestSummary]:

@@ -172,7 +172,14 @@ def test_console_drives_the_gateway(server: RunningServer, browser: Any) -> None
     expect(page.locator("#play-send")).to_be_enabled(timeout=60_000)
     if page.locator("#play-error").is_visible():
         expect(page.locator("#play-error")).to_contain_text("response_format")
+        # The refused request is listed too; the status filter finds it alone.
+        page.select_option("#filter-status", "client_error")
+        refused = page.locator("#requests tbody tr[data-id]")
+        expect(refused).to_have_count(1)
+        expect(refused.first).to_contain_text("invalid_request_error")
         page.screenshot(path=str(SHOTS / "schema-refused-light.png"), full_page=True)
+        page.select_option("#filter-status", "")
+        expect(page.locator("#requests tbody tr[data-id]")).to_have_count(2)
     else:
         assert page.locator("#play-output").inner_text().lstrip().startswith("{")
     page.fill("#play-schema", "not json")

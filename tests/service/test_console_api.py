@@ -71,11 +71,17 @@ async def test_recent_requests_keep_timelines_but_never_text(
     assert (await chat(client, "secret words here", model="beta-a")).status_code == 200
     failed = await chat(client, "!error InvalidRequest messages no good")
     assert failed.status_code == 400
+    assert (await chat(client, "hello", model="no-such-model")).status_code == 404
+    tools = {"model": "beta", "messages": [{"role": "user", "content": "x"}], "tools": [{}]}
+    assert (await client.post("/v1/chat/completions", json=tools)).status_code == 400
 
     assert (await client.get("/admin/requests")).status_code == 401
     listing = (await client.get("/admin/requests", headers=AUTH)).json()["requests"]
-    assert [r["model"] for r in listing] == ["alpha", "beta", "alpha"]  # newest first
-    newest, second, oldest = listing
+    assert [r["model"] for r in listing] == ["beta", "no-such-model", "alpha", "beta", "alpha"]
+    translated, refused, newest, second, oldest = listing  # newest first
+    assert translated["status"] == "client_error" and translated["backend"] is None
+    assert refused["status"] == "client_error" and refused["backend"] is None
+    assert refused["error_type"] == "invalid_request_error" and refused["ttft_s"] is None
     assert newest["status"] == "client_error" and newest["error_type"] == "invalid_request_error"
     assert second["requested_model"] == "beta-a" and second["backend"] == "openai"
     assert oldest["output_tokens"] == 4 and oldest["status"] == "ok"
@@ -85,9 +91,11 @@ async def test_recent_requests_keep_timelines_but_never_text(
     assert "secret" not in str(listing) and "one two" not in str(listing)
 
     only_beta = await client.get("/admin/requests?model=beta", headers=AUTH)
-    assert [r["model"] for r in only_beta.json()["requests"]] == ["beta"]
-    errors = await client.get("/admin/requests?status=client_error&limit=5", headers=AUTH)
-    assert [r["status"] for r in errors.json()["requests"]] == ["client_error"]
+    assert [r["status"] for r in only_beta.json()["requests"]] == ["client_error", "ok"]
+    errors = await client.get("/admin/requests?status=client_error&limit=2", headers=AUTH)
+    assert [r["model"] for r in errors.json()["requests"]] == ["beta", "no-such-model"]
+    stats = (await client.get("/admin/stats", headers=AUTH)).json()["models"]
+    assert set(stats) == {"alpha", "beta"} and stats["alpha"]["errors_4xx"] == 1
     bad = await client.get("/admin/requests?limit=0", headers=AUTH)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "limit"
 
