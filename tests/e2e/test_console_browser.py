@@ -5,8 +5,9 @@ It checks what an operator does: the model shows ``ready``, a playground answer 
 in (with TTFT and tok/s, and no layout shift in the playground while it streams), the
 request appears in the recent list with its timeline, a JSON schema is sent as
 ``response_format`` (refused cleanly, or honoured once structured outputs exist), and
-the unload button changes the state. The page's own JS must log no error. Screenshots,
-light and dark, go to ``bench-out/console/`` (ignored by git) for a person to look at.
+the unload, load and drain buttons change the state. The page's own JS must log no
+error. Screenshots, light and dark, go to ``bench-out/console/`` (ignored by git) for a
+person to look at.
 """
 
 from __future__ import annotations
@@ -189,8 +190,14 @@ def test_console_drives_the_gateway(server: RunningServer, browser: Any) -> None
     # Unload from the console; the state follows, and Load becomes possible.
     page.click(f'{ROW} button[data-action="unload"]')
     expect(page.locator(f"{ROW} .badge")).to_have_text("unloaded", timeout=30_000)
-    expect(page.locator(f'{ROW} button[data-action="load"]')).to_be_enabled()
     page.screenshot(path=str(SHOTS / "unloaded-light.png"), full_page=True)
+    # Load and drain, from the keyboard this time.
+    page.focus(f'{ROW} button[data-action="load"]')
+    page.keyboard.press("Enter")
+    expect(page.locator(f"{ROW} .badge")).to_have_text("ready", timeout=60_000)
+    page.focus(f'{ROW} button[data-action="drain"]')
+    page.keyboard.press("Enter")
+    expect(page.locator(f"{ROW} .badge")).to_have_text("unloaded", timeout=30_000)
     assert errors.errors == []
     context.close()
 
