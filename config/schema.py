@@ -23,6 +23,7 @@ class ServerConfig(_Frozen):
     port: int = Field(8000, ge=0, le=65535, description="TCP port to bind.")
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0, description="Largest request body.")
     log_prompts: bool = Field(False, description="Include prompt text in request logs.")
+    ui: bool = Field(True, description="Serve the web console at /ui.")
 
 
 class RegistryConfig(_Frozen):

@@ -20,6 +20,8 @@ from backends.factory import CrashHandler, create_backend
 from backends.metrics import BackendMetrics
 from config.schema import AppConfig, ModelConfig
 from gateway import ops_routes
+from gateway.console import Console
+from gateway.console.routes import build_router as console_router
 from gateway.errors import handle_backend_error, handle_http_exception, handle_unexpected
 from gateway.metrics import GatewayMetrics
 from gateway.registry import ConfigWatcher, ModelRegistry, RegistryMetrics
@@ -56,7 +58,9 @@ def build_app(
         service=CompletionService(registry, gateway_metrics, backend_metrics),
         admin_key=admin_key,
         started_at=int(time.time()),
+        console=Console(backend_metrics),
     )
+    gateway_metrics.finish_sinks.append(state.console.activity.add)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -83,6 +87,7 @@ def build_app(
     )
     app.state.llmso = state
     app.include_router(ops_routes.router)
+    app.include_router(console_router(ui=config.server.ui))
     app.add_exception_handler(BackendError, handle_backend_error)
     app.add_exception_handler(StarletteHTTPException, handle_http_exception)
     app.add_exception_handler(Exception, handle_unexpected)

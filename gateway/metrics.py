@@ -5,12 +5,16 @@ Labels are bounded: model, backend, status. Histograms use base units (seconds, 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from backends.metrics import LATENCY_BUCKETS
+
+if TYPE_CHECKING:
+    from gateway.tracking import RequestRecord
 
 TOKEN_BUCKETS = (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
@@ -39,10 +43,13 @@ class GatewayMetrics:
     """Families observed once per request (and per token for inter-token latency).
 
     Owned by one app; ``series`` caches children and is only called on the event loop.
+    ``finish_sinks`` are called with each finished, bound request record (on the loop):
+    in-process consumers such as the console's stats window, fed without parsing text.
     """
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self._series: dict[tuple[str, str], ModelSeries] = {}
+        self.finish_sinks: list[Callable[[RequestRecord], None]] = []
         hop = ("model", "backend")
         self.requests = Counter(
             "llmso_requests_total",

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
+from gateway.console.gauges import NO_ENGINE_FIGURES
 from gateway.errors import RouteNotFound, Unauthorized
 from gateway.registry import ModelNotFound, ModelStatus
 from gateway.state import AppState
@@ -81,10 +82,13 @@ def _model_card(status: ModelStatus, started_at: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------- admin
 
 
-def _require_admin(request: Request) -> AppState:
+def require_admin(request: Request, *, read_only: bool = False) -> AppState:
+    """The app state once the caller may use this admin route. Without an admin key,
+    read-only views are open (auth is off) and mutations do not exist."""
     state = _state(request)
     if not state.admin_key:
-        # Admin routes do not exist unless a key is configured.
+        if read_only:
+            return state
         raise RouteNotFound(f"no route for {request.method} {request.url.path}")
     supplied = request.headers.get("authorization", "")
     expected = f"Bearer {state.admin_key}"
@@ -115,17 +119,28 @@ def _status_dict(status: ModelStatus) -> dict[str, Any]:
 
 @router.get("/admin/models")
 async def admin_models(request: Request) -> Response:
-    state = _require_admin(request)
-    return _json({"models": [_status_dict(status) for status in state.registry.list_models()]})
+    state = require_admin(request, read_only=True)
+    engines = state.console.gauges.current()
+    models = [
+        {**_status_dict(status), **engines.get(status.name, NO_ENGINE_FIGURES)}
+        for status in state.registry.list_models()
+    ]
+    return _json({"models": models, "mutations": bool(state.admin_key)})
 
 
 @router.post("/admin/models/{name}/load")
 async def admin_load(name: str, request: Request) -> Response:
-    state = _require_admin(request)
+    state = require_admin(request)
     return _json(_status_dict(await state.registry.load(name)))
 
 
 @router.post("/admin/models/{name}/unload")
 async def admin_unload(name: str, request: Request) -> Response:
-    state = _require_admin(request)
+    state = require_admin(request)
     return _json(_status_dict(await state.registry.unload(name)))
+
+
+@router.post("/admin/models/{name}/drain")
+async def admin_drain(name: str, request: Request) -> Response:
+    state = require_admin(request)
+    return _json(_status_dict(state.registry.drain(name)))

@@ -138,8 +138,8 @@ class GenerationCall:
             body = await self._read_body(self._state.max_body_bytes)
             wire = _parse(wire_type, body)
             report_unknown_fields(wire, record.request_id)
+            record.requested_model = wire.model  # known even when translate refuses
             request = translate(wire, record.request_id, record.arrival_time)
-            record.requested_model = request.model
             include_usage = bool(wire.stream_options and wire.stream_options.include_usage)
             await self._serve(request, stream=wire.stream, include_usage=include_usage)
         except ClientDisconnected:
@@ -154,6 +154,8 @@ class GenerationCall:
         finally:
             if record.model:
                 record.finish()
+            else:  # refused before a model was chosen: only the recent-requests list sees it
+                self._state.console.activity.add_refused(record)
 
     async def _serve(
         self, request: GenerationRequest, *, stream: bool, include_usage: bool

@@ -37,6 +37,8 @@ class RequestRecord:
     status: str = "ok"
     error_type: str | None = None
     fallback_from: list[str] = field(default_factory=list)
+    text_events: int = 0
+    _first_token_mono: float | None = None
     _last_token_mono: float | None = None
     _metrics: GatewayMetrics | None = None
     _series: ModelSeries | None = None
@@ -68,8 +70,10 @@ class RequestRecord:
     def _on_text(self) -> None:
         now = time.perf_counter()
         series = self._series
+        self.text_events += 1
         if self._last_token_mono is None:
             self.first_token_time = time.time()
+            self._first_token_mono = now
             if series is not None:
                 series.ttft.observe(now - self.arrival_mono)
         elif series is not None:
@@ -79,6 +83,14 @@ class RequestRecord:
     @property
     def elapsed(self) -> float:
         return time.perf_counter() - self.arrival_mono
+
+    @property
+    def mean_itl(self) -> float | None:
+        """Mean gap between consecutive text deltas; ``None`` with fewer than two."""
+        first, last = self._first_token_mono, self._last_token_mono
+        if first is None or last is None or self.text_events < 2:
+            return None
+        return (last - first) / (self.text_events - 1)
 
     def fail(self, status: str, error_type: str | None) -> None:
         self.status, self.error_type = status, error_type
@@ -90,6 +102,8 @@ class RequestRecord:
         self.finish_time = time.time()
         if self._metrics is not None and self._series is not None:
             self._observe_finish(self._metrics, self._series)
+            for sink in self._metrics.finish_sinks:
+                sink(self)
         if request_log.isEnabledFor(logging.INFO):
             request_log.info(orjson.dumps(self.log_fields()).decode())
 

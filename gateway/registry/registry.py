@@ -199,6 +199,14 @@ class ModelRegistry:
         await self._life.unload_entry(entry, "manual")
         return self._status(entry)
 
+    def drain(self, name: str) -> ModelStatus:
+        """Start draining a serving model and return at once: new requests are refused,
+        in-flight ones finish, then the backend stops. Any other state is left as it is."""
+        entry = self._lookup(name)
+        if entry.state in SERVING_STATES:
+            self._life.start_drain(entry, "manual")
+        return self._status(entry)
+
     async def apply_config(self, new: AppConfig) -> ConfigDiff:
         """Hot reload. Routing switches to ``new`` at once; added preload models start
         loading; removed and changed models drain in the background, so leases taken

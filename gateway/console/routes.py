@@ -1,0 +1,125 @@
+"""Console routes: ``/admin/stats``, ``/admin/requests`` (JSON, for the page and for
+scripts) and, when ``server.ui`` is on, the page itself under ``/ui``.
+
+The JSON views are read-only: they need the admin key when one is configured, and are
+open when auth is off (``ops_routes.require_admin(read_only=True)``). The page's files are
+read once when the router is built and served from memory with a strict
+Content-Security-Policy (same origin only, no inline script), so the page works offline
+and cannot load anything from elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from starlette.responses import RedirectResponse, Response
+
+from backends.base import InvalidRequest
+from gateway.console.activity import RECENT_CAPACITY
+from gateway.errors import RouteNotFound
+from gateway.ops_routes import require_admin
+from gateway.state import AppState
+
+STATIC_DIR = Path(__file__).parent / "static"
+_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+}
+_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Asset:
+    body: bytes
+    content_type: str
+
+
+def load_assets(directory: Path = STATIC_DIR) -> dict[str, Asset]:
+    """Every servable file under ``directory`` by its relative path; nothing else is."""
+    assets: dict[str, Asset] = {}
+    for path in sorted(directory.rglob("*")):
+        kind = _TYPES.get(path.suffix)
+        if path.is_file() and kind is not None:
+            assets[path.relative_to(directory).as_posix()] = Asset(path.read_bytes(), kind)
+    return assets
+
+
+def _json(payload: Any) -> Response:
+    return Response(orjson.dumps(payload), media_type="application/json")
+
+
+def _limit(raw: str | None) -> int:
+    if raw is None:
+        return 100
+    if not raw.isdigit() or not 1 <= int(raw) <= RECENT_CAPACITY:
+        raise InvalidRequest(f"limit must be an integer from 1 to {RECENT_CAPACITY}", param="limit")
+    return int(raw)
+
+
+def stats_payload(state: AppState) -> dict[str, Any]:
+    """The ``/admin/stats`` body: per configured model, the window's figures, the engine
+    gauges now and the model's state."""
+    console = state.console
+    engines = console.gauges.current()
+    batches = console.gauges.batch_means()
+    models: dict[str, Any] = {}
+    for status in state.registry.list_models():
+        figures = console.activity.summary(status.name)
+        figures.update(engines.get(status.name, {}))
+        figures["batch_size_mean"] = batches.get(status.name)
+        figures["state"] = status.state
+        figures["inflight"] = status.inflight
+        models[status.name] = figures
+    return {"window_s": console.activity.window_seconds, "models": models}
+
+
+def build_router(*, ui: bool) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/admin/stats")
+    async def admin_stats(request: Request) -> Response:
+        return _json(stats_payload(require_admin(request, read_only=True)))
+
+    @router.get("/admin/requests")
+    async def admin_requests(request: Request) -> Response:
+        state = require_admin(request, read_only=True)
+        query = request.query_params
+        found = state.console.activity.recent(
+            model=query.get("model") or None,
+            status=query.get("status") or None,
+            limit=_limit(query.get("limit")),
+        )
+        return _json({"requests": [summary.to_json() for summary in found]})
+
+    if ui:
+        _add_page(router, load_assets())
+    return router
+
+
+def _add_page(router: APIRouter, assets: dict[str, Asset]) -> None:
+    headers = {
+        "content-security-policy": _CSP,
+        "x-content-type-options": "nosniff",
+        "referrer-policy": "no-referrer",
+        "cache-control": "no-cache",
+    }
+
+    @router.get("/ui")
+    async def ui_root() -> Response:
+        return RedirectResponse("/ui/", status_code=308)
+
+    @router.get("/ui/{path:path}")
+    async def ui_file(path: str, request: Request) -> Response:
+        asset = assets.get(path or "index.html")
+        if asset is None:
+            raise RouteNotFound(f"no route for GET {request.url.path}")
+        return Response(asset.body, media_type=asset.content_type, headers=headers)
