@@ -71,6 +71,7 @@ class GatewayASGI:
         self._routes: dict[str, Callable[[Scope, Receive, Send], Awaitable[None]]] = {
             "/v1/chat/completions": self._chat,
             "/v1/completions": self._completion,
+            "/v1/embeddings": self._embeddings,
         }
 
     def lifespan(self) -> contextlib.AbstractAsyncContextManager[None]:
@@ -103,6 +104,12 @@ class GatewayASGI:
             CompletionRequest, completion_request
         )
 
+    async def _embeddings(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Imported here: gateway.embedding_route builds on GenerationCall below.
+        from gateway.embedding_route import EmbeddingCall
+
+        await EmbeddingCall(self.state, scope, receive, send).run_embedding()
+
 
 class GenerationCall:
     """One generation request on one connection; owned by the task that runs it."""
@@ -133,15 +140,28 @@ class GenerationCall:
         wire_type: type[_WireT],
         translate: Callable[[_WireT, str, float], GenerationRequest],
     ) -> None:
+        await self.guarded(self._generate(wire_type, translate))
+
+    async def _generate(
+        self,
+        wire_type: type[_WireT],
+        translate: Callable[[_WireT, str, float], GenerationRequest],
+    ) -> None:
+        record = self.record
+        body = await self._read_body(self._state.max_body_bytes)
+        wire = _parse(wire_type, body)
+        report_unknown_fields(wire, record.request_id)
+        request = translate(wire, record.request_id, record.arrival_time)
+        record.requested_model = request.model
+        include_usage = bool(wire.stream_options and wire.stream_options.include_usage)
+        await self._serve(request, stream=wire.stream, include_usage=include_usage)
+
+    async def guarded(self, work: Awaitable[None]) -> None:
+        """Await ``work`` (one request's serving), render what it raises as an error
+        response, and finish the record once."""
         record = self.record
         try:
-            body = await self._read_body(self._state.max_body_bytes)
-            wire = _parse(wire_type, body)
-            report_unknown_fields(wire, record.request_id)
-            request = translate(wire, record.request_id, record.arrival_time)
-            record.requested_model = request.model
-            include_usage = bool(wire.stream_options and wire.stream_options.include_usage)
-            await self._serve(request, stream=wire.stream, include_usage=include_usage)
+            await work
         except ClientDisconnected:
             record.fail("disconnected", None)
         except BackendError as exc:
