@@ -168,3 +168,12 @@ def test_counted_in_metrics(server: RunningServer) -> None:
     metrics = httpx.get(server.url + "/metrics", timeout=30).text
     lines = [line for line in metrics.splitlines() if "requests_total{" in line and MODEL in line]
     assert any('status="ok"' in line and float(line.rsplit(" ", 1)[1]) >= 1 for line in lines)
+
+
+def test_models_retrieve_by_alias_and_404(client: openai.OpenAI) -> None:
+    card = client.models.retrieve("minilm")
+    validate("Model", card.model_dump(exclude_unset=True))
+    assert card.id == MODEL
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("no-such-model")
+    assert missing.value.body["code"] == "model_not_found"  # type: ignore[index]
