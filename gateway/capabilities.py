@@ -28,6 +28,10 @@ def needed_features(request: GenerationRequest) -> list[tuple[Feature, str]]:
         needs.append((Feature.COMPLETION, "prompt"))
     if request.sampling.logprobs is not None:
         needs.append((Feature.LOGPROBS, "logprobs"))
+    if request.prompt_token_ids:
+        needs.append((Feature.PROMPT_TOKEN_IDS, "prompt"))
+    if request.suffix is not None:
+        needs.append((Feature.SUFFIX, "suffix"))
     return needs
 
 

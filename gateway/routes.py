@@ -34,11 +34,11 @@ from gateway.errors import (
     error_body,
     from_validation_error,
 )
-from gateway.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from gateway.protocol import ChatCompletionRequest, SamplingFields
 from gateway.service import Generation, server_timing
 from gateway.state import AppState
 from gateway.tracking import RequestRecord
-from gateway.translate import chat_request, completion_request, report_unknown_fields
+from gateway.translate import chat_request, report_unknown_fields
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +100,10 @@ class GatewayASGI:
         )
 
     async def _completion(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await GenerationCall(self.state, scope, receive, send).run(
-            CompletionRequest, completion_request
-        )
+        # Imported here: gateway.completions builds on GenerationCall below.
+        from gateway.completions import CompletionCall
+
+        await CompletionCall(self.state, scope, receive, send).run_completion()
 
     async def _embeddings(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Imported here: gateway.embedding_route builds on GenerationCall below.

@@ -95,7 +95,9 @@ class OpenAIProxyBackend:
         self._upstream_context: int | None = None
         # An upstream serving an embedding model says so with the `embed` capability.
         embeds = "embed" in config.capabilities
-        self._features = frozenset({Feature.EMBEDDINGS}) if embeds else TEXT_GENERATION
+        # Token-id prompts and suffix are forwarded; the upstream accepts or refuses them.
+        relayed = TEXT_GENERATION | {Feature.PROMPT_TOKEN_IDS, Feature.SUFFIX}
+        self._features = frozenset({Feature.EMBEDDINGS}) if embeds else relayed
 
     # ------------------------------------------------------------------ lifecycle
 
