@@ -152,6 +152,12 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {row['batch']} | {row.get('concurrency', 1)} | {row['llmso']:.1f} | {st_text} "
             f"| {ratio} |"
         )
+    if meta["loadavg_at_start"][0] > 0.5:
+        lines += [
+            "",
+            "The machine was loaded while this ran (load average above 0.5 at the start; "
+            "other jobs shared the cores): the numbers are indicative, compare ratios only.",
+        ]
     lines += ["", "Command: `python -m bench.embeddings " + " ".join(meta["argv"][1:]) + "`", ""]
     return "\n".join(lines)
 
