@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import zipfile
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from backends.base import UpstreamBadResponse
+from backends.base import InvalidRequest, Overloaded, UpstreamBadResponse, UpstreamTimeout
+from backends.embeddings import EmbeddingRequest
 from backends.hf.model_source import ModelSourceError, unpack_zip
 from backends.hf.pooling import (
     PoolingConfigError,
@@ -101,3 +104,58 @@ def test_parse_upstream_embeddings() -> None:
         parse_embeddings(payload, 3)
     with pytest.raises(UpstreamBadResponse):
         parse_embeddings({"data": [{"embedding": "abc"}]}, 1)
+
+
+def idle_backend(max_queue: int) -> tuple[Any, Any]:
+    """An hf embedding backend around an engine whose thread has not started."""
+    from backends.hf.embedding import HFEmbeddingBackend, PoolingEngine, _Loaded
+    from config.schema import HFModelConfig
+
+    loaded = _Loaded(
+        model=None,
+        tokenizer=None,
+        spec=PoolingSpec(mode="mean", normalize=True),
+        device="cpu",
+        dtype=torch.float32,
+        width=4,
+        max_length=8,
+        vocab_size=10,
+        memory_bytes=0,
+    )
+    backend = HFEmbeddingBackend(
+        HFModelConfig(name="e", backend="hf", task="embed", source="x", max_queue=max_queue)
+    )
+    engine = PoolingEngine(loaded, max_batch=2, max_queue=max_queue, threads=1)
+    backend._loaded, backend._engine = loaded, engine
+    return backend, engine
+
+
+async def test_full_inbox_is_429_and_timeout_cancels_the_job() -> None:
+    backend, engine = idle_backend(max_queue=1)
+    request = EmbeddingRequest(request_id="r", model="e", texts=("a",), timeout=0.05)
+    with pytest.raises(UpstreamTimeout):
+        await backend.embed(request)  # nobody serves the inbox
+    job = engine.inbox.get_nowait()
+    assert job.future.cancelled()
+    engine.inbox.put_nowait(job)
+    with pytest.raises(Overloaded):
+        await backend.embed(request)
+    for bad, param in ((replace(request, dimensions=5), "dimensions"),
+                       (replace(request, texts=(), token_ids=((10,),)), "input")):  # fmt: skip
+        with pytest.raises(InvalidRequest) as caught:
+            await backend.embed(bad)
+        assert caught.value.param == param
+
+
+def test_engine_skips_cancelled_jobs() -> None:
+    _, engine = idle_backend(max_queue=4)
+    from backends.hf.embedding import _Job
+
+    job = _Job(("a",), (), None, 0.0)
+    job.future.cancel()
+    engine.inbox.put_nowait(job)
+    engine.start()
+    engine.request_stop()
+    engine.thread.join(10)
+    # Computing it would have failed (there is no model) and set an exception instead.
+    assert not engine.thread.is_alive() and job.future.cancelled()
