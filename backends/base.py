@@ -60,7 +60,10 @@ class SamplingParams:
 class GenerationRequest:
     """One validated generation call.
 
-    ``messages`` is set for chat requests, ``prompt`` for completions. Backends that own
+    ``messages`` is set for chat requests, ``prompt`` for completions (or, instead of
+    ``prompt``, ``prompt_token_ids``: the prompt already tokenised, fed as is; needs
+    ``Feature.PROMPT_TOKEN_IDS``). ``suffix`` is the completions text after the insertion
+    point (needs ``Feature.SUFFIX``). Backends that own
     a tokenizer render the chat template themselves; proxies forward messages as they are.
     ``max_tokens_explicit`` tells a backend whether the client set a limit (a proxy only
     forwards a limit the client asked for). ``arrival_time`` is ``time.time()`` at the edge.
@@ -75,6 +78,8 @@ class GenerationRequest:
     max_tokens_explicit: bool = True
     arrival_time: float = 0.0
     user: str | None = None
+    prompt_token_ids: tuple[int, ...] = ()
+    suffix: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +155,8 @@ class Feature(Enum):
     JSON_SCHEMA = "json_schema"
     IMAGE_INPUT = "image_input"
     EMBEDDINGS = "embeddings"
+    PROMPT_TOKEN_IDS = "prompt_token_ids"
+    SUFFIX = "suffix"
 
 
 TEXT_GENERATION: frozenset[Feature] = frozenset(

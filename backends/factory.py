@@ -19,6 +19,10 @@ def create_backend(
     config: ModelConfig, metrics: BackendMetrics, on_crash: CrashHandler | None = None
 ) -> Backend:
     if isinstance(config, HFModelConfig):
+        if config.task == "embed":
+            from backends.hf.embedding import HFEmbeddingBackend
+
+            return HFEmbeddingBackend(config)
         if config.isolation == "process":
             from backends.process.backend import ProcessBackend
 

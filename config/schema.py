@@ -68,6 +68,17 @@ class HFModelConfig(ModelBase):
         "thread", description="Run the engine in this process or in its own worker process."
     )
     threads: int | None = Field(None, gt=0, description="torch intra-op threads.")
+    task: Literal["generate", "embed"] = Field(
+        "generate",
+        description="'embed': a pooling model served on /v1/embeddings (batches up to "
+        "max_num_seqs inputs per forward; pooling from its sentence-transformers config).",
+    )
+
+    @model_validator(mode="after")
+    def _embed_in_thread(self) -> HFModelConfig:
+        if self.task == "embed" and self.isolation != "thread":
+            raise ValueError(f"model {self.name!r}: task 'embed' runs with isolation 'thread'")
+        return self
 
 
 class OpenAIModelConfig(ModelBase):

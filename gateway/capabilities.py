@@ -9,12 +9,14 @@ checked against its own declaration.
 from __future__ import annotations
 
 from backends.base import (
+    Backend,
     Feature,
     GenerationRequest,
     ModelInfo,
     RequestKind,
     UnsupportedFeature,
 )
+from backends.embeddings import Embedder
 
 
 def needed_features(request: GenerationRequest) -> list[tuple[Feature, str]]:
@@ -26,6 +28,10 @@ def needed_features(request: GenerationRequest) -> list[tuple[Feature, str]]:
         needs.append((Feature.COMPLETION, "prompt"))
     if request.sampling.logprobs is not None:
         needs.append((Feature.LOGPROBS, "logprobs"))
+    if request.prompt_token_ids:
+        needs.append((Feature.PROMPT_TOKEN_IDS, "prompt"))
+    if request.suffix is not None:
+        needs.append((Feature.SUFFIX, "suffix"))
     return needs
 
 
@@ -33,6 +39,22 @@ def require_features(request: GenerationRequest, model: str, info: ModelInfo) ->
     """Raise ``UnsupportedFeature`` naming the first field whose feature ``info`` lacks."""
     for feature, param in needed_features(request):
         if feature not in info.features:
+            if Feature.EMBEDDINGS in info.features:
+                raise UnsupportedFeature(
+                    f"model '{model}' is an embedding model: it serves /v1/embeddings only, "
+                    f"not {feature.value}",
+                    param=param,
+                )
             raise UnsupportedFeature(
                 f"model '{model}' does not support {feature.value}", param=param
             )
+
+
+def require_embeddings(backend: Backend, model: str, info: ModelInfo) -> Embedder:
+    """The backend as an ``Embedder``, or ``UnsupportedFeature`` naming ``input``."""
+    if Feature.EMBEDDINGS not in info.features or not isinstance(backend, Embedder):
+        raise UnsupportedFeature(
+            f"model '{model}' does not support embeddings; it serves chat and completions",
+            param="input",
+        )
+    return backend

@@ -34,11 +34,11 @@ from gateway.errors import (
     error_body,
     from_validation_error,
 )
-from gateway.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from gateway.protocol import ChatCompletionRequest, SamplingFields
 from gateway.service import Generation, server_timing
 from gateway.state import AppState
 from gateway.tracking import RequestRecord
-from gateway.translate import chat_request, completion_request, report_unknown_fields
+from gateway.translate import chat_request, report_unknown_fields
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,7 @@ class GatewayASGI:
         self._routes: dict[str, Callable[[Scope, Receive, Send], Awaitable[None]]] = {
             "/v1/chat/completions": self._chat,
             "/v1/completions": self._completion,
+            "/v1/embeddings": self._embeddings,
         }
 
     def lifespan(self) -> contextlib.AbstractAsyncContextManager[None]:
@@ -99,9 +100,16 @@ class GatewayASGI:
         )
 
     async def _completion(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await GenerationCall(self.state, scope, receive, send).run(
-            CompletionRequest, completion_request
-        )
+        # Imported here: gateway.completions builds on GenerationCall below.
+        from gateway.completions import CompletionCall
+
+        await CompletionCall(self.state, scope, receive, send).run_completion()
+
+    async def _embeddings(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Imported here: gateway.embedding_route builds on GenerationCall below.
+        from gateway.embedding_route import EmbeddingCall
+
+        await EmbeddingCall(self.state, scope, receive, send).run_embedding()
 
 
 class GenerationCall:
@@ -133,15 +141,28 @@ class GenerationCall:
         wire_type: type[_WireT],
         translate: Callable[[_WireT, str, float], GenerationRequest],
     ) -> None:
+        await self.guarded(self._generate(wire_type, translate))
+
+    async def _generate(
+        self,
+        wire_type: type[_WireT],
+        translate: Callable[[_WireT, str, float], GenerationRequest],
+    ) -> None:
+        record = self.record
+        body = await self._read_body(self._state.max_body_bytes)
+        wire = _parse(wire_type, body)
+        report_unknown_fields(wire, record.request_id)
+        record.requested_model = wire.model  # known even when translate refuses
+        request = translate(wire, record.request_id, record.arrival_time)
+        include_usage = bool(wire.stream_options and wire.stream_options.include_usage)
+        await self._serve(request, stream=wire.stream, include_usage=include_usage)
+
+    async def guarded(self, work: Awaitable[None]) -> None:
+        """Await ``work`` (one request's serving), render what it raises as an error
+        response, and finish the record once."""
         record = self.record
         try:
-            body = await self._read_body(self._state.max_body_bytes)
-            wire = _parse(wire_type, body)
-            report_unknown_fields(wire, record.request_id)
-            record.requested_model = wire.model  # known even when translate refuses
-            request = translate(wire, record.request_id, record.arrival_time)
-            include_usage = bool(wire.stream_options and wire.stream_options.include_usage)
-            await self._serve(request, stream=wire.stream, include_usage=include_usage)
+            await work
         except ClientDisconnected:
             record.fail("disconnected", None)
         except BackendError as exc:

@@ -7,6 +7,7 @@ Everything the backend contract cannot express is refused here with a 400 naming
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from backends.base import (
     ChatMessage,
@@ -28,6 +29,9 @@ log = logging.getLogger(__name__)
 # Without a client limit a backend caps generation at the model's context instead.
 UNSET_MAX_TOKENS = 1 << 20
 _SUPPORTED_ROLES = {"system", "user", "assistant", "developer"}
+# A list of prompts fans out into one backend request per prompt; bound the fan-out.
+MAX_PROMPTS = 64
+MAX_CHOICES = 128
 
 
 def chat_request(wire: ChatCompletionRequest, request_id: str, arrival: float) -> GenerationRequest:
@@ -51,22 +55,65 @@ def chat_request(wire: ChatCompletionRequest, request_id: str, arrival: float) -
 def completion_request(
     wire: CompletionRequest, request_id: str, arrival: float
 ) -> GenerationRequest:
-    if wire.echo:
-        raise InvalidRequest("echo is not supported", param="echo")
-    if wire.suffix:
-        raise InvalidRequest("suffix is not supported", param="suffix")
-    if wire.best_of is not None and wire.best_of != wire.n:
-        raise InvalidRequest("best_of other than n is not supported", param="best_of")
+    """The request for the first prompt; ``gateway.completions`` fans a list of prompts
+    out from it. With ``best_of`` above ``n`` it asks for ``best_of`` choices and for
+    their log-probabilities, which the ranking needs."""
+    best_of = _best_of(wire)
+    if wire.echo and wire.logprobs is not None:
+        raise InvalidRequest("echo together with logprobs is not supported", param="echo")
+    logprobs = wire.logprobs if wire.logprobs is not None or best_of == wire.n else 0
+    sampling = replace(_sampling(wire, wire.max_tokens, logprobs), n=best_of)
+    first = completion_prompts(wire.prompt)[0]
     return GenerationRequest(
         request_id=request_id,
         model=wire.model,
         kind=RequestKind.COMPLETION,
-        sampling=_sampling(wire, wire.max_tokens, wire.logprobs),
-        prompt=_single_prompt(wire.prompt),
+        sampling=sampling,
+        prompt=first if isinstance(first, str) else "",
+        prompt_token_ids=() if isinstance(first, str) else first,
         max_tokens_explicit=wire.max_tokens is not None,
         arrival_time=arrival,
         user=wire.user,
+        suffix=wire.suffix,
     )
+
+
+def completion_prompts(
+    prompt: str | list[str] | list[int] | list[list[int]],
+) -> tuple[str | tuple[int, ...], ...]:
+    """Each prompt of a completions request: a text or a token-id tuple, in order."""
+    if isinstance(prompt, str):
+        return (prompt,)
+    if not prompt:
+        raise InvalidRequest("prompt must not be an empty list", param="prompt")
+    if isinstance(prompt[0], int):
+        items: list[str | list[int]] = [prompt]  # type: ignore[list-item]
+    else:
+        items = list(prompt)  # type: ignore[arg-type]
+    if len(items) > MAX_PROMPTS:
+        raise InvalidRequest(f"prompt holds more than {MAX_PROMPTS} prompts", param="prompt")
+    out: list[str | tuple[int, ...]] = []
+    for index, item in enumerate(items):
+        if isinstance(item, str):
+            out.append(item)
+            continue
+        if not item or min(item) < 0:
+            raise InvalidRequest(
+                "a token-id prompt must be a non-empty list of ids >= 0", param=f"prompt[{index}]"
+            )
+        out.append(tuple(item))
+    return tuple(out)
+
+
+def _best_of(wire: CompletionRequest) -> int:
+    best_of = wire.n if wire.best_of is None else wire.best_of
+    if best_of < wire.n:
+        raise InvalidRequest("best_of must be greater than or equal to n", param="best_of")
+    if best_of > MAX_CHOICES:
+        raise InvalidRequest(f"best_of must be at most {MAX_CHOICES}", param="best_of")
+    if best_of > wire.n and wire.stream:
+        raise InvalidRequest("best_of above n cannot be streamed", param="best_of")
+    return best_of
 
 
 def report_unknown_fields(wire: SamplingFields, request_id: str) -> None:
@@ -145,15 +192,3 @@ def _message(index: int, message: WireMessage) -> ChatMessage:
             parts.append(part.text)
         text = "\n".join(parts)
     return ChatMessage(role=message.role, content=text)  # type: ignore[arg-type]
-
-
-def _single_prompt(prompt: str | list[str] | list[int] | list[list[int]]) -> str:
-    if isinstance(prompt, str):
-        return prompt
-    if len(prompt) == 1 and isinstance(prompt[0], str):
-        return prompt[0]
-    if prompt and all(isinstance(item, str) for item in prompt):
-        raise InvalidRequest("batched prompts are not supported; send one prompt", param="prompt")
-    raise InvalidRequest(
-        "prompt must be a string; token-id prompts are not supported", param="prompt"
-    )

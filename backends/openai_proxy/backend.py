@@ -31,9 +31,11 @@ import aiohttp
 import orjson
 
 from backends.base import (
+    TEXT_GENERATION,
     BackendCrashed,
     BackendError,
     BackendEvent,
+    Feature,
     GenerationRequest,
     ModelInfo,
     NotReady,
@@ -41,10 +43,18 @@ from backends.base import (
     RequestKind,
     Started,
     UpstreamRejected,
+    UpstreamTimeout,
     UpstreamUnavailable,
     Usage,
 )
+from backends.embeddings import EmbeddingRequest, EmbeddingResult
 from backends.metrics import BackendMetrics
+from backends.openai_proxy.embeddings import (
+    EMBEDDINGS_PATH,
+    embeddings_body,
+    outcome_label,
+    post_embeddings,
+)
 from backends.openai_proxy.engines import profile_for, split_base_url
 from backends.openai_proxy.errors import from_exception, from_status, is_retryable
 from backends.openai_proxy.health import CircuitBreaker, HealthTracker
@@ -83,6 +93,11 @@ class OpenAIProxyBackend:
         self._stopping = False
         self._discovered = False
         self._upstream_context: int | None = None
+        # An upstream serving an embedding model says so with the `embed` capability.
+        embeds = "embed" in config.capabilities
+        # Token-id prompts and suffix are forwarded; the upstream accepts or refuses them.
+        relayed = TEXT_GENERATION | {Feature.PROMPT_TOKEN_IDS, Feature.SUFFIX}
+        self._features = frozenset({Feature.EMBEDDINGS}) if embeds else relayed
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -131,6 +146,7 @@ class OpenAIProxyBackend:
         return ModelInfo(
             max_context=self._config.max_context or self._upstream_context,
             owned_by=self._config.engine,
+            features=self._features,
             extra={
                 "backend": "openai",
                 "engine": self._config.engine,
@@ -141,17 +157,22 @@ class OpenAIProxyBackend:
 
     # ------------------------------------------------------------------ data path
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
+    def _admit(self) -> aiohttp.ClientSession:
+        """The session for one more request; refused while stopped or the breaker is open."""
         session = self._session
         if session is None or self._stopping:
             raise NotReady(f"model {self._config.name!r} is not started")
-        queued_at = time.time()
         decision = self._breaker.check(time.monotonic())
         if not decision.allowed:
             raise UpstreamUnavailable(
                 f"upstream for {self._config.name!r} is failing; circuit open",
                 retry_after=max(decision.retry_after, 0.1),
             )
+        return session
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
+        queued_at = time.time()
+        session = self._admit()
         async with self._slot():
             if self._stopping:  # stopped while this request waited for a slot
                 raise BackendCrashed("backend stopped")
@@ -169,6 +190,45 @@ class OpenAIProxyBackend:
             finally:
                 self._streams.discard(stream)
                 stream.close()
+
+    async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
+        """Relay to the upstream's /v1/embeddings: same breaker, slots and retries as
+        generation (a retry is safe: nothing has reached the client)."""
+        queued_at = time.time()
+        session = self._admit()
+        body = embeddings_body(request, self._upstream_model)
+        try:
+            async with asyncio.timeout(request.timeout), self._slot():
+                started_at = time.time()
+                vectors, tokens = await self._post_embeddings(session, body, request.size)
+        except TimeoutError:
+            raise UpstreamTimeout(f"upstream embeddings took over {request.timeout:g}s") from None
+        waited = time.time() - started_at
+        self._hop.latency.observe(waited)
+        if tokens is None:  # an upstream without usage: count ~4 characters a token
+            tokens = sum((len(t) + 3) // 4 for t in request.texts) or sum(
+                len(ids) for ids in request.token_ids
+            )
+        return EmbeddingResult(vectors, tokens, queued_at, started_at, upstream_seconds=waited)
+
+    async def _post_embeddings(
+        self, session: aiohttp.ClientSession, body: bytes, expected: int
+    ) -> tuple[tuple[tuple[float, ...], ...], int | None]:
+        attempt = 0
+        while True:
+            try:
+                answer = await post_embeddings(session, self._api + EMBEDDINGS_PATH, body, expected)
+            except BackendError as error:
+                self._hop.count(outcome_label(error))
+                self._account(error)
+                if self._stopping or not is_retryable(error) or attempt >= self._config.retries:
+                    raise
+                await asyncio.sleep(self._backoff(attempt, error))
+                attempt += 1
+                continue
+            self._hop.count("200")
+            self._breaker.record_success()
+            return answer
 
     async def _open(
         self, session: aiohttp.ClientSession, url: str, body: bytes, request: GenerationRequest

@@ -27,7 +27,9 @@ def build_body(
     if chat:
         body["messages"] = [{"role": m.role, "content": m.content} for m in request.messages]
     else:
-        body["prompt"] = request.prompt
+        body["prompt"] = list(request.prompt_token_ids) or request.prompt
+        if request.suffix is not None:
+            body["suffix"] = request.suffix
     _add_sampling(body, request, chat=chat, profile=profile)
     body["stream"] = True
     body["stream_options"] = {"include_usage": True}
@@ -73,4 +75,4 @@ def estimate_prompt_tokens(request: GenerationRequest) -> int:
     if request.kind is RequestKind.CHAT:
         chars = sum(len(m.content) for m in request.messages)
         return (chars + 3) // 4 + 4 * len(request.messages)
-    return (len(request.prompt) + 3) // 4
+    return len(request.prompt_token_ids) or (len(request.prompt) + 3) // 4

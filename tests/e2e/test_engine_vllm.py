@@ -82,3 +82,25 @@ class TestVLLM(EngineSuite):
             time.sleep(0.2)
         generated = vllm_metric(engine, "vllm:generation_tokens_total") - generated_before
         assert generated < 900  # aborted, not run to max_tokens
+
+    def test_completions_prompt_list_and_token_ids_pass_through(
+        self, client: openai.OpenAI, model: str
+    ) -> None:
+        from transformers import AutoTokenizer
+
+        from tests.tools.engines import model_folder
+        from tests.tools.schemas import validate
+
+        prompts = ["The capital of France is", "One, two,"]
+        by_text = client.completions.create(
+            model=model, prompt=prompts, max_tokens=5, temperature=0
+        )
+        validate("CreateCompletionResponse", by_text.model_dump(exclude_unset=True))
+        assert [c.index for c in by_text.choices] == [0, 1]
+        ids = [AutoTokenizer.from_pretrained(model_folder())(p)["input_ids"] for p in prompts]
+        by_ids = client.completions.create(model=model, prompt=ids, max_tokens=5, temperature=0)
+        assert [c.text for c in by_ids.choices] == [c.text for c in by_text.choices]
+        echoed = client.completions.create(
+            model=model, prompt=prompts[0], max_tokens=5, temperature=0, echo=True
+        )
+        assert echoed.choices[0].text == prompts[0] + by_text.choices[0].text

@@ -324,3 +324,61 @@ def test_metrics_and_request_id(server: RunningServer) -> None:
     ):
         assert f'"{field}"' in line, field
     assert "Hi" not in line.split('"request_id"')[0]
+
+
+# --------------------------------------------------------------------------- full completions
+
+
+def test_completions_prompt_list_token_ids_and_echo(
+    client: openai.OpenAI, tokenizer: object
+) -> None:
+    prompts = ["The capital of France is", "One, two, three,"]
+    each = [
+        client.completions.create(model=MODEL, prompt=p, max_tokens=6, temperature=0)
+        for p in prompts
+    ]
+    both = client.completions.create(model=MODEL, prompt=prompts, max_tokens=6, temperature=0)
+    validate("CreateCompletionResponse", both.model_dump(exclude_unset=True))
+    assert [c.index for c in both.choices] == [0, 1]
+    assert [c.text for c in both.choices] == [r.choices[0].text for r in each]
+    assert both.usage is not None and both.usage.prompt_tokens == sum(
+        r.usage.prompt_tokens for r in each if r.usage
+    )
+    ids = [tokenizer(p)["input_ids"] for p in prompts]  # type: ignore[operator]
+    by_ids = client.completions.create(model=MODEL, prompt=ids, max_tokens=6, temperature=0)
+    assert [c.text for c in by_ids.choices] == [c.text for c in both.choices]
+    echoed = client.completions.create(
+        model=MODEL, prompt=prompts[0], max_tokens=6, temperature=0, echo=True
+    )
+    assert echoed.choices[0].text == prompts[0] + each[0].choices[0].text
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=MODEL, prompt="def f(", suffix="return 1", max_tokens=4)
+    assert refused.value.body["param"] == "suffix"  # type: ignore[index]
+
+
+def test_completions_best_of_ranks_by_mean_logprob(client: openai.OpenAI) -> None:
+    reply = client.completions.create(
+        model=MODEL,
+        prompt="My favourite animal is",
+        max_tokens=6,
+        temperature=1.0,
+        seed=7,
+        n=2,
+        best_of=4,
+        logprobs=0,
+    )
+    validate("CreateCompletionResponse", reply.model_dump(exclude_unset=True))
+    assert [c.index for c in reply.choices] == [0, 1]
+    means = []
+    for choice in reply.choices:
+        assert choice.logprobs is not None and choice.logprobs.token_logprobs
+        values = choice.logprobs.token_logprobs
+        means.append(sum(values) / len(values))  # type: ignore[arg-type]
+    assert means[0] >= means[1]
+    assert reply.usage is not None
+    returned = sum(len(c.logprobs.token_logprobs or []) for c in reply.choices if c.logprobs)
+    assert reply.usage.completion_tokens > returned  # all four were generated
+    plain = client.completions.create(
+        model=MODEL, prompt="Hi", max_tokens=3, n=1, best_of=2, temperature=1.0
+    )
+    assert len(plain.choices) == 1 and plain.choices[0].logprobs is None

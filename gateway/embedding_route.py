@@ -1,0 +1,51 @@
+"""The plain-ASGI handler of ``POST /v1/embeddings``: the generation call's body reading,
+disconnect watching and error rendering, with the embedding service in the middle."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+
+from backends.base import InvalidRequest
+from gateway.embeddings import EmbeddingService, EmbeddingsWire, embedding_request
+from gateway.errors import from_validation_error
+from gateway.routes import GenerationCall
+
+_JSON = (b"content-type", b"application/json")
+
+
+class EmbeddingCall(GenerationCall):
+    """One embedding request on one connection; owned by the task that runs it."""
+
+    __slots__ = ()
+
+    async def run_embedding(self) -> None:
+        await self.guarded(self._embed())
+
+    async def _embed(self) -> None:
+        record = self.record
+        state = self._state
+        body = await self._read_body(state.max_body_bytes)
+        wire = _parse(body)
+        request = embedding_request(wire, record.request_id, record.arrival_time)
+        record.requested_model = request.model
+        service = EmbeddingService(state.registry, state.gateway_metrics)
+        async with self._watch_disconnect():
+            payload = await service.embed(request, record, wire.encoding_format)
+        headers = [
+            _JSON,
+            (b"x-request-id", record.request_id.encode()),
+            (b"server-timing", f"total;dur={record.elapsed * 1000.0:.2f}".encode()),
+        ]
+        await self._respond(200, orjson.dumps(payload), headers)
+
+
+def _parse(body: Any) -> EmbeddingsWire:
+    if not isinstance(body, dict):
+        raise InvalidRequest("request body must be a JSON object")
+    try:
+        return EmbeddingsWire.model_validate(body)
+    except ValidationError as exc:
+        raise from_validation_error(exc) from None
