@@ -20,20 +20,14 @@ import contextlib
 import logging
 import re
 import secrets
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
 from typing import Any, TypeVar
 
 import orjson
-from pydantic import ValidationError
 
 from backends.base import BackendError, GenerationRequest, InvalidRequest
-from gateway.errors import (
-    InternalError,
-    MethodNotAllowed,
-    RequestTooLarge,
-    error_body,
-    from_validation_error,
-)
+from gateway.endpoints import ChatPresenter, Prepare, Prepared, parse_wire
+from gateway.errors import InternalError, MethodNotAllowed, RequestTooLarge, error_body
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from gateway.service import Generation, server_timing
 from gateway.state import AppState
@@ -71,6 +65,7 @@ class GatewayASGI:
         self._routes: dict[str, Callable[[Scope, Receive, Send], Awaitable[None]]] = {
             "/v1/chat/completions": self._chat,
             "/v1/completions": self._completion,
+            "/v1/responses": self._responses,
         }
 
     def lifespan(self) -> contextlib.AbstractAsyncContextManager[None]:
@@ -103,6 +98,10 @@ class GatewayASGI:
             CompletionRequest, completion_request
         )
 
+    async def _responses(self, scope: Scope, receive: Receive, send: Send) -> None:
+        call = GenerationCall(self.state, scope, receive, send)
+        await call.serve(lambda body: self.state.responses.prepare(body, call.record))
+
 
 class GenerationCall:
     """One generation request on one connection; owned by the task that runs it."""
@@ -133,15 +132,26 @@ class GenerationCall:
         wire_type: type[_WireT],
         translate: Callable[[_WireT, str, float], GenerationRequest],
     ) -> None:
+        """Chat and completions: parse, translate, answer with the service's shapes."""
+        record = self.record
+
+        async def prepare(body: Any) -> Prepared:
+            wire = parse_wire(wire_type, body)
+            report_unknown_fields(wire, record.request_id)
+            request = translate(wire, record.request_id, record.arrival_time)
+            include_usage = bool(wire.stream_options and wire.stream_options.include_usage)
+            return Prepared(request, wire.stream, ChatPresenter(self._state.service, include_usage))
+
+        await self.serve(prepare)
+
+    async def serve(self, prepare: Prepare) -> None:
+        """Read the body, ``prepare`` it, route it and answer with its presenter."""
         record = self.record
         try:
             body = await self._read_body(self._state.max_body_bytes)
-            wire = _parse(wire_type, body)
-            report_unknown_fields(wire, record.request_id)
-            request = translate(wire, record.request_id, record.arrival_time)
-            record.requested_model = request.model
-            include_usage = bool(wire.stream_options and wire.stream_options.include_usage)
-            await self._serve(request, stream=wire.stream, include_usage=include_usage)
+            prepared = await prepare(body)
+            record.requested_model = prepared.request.model
+            await self._serve(prepared)
         except ClientDisconnected:
             record.fail("disconnected", None)
         except BackendError as exc:
@@ -155,20 +165,17 @@ class GenerationCall:
             if record.model:
                 record.finish()
 
-    async def _serve(
-        self, request: GenerationRequest, *, stream: bool, include_usage: bool
-    ) -> None:
+    async def _serve(self, prepared: Prepared) -> None:
         service = self._state.service
         async with self._watch_disconnect():
-            generation = await service.open(request, self.record)
-            if stream:
-                await self._stream(generation, include_usage)
+            generation = await service.open(prepared.request, self.record)
+            if prepared.stream:
+                await self._stream(generation, prepared.presenter.frames(generation))
                 return
-            body = await service.complete(generation)
-            await self._respond(200, orjson.dumps(body), self._headers(generation, _JSON))
+            body = await prepared.presenter.body(generation)
+            await self._respond(200, body, self._headers(generation, _JSON))
 
-    async def _stream(self, generation: Generation, include_usage: bool) -> None:
-        frames = self._state.service.stream(generation, include_usage)
+    async def _stream(self, generation: Generation, frames: AsyncGenerator[bytes, None]) -> None:
         try:
             await self._start(200, self._headers(generation, *_SSE_HEADERS))
             send = self._send
@@ -270,12 +277,3 @@ def _request_id(scope: Scope) -> str:
         if key == b"x-request-id" and _REQUEST_ID.match(value):
             return bytes(value).decode()
     return secrets.token_hex(16)
-
-
-def _parse(model: type[_WireT], body: Any) -> _WireT:
-    if not isinstance(body, dict):
-        raise InvalidRequest("request body must be a JSON object")
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        raise from_validation_error(exc) from None

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry
 from backends.metrics import BackendMetrics
 from config.schema import AppConfig
 from gateway.metrics import GatewayMetrics
+from gateway.openai_responses.endpoint import ResponsesEndpoint
 from gateway.registry import ModelRegistry
 from gateway.service import CompletionService
 
@@ -23,6 +24,7 @@ class AppState:
     backend_metrics: BackendMetrics
     registry: ModelRegistry
     service: CompletionService
+    responses: ResponsesEndpoint
     admin_key: str | None
     started_at: int
 

@@ -1,0 +1,308 @@
+"""``/v1/responses`` in-process over ASGI with a scripted backend: shapes and every stream
+event validated against OpenAI's ``Response`` / ``ResponseStreamEvent`` schemas, the
+translation onto the chat contract, the store, and every refusal naming its ``param``."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from backends.base import (
+    Backend,
+    BackendEvent,
+    Feature,
+    Finished,
+    GenerationRequest,
+    ModelInfo,
+    Started,
+    TextDelta,
+    ToolCallDelta,
+    UpstreamUnavailable,
+    Usage,
+)
+from config.schema import AppConfig, ModelConfig
+from gateway.app import build_app
+from tests.tools.schemas import validate
+
+FEATURES = frozenset(Feature)
+
+
+class ScriptedBackend:
+    """Replies with the words of the last message; ``call <name> <json>`` makes it call
+    a tool; model ``broken`` fails after its first word."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        self.name = config.name
+        self.calls: list[GenerationRequest] = []
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def ready(self) -> bool:
+        return True
+
+    def info(self) -> ModelInfo:
+        return ModelInfo(max_context=4096, features=FEATURES)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
+        self.calls.append(request)
+        yield Started(queued_at=1.0, started_at=1.5)
+        words = request.messages[-1].content.split()
+        if words[:1] == ["call"]:
+            arguments = " ".join(words[2:])
+            yield ToolCallDelta(index=0, call_index=0, id="call_1", name=words[1])
+            for start in range(0, len(arguments), 4):
+                yield ToolCallDelta(
+                    index=0, call_index=0, arguments_fragment=arguments[start : start + 4]
+                )
+            yield Finished(index=0, reason="tool_calls")
+            yield Usage(prompt_tokens=7, completion_tokens=5)
+            return
+        budget = min(len(words), request.sampling.max_tokens)
+        for position, word in enumerate(words[:budget]):
+            if self.name == "broken" and position == 1:
+                raise UpstreamUnavailable("lost the upstream mid-stream")
+            yield TextDelta(index=0, text=word if position == 0 else " " + word)
+        yield Finished(index=0, reason="length" if budget < len(words) else "stop")
+        yield Usage(prompt_tokens=len(words), completion_tokens=budget)
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    backends: dict[str, ScriptedBackend] = {}
+
+    def factory(model: ModelConfig, _on_crash: Any) -> Backend:
+        backends[model.name] = ScriptedBackend(model)
+        return backends[model.name]
+
+    models = [
+        {"name": n, "backend": "openai", "base_url": "http://unused"} for n in ("alpha", "broken")
+    ]
+    config = AppConfig.model_validate({"models": models, "responses": {"max_entries": 4}})
+    app = build_app(config, backend_factory=factory)
+    async with (
+        app.lifespan(),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http,
+    ):
+        http.backends = backends  # type: ignore[attr-defined]
+        yield http
+
+
+def events_of(text: str) -> list[dict[str, Any]]:
+    events = []
+    for block in text.split("\n\n"):
+        if not block:
+            continue
+        head, data = block.split("\n")
+        event = orjson.loads(data.removeprefix("data: "))
+        assert head == f"event: {event['type']}"
+        validate("ResponseStreamEvent", event)
+        events.append(event)
+    assert [event["sequence_number"] for event in events] == list(range(len(events)))
+    return events
+
+
+def assert_error(response: httpx.Response, status: int, param: str | None) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    body: dict[str, Any] = response.json()
+    validate("ErrorResponse", body)
+    assert body["error"]["param"] == param
+    return body
+
+
+async def create(client: httpx.AsyncClient, **fields: Any) -> httpx.Response:
+    return await client.post("/v1/responses", json={"model": "alpha", **fields})
+
+
+async def test_text_response_shape(client: httpx.AsyncClient) -> None:
+    response = await create(client, input="hello there world", metadata={"k": "v"}, user="u1")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    validate("Response", body)
+    assert body["id"].startswith("resp_") and body["object"] == "response"
+    assert body["status"] == "completed" and body["model"] == "alpha"
+    [message] = body["output"]
+    assert message["type"] == "message" and message["role"] == "assistant"
+    assert message["content"][0]["text"] == "hello there world"
+    assert body["usage"]["input_tokens"] == 3 and body["usage"]["total_tokens"] == 6
+    assert body["metadata"] == {"k": "v"} and body["user"] == "u1"
+    request = client.backends["alpha"].calls[-1]  # type: ignore[attr-defined]
+    assert request.messages[-1].role == "user" and request.user == "u1"
+
+
+async def test_instructions_items_and_sampling_reach_the_chat_contract(
+    client: httpx.AsyncClient,
+) -> None:
+    items = [
+        {"role": "developer", "content": "be brief"},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+        {
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "yo", "annotations": []}],
+        },
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "42"},
+        {"role": "user", "content": "again"},
+    ]
+    response = await create(
+        client, input=items, instructions="sys", temperature=0, top_p=0.5, max_output_tokens=9
+    )
+    assert response.status_code == 200, response.text
+    request = client.backends["alpha"].calls[-1]  # type: ignore[attr-defined]
+    roles = [message.role for message in request.messages]
+    assert roles == ["system", "developer", "user", "assistant", "tool", "user"]
+    assistant = request.messages[3]
+    assert assistant.content == "yo" and assistant.tool_calls[0].name == "f"
+    assert request.messages[4].tool_call_id == "c1" and request.messages[4].content == "42"
+    assert request.sampling.temperature == 0 and request.sampling.top_p == 0.5
+    assert request.sampling.max_tokens == 9 and request.max_tokens_explicit
+
+
+async def test_max_output_tokens_makes_it_incomplete(client: httpx.AsyncClient) -> None:
+    body = (await create(client, input="one two three", max_output_tokens=2)).json()
+    validate("Response", body)
+    assert body["status"] == "incomplete"
+    assert body["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert body["output"][0]["content"][0]["text"] == "one two"
+
+
+async def test_stream_events_in_openai_order(client: httpx.AsyncClient) -> None:
+    response = await create(client, input="a b c", stream=True)
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = events_of(response.text)
+    kinds = [event["type"] for event in events]
+    assert kinds == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        *["response.output_text.delta"] * 3,
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    final = events[-1]["response"]
+    assert final["status"] == "completed" and final["usage"]["output_tokens"] == 3
+    assert "".join(e["delta"] for e in events if e["type"].endswith("text.delta")) == "a b c"
+    assert final["output"][0] == events[-2]["item"]
+    assert len({event["response"]["id"] for event in (events[0], events[-1])}) == 1
+
+
+async def test_tool_call_streams_as_function_call_item(client: httpx.AsyncClient) -> None:
+    tools = [{"type": "function", "name": "weather", "parameters": {"type": "object"}}]
+    arguments = '{"city":"Paris"}'
+    response = await create(client, input=f"call weather {arguments}", tools=tools, stream=True)
+    events = events_of(response.text)
+    kinds = [event["type"] for event in events]
+    assert kinds[2] == "response.output_item.added"
+    assert set(kinds[3:-3]) == {"response.function_call_arguments.delta"}
+    assert kinds[-3:] == [
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert events[-3]["arguments"] == arguments and events[-3]["name"] == "weather"
+    [call] = events[-1]["response"]["output"]
+    assert call["type"] == "function_call" and call["call_id"] == "call_1"
+    assert call["arguments"] == arguments
+    request = client.backends["alpha"].calls[-1]  # type: ignore[attr-defined]
+    assert request.tools[0].name == "weather" and orjson.loads(request.tools[0].parameters)
+
+
+async def test_tool_call_non_streamed(client: httpx.AsyncClient) -> None:
+    tools = [{"type": "function", "name": "f", "parameters": None, "strict": True}]
+    body = (
+        await create(client, input='call f {"a":1}', tools=tools, tool_choice="required")
+    ).json()
+    validate("Response", body)
+    assert body["output"][0]["arguments"] == '{"a":1}'
+    request = client.backends["alpha"].calls[-1]  # type: ignore[attr-defined]
+    assert request.tool_choice.mode == "required"
+
+
+async def test_failure_mid_stream_is_response_failed(client: httpx.AsyncClient) -> None:
+    response = await create(client, model="broken", input="x y z", stream=True)
+    events = events_of(response.text)
+    assert events[-1]["type"] == "response.failed"
+    failed = events[-1]["response"]
+    assert failed["status"] == "failed" and failed["error"]["code"] == "server_error"
+    assert failed["output"][0]["status"] == "incomplete"
+
+
+async def test_previous_response_id_continues_and_get_delete(client: httpx.AsyncClient) -> None:
+    first = (await create(client, input="first turn", instructions="only once")).json()
+    second = await create(client, input="second turn", previous_response_id=first["id"])
+    assert second.status_code == 200
+    validate("Response", second.json())
+    assert second.json()["previous_response_id"] == first["id"]
+    request = client.backends["alpha"].calls[-1]  # type: ignore[attr-defined]
+    assert [(m.role, m.content) for m in request.messages] == [
+        ("user", "first turn"),
+        ("assistant", "first turn"),
+        ("user", "second turn"),
+    ]
+    fetched = await client.get(f"/v1/responses/{first['id']}")
+    assert fetched.json() == first
+    deleted = await client.delete(f"/v1/responses/{first['id']}")
+    assert deleted.json() == {"id": first["id"], "object": "response.deleted", "deleted": True}
+    assert_error(await client.get(f"/v1/responses/{first['id']}"), 404, None)
+    assert_error(await client.delete(f"/v1/responses/{first['id']}"), 404, None)
+    again = await create(client, input="x", previous_response_id=first["id"])
+    assert_error(again, 404, "previous_response_id")
+
+
+async def test_store_false_and_lru_bound(client: httpx.AsyncClient) -> None:
+    unstored = (await create(client, input="x", store=False)).json()
+    assert unstored["store"] is False
+    assert_error(await client.get(f"/v1/responses/{unstored['id']}"), 404, None)
+    ids = [(await create(client, input=f"n{i}")).json()["id"] for i in range(5)]
+    assert (await client.get(f"/v1/responses/{ids[0]}")).status_code == 404  # max_entries 4
+    assert (await client.get(f"/v1/responses/{ids[-1]}")).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"tools": [{"type": "function"}]}, "tools[0].name"),
+        ({"tool_choice": {"type": "file_search"}}, "tool_choice"),
+        ({"background": True}, "background"),
+        ({"include": ["file_search_call.results"]}, "include"),
+        ({"reasoning": {"effort": "high"}}, "reasoning"),
+        ({"truncation": "auto"}, "truncation"),
+        ({"prompt": {"id": "p"}}, "prompt"),
+        ({"text": {"format": {"type": "grammar"}}}, "text.format.type"),
+        ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
+            "input[0].content[0]",
+        ),
+        ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
+        ({"input": [{"type": "function_call", "name": "f"}]}, "input[0].call_id"),
+        ({"input": []}, "input"),
+        ({"temperature": 3}, "temperature"),
+        ({"max_output_tokens": 0}, "max_output_tokens"),
+    ],
+)
+async def test_refusals_name_the_param(
+    client: httpx.AsyncClient, fields: dict[str, Any], param: str
+) -> None:
+    response = await create(client, **{"input": "hi", **fields})
+    assert_error(response, 400, param)
+
+
+async def test_json_schema_format_reaches_the_contract(client: httpx.AsyncClient) -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    text = {"format": {"type": "json_schema", "name": "thing", "schema": schema, "strict": True}}
+    body = (await create(client, input="x", text=text)).json()
+    validate("Response", body)
+    assert body["text"]["format"]["name"] == "thing"
+    request = client.backends["alpha"].calls[-1]  # type: ignore[attr-defined]
+    assert request.response_format.type == "json_schema"
+    assert orjson.loads(request.response_format.schema or "") == schema
