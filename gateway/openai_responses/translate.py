@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-import orjson
 from pydantic import BaseModel, ValidationError
 
 from backends.base import (
@@ -36,6 +35,7 @@ from gateway.openai_responses.wire import (
     MessageItem,
     ResponsesRequest,
 )
+from gateway.tool_wire import schema_text
 from gateway.translate import UNSET_MAX_TOKENS
 
 Item = dict[str, Any]
@@ -68,6 +68,7 @@ def generation_request(
     if not any(message.role != "system" for message in messages):
         raise InvalidRequest("input must contain at least one item", param="input")
     limit = wire.max_output_tokens
+    tools = tool_specs(wire.tools or [])
     return GenerationRequest(
         request_id=request_id,
         model=wire.model,
@@ -81,8 +82,8 @@ def generation_request(
         max_tokens_explicit=limit is not None,
         arrival_time=arrival,
         user=wire.user or wire.safety_identifier,
-        tools=tool_specs(wire.tools or []),
-        tool_choice=tool_choice(wire.tool_choice),
+        tools=tools,
+        tool_choice=tool_choice(wire.tool_choice, tools),
         parallel_tool_calls=wire.parallel_tool_calls,
         response_format=response_format(wire),
     )
@@ -170,6 +171,10 @@ def _text_of(parts: list[dict[str, Any]], where: str, expected: str) -> str:
     return "".join(texts)
 
 
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
 def _is_text(raw: Any) -> bool:
     return isinstance(raw, dict) and raw.get("type") in ("input_text", "output_text")
 
@@ -192,7 +197,7 @@ def tool_specs(tools: list[dict[str, Any]]) -> tuple[ToolSpec, ...]:
             ToolSpec(
                 name=tool.name,
                 description=tool.description,
-                parameters=orjson.dumps(parameters).decode(),
+                parameters=schema_text(parameters, f"{where}.parameters"),
                 strict=tool.strict,
             )
         )
@@ -202,17 +207,29 @@ def tool_specs(tools: list[dict[str, Any]]) -> tuple[ToolSpec, ...]:
     return tuple(specs)
 
 
-def tool_choice(raw: str | dict[str, Any] | None) -> ToolChoice | None:
+def tool_choice(raw: str | dict[str, Any] | None, specs: Sequence[ToolSpec]) -> ToolChoice | None:
     if raw is None:
         return None
     if raw in ("none", "auto", "required"):
-        return ToolChoice(raw)  # type: ignore[arg-type]
-    if isinstance(raw, dict) and raw.get("type") == "function" and isinstance(raw.get("name"), str):
-        return ToolChoice("named", raw["name"])
-    raise InvalidRequest(
-        "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'name': ...}",
-        param="tool_choice",
-    )
+        choice = ToolChoice(raw)  # type: ignore[arg-type]
+    elif (
+        isinstance(raw, dict) and raw.get("type") == "function" and isinstance(raw.get("name"), str)
+    ):
+        choice = ToolChoice("named", raw["name"])
+    else:
+        raise InvalidRequest(
+            "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'name': ...}",
+            param="tool_choice",
+        )
+    if choice.mode != "none" and not specs:
+        raise InvalidRequest(
+            "tool_choice is only allowed when tools are specified", param="tool_choice"
+        )
+    if choice.mode == "named" and choice.name not in {spec.name for spec in specs}:
+        raise InvalidRequest(
+            f"tool_choice names an unknown function {choice.name!r}", param="tool_choice"
+        )
+    return choice
 
 
 def response_format(wire: ResponsesRequest) -> ResponseFormat:
@@ -227,7 +244,7 @@ def response_format(wire: ResponsesRequest) -> ResponseFormat:
         return ResponseFormat(
             "json_schema",
             name=spec.name,
-            schema=orjson.dumps(spec.schema_).decode(),
+            schema=schema_text(spec.schema_, "text.format.schema"),
             strict=spec.strict,
             description=spec.description,
         )

@@ -11,80 +11,21 @@ import httpx
 import orjson
 import pytest
 
-from backends.base import (
-    Backend,
-    BackendEvent,
-    Feature,
-    Finished,
-    GenerationRequest,
-    ModelInfo,
-    Started,
-    TextDelta,
-    ToolCallDelta,
-    UpstreamUnavailable,
-    Usage,
-)
-from config.schema import AppConfig, ModelConfig
+from config.schema import AppConfig
 from gateway.app import build_app
 from tests.tools.schemas import validate
-
-FEATURES = frozenset(Feature)
-
-
-class ScriptedBackend:
-    """Replies with the words of the last message; ``call <name> <json>`` makes it call
-    a tool; model ``broken`` fails after its first word."""
-
-    def __init__(self, config: ModelConfig) -> None:
-        self.name = config.name
-        self.calls: list[GenerationRequest] = []
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-    async def ready(self) -> bool:
-        return True
-
-    def info(self) -> ModelInfo:
-        return ModelInfo(max_context=4096, features=FEATURES)
-
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
-        self.calls.append(request)
-        yield Started(queued_at=1.0, started_at=1.5)
-        words = request.messages[-1].content.split()
-        if words[:1] == ["call"]:
-            arguments = " ".join(words[2:])
-            yield ToolCallDelta(index=0, call_index=0, id="call_1", name=words[1])
-            for start in range(0, len(arguments), 4):
-                yield ToolCallDelta(
-                    index=0, call_index=0, arguments_fragment=arguments[start : start + 4]
-                )
-            yield Finished(index=0, reason="tool_calls")
-            yield Usage(prompt_tokens=7, completion_tokens=5)
-            return
-        budget = min(len(words), request.sampling.max_tokens)
-        for position, word in enumerate(words[:budget]):
-            if self.name == "broken" and position == 1:
-                raise UpstreamUnavailable("lost the upstream mid-stream")
-            yield TextDelta(index=0, text=word if position == 0 else " " + word)
-        yield Finished(index=0, reason="length" if budget < len(words) else "stop")
-        yield Usage(prompt_tokens=len(words), completion_tokens=budget)
+from tests.tools.scripted_responses import ScriptedBackend, scripted_factory
 
 
 @pytest.fixture
 async def client() -> AsyncIterator[httpx.AsyncClient]:
     backends: dict[str, ScriptedBackend] = {}
 
-    def factory(model: ModelConfig, _on_crash: Any) -> Backend:
-        backends[model.name] = ScriptedBackend(model)
-        return backends[model.name]
-
     models = [
         {"name": n, "backend": "openai", "base_url": "http://unused"} for n in ("alpha", "broken")
     ]
     config = AppConfig.model_validate({"models": models, "responses": {"max_entries": 4}})
-    app = build_app(config, backend_factory=factory)
+    app = build_app(config, backend_factory=scripted_factory(backends))
     async with (
         app.lifespan(),
         httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http,
@@ -272,6 +213,18 @@ async def test_store_false_and_lru_bound(client: httpx.AsyncClient) -> None:
         ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"tools": [{"type": "function"}]}, "tools[0].name"),
         ({"tool_choice": {"type": "file_search"}}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        (
+            {
+                "tools": [{"type": "function", "name": "f"}],
+                "tool_choice": {"type": "function", "name": "g"},
+            },
+            "tool_choice",
+        ),
+        (
+            {"tools": [{"type": "function", "name": "f", "parameters": {"type": 5}}]},
+            "tools[0].parameters",
+        ),
         ({"background": True}, "background"),
         ({"include": ["file_search_call.results"]}, "include"),
         ({"reasoning": {"effort": "high"}}, "reasoning"),

@@ -1,0 +1,77 @@
+"""A scripted backend for the ``/v1/responses`` service tests: it answers with text or
+tool calls, as the test's input asks, and records every request it got."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from backends.base import (
+    Backend,
+    BackendEvent,
+    Feature,
+    Finished,
+    GenerationRequest,
+    ModelInfo,
+    Started,
+    TextDelta,
+    ToolCallDelta,
+    UpstreamUnavailable,
+    Usage,
+)
+from config.schema import ModelConfig
+
+FEATURES = frozenset(Feature)
+
+
+class ScriptedBackend:
+    """Replies with the words of the last message; ``call <name> <json>`` makes it call
+    a tool; model ``broken`` fails after its first word."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        self.name = config.name
+        self.calls: list[GenerationRequest] = []
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def ready(self) -> bool:
+        return True
+
+    def info(self) -> ModelInfo:
+        return ModelInfo(max_context=4096, features=FEATURES)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
+        self.calls.append(request)
+        yield Started(queued_at=1.0, started_at=1.5)
+        words = request.messages[-1].content.split()
+        if words[:1] == ["call"]:
+            arguments = " ".join(words[2:])
+            yield ToolCallDelta(index=0, call_index=0, id="call_1", name=words[1])
+            for start in range(0, len(arguments), 4):
+                yield ToolCallDelta(
+                    index=0, call_index=0, arguments_fragment=arguments[start : start + 4]
+                )
+            yield Finished(index=0, reason="tool_calls")
+            yield Usage(prompt_tokens=7, completion_tokens=5)
+            return
+        budget = min(len(words), request.sampling.max_tokens)
+        for position, word in enumerate(words[:budget]):
+            if self.name == "broken" and position == 1:
+                raise UpstreamUnavailable("lost the upstream mid-stream")
+            yield TextDelta(index=0, text=word if position == 0 else " " + word)
+        yield Finished(index=0, reason="length" if budget < len(words) else "stop")
+        yield Usage(prompt_tokens=len(words), completion_tokens=budget)
+
+
+def scripted_factory(
+    backends: dict[str, ScriptedBackend],
+) -> Callable[[ModelConfig, Any], Backend]:
+    """A ``backend_factory`` for ``build_app`` that keeps each backend in ``backends``."""
+
+    def factory(model: ModelConfig, _on_crash: Any) -> Backend:
+        backends[model.name] = ScriptedBackend(model)
+        return backends[model.name]
+
+    return factory
