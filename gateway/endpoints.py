@@ -35,11 +35,14 @@ class Presenter(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
-    """A parsed, translated request and how to answer it."""
+    """A parsed, translated request and how to answer it. ``wire_param`` renames the
+    ``param`` of an error raised in chat notation (by routing or a backend) into this
+    endpoint's own field names."""
 
     request: GenerationRequest
     stream: bool
     presenter: Presenter
+    wire_param: Callable[[str], str] | None = None
 
 
 Prepare = Callable[[Any], Awaitable[Prepared]]

@@ -168,7 +168,12 @@ class GenerationCall:
     async def _serve(self, prepared: Prepared) -> None:
         service = self._state.service
         async with self._watch_disconnect():
-            generation = await service.open(prepared.request, self.record)
+            try:
+                generation = await service.open(prepared.request, self.record)
+            except BackendError as exc:
+                if exc.param and prepared.wire_param is not None:
+                    exc.param = prepared.wire_param(exc.param)
+                raise
             if prepared.stream:
                 await self._stream(generation, prepared.presenter.frames(generation))
                 return

@@ -22,7 +22,7 @@ from gateway.errors import InternalError
 from gateway.openai_responses.output import OutputAssembler
 from gateway.openai_responses.render import EventWriter, ResponseShape, new_id
 from gateway.openai_responses.store import ResponseNotFound, ResponseStore, StoredResponse
-from gateway.openai_responses.translate import generation_request, input_items
+from gateway.openai_responses.translate import generation_request, input_items, wire_param
 from gateway.openai_responses.wire import ResponsesRequest
 from gateway.service import CompletionService, Generation
 from gateway.tracking import RequestRecord
@@ -57,7 +57,7 @@ class ResponsesEndpoint:
         )
         shape = ResponseShape(new_id("resp"), int(record.arrival_time), wire.model, wire)
         presenter = ResponsesPresenter(self, shape, conversation, keep=wire.stores)
-        return Prepared(request, wire.stream, presenter)
+        return Prepared(request, wire.stream, presenter, wire_param)
 
 
 class ResponsesPresenter:

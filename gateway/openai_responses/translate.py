@@ -89,6 +89,24 @@ def generation_request(
     )
 
 
+_CHAT_PARAMS = {
+    "max_tokens": "max_output_tokens",
+    "max_completion_tokens": "max_output_tokens",
+    "response_format": "text.format",
+    "logprobs": "top_logprobs",
+}
+
+
+def wire_param(param: str) -> str:
+    """A chat-notation ``param`` (from routing or a backend) in this API's names; a
+    message index does not map onto one input item (instructions, history, folded
+    calls), so it names ``input`` as a whole."""
+    head = param.split(".", 1)[0].split("[", 1)[0]
+    if head in ("messages", "prompt"):
+        return "input"
+    return _CHAT_PARAMS.get(head, param)
+
+
 def refuse_unsupported(wire: ResponsesRequest) -> None:
     refusals: list[tuple[bool, str, str]] = [
         (bool(wire.background), "background", "background responses are not supported"),

@@ -22,7 +22,8 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
     backends: dict[str, ScriptedBackend] = {}
 
     models = [
-        {"name": n, "backend": "openai", "base_url": "http://unused"} for n in ("alpha", "broken")
+        {"name": n, "backend": "openai", "base_url": "http://unused"}
+        for n in ("alpha", "broken", "plain")
     ]
     config = AppConfig.model_validate({"models": models, "responses": {"max_entries": 4}})
     app = build_app(config, backend_factory=scripted_factory(backends))
@@ -259,3 +260,12 @@ async def test_json_schema_format_reaches_the_contract(client: httpx.AsyncClient
     request = client.backends["alpha"].calls[-1]  # type: ignore[attr-defined]
     assert request.response_format.type == "json_schema"
     assert orjson.loads(request.response_format.schema or "") == schema
+
+
+async def test_backend_errors_name_responses_params(client: httpx.AsyncClient) -> None:
+    too_long = await create(client, input="too long")
+    assert assert_error(too_long, 400, "input")["error"]["code"] == "context_length_exceeded"
+    text = {"format": {"type": "json_object"}}
+    assert_error(await create(client, model="plain", input="x", text=text), 400, "text.format")
+    tools = [{"type": "function", "name": "f"}]
+    assert_error(await create(client, model="plain", input="x", tools=tools), 400, "tools")

@@ -7,8 +7,10 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from backends.base import (
+    TEXT_GENERATION,
     Backend,
     BackendEvent,
+    ContextLengthExceeded,
     Feature,
     Finished,
     GenerationRequest,
@@ -26,7 +28,8 @@ FEATURES = frozenset(Feature)
 
 class ScriptedBackend:
     """Replies with the words of the last message; ``call <name> <json>`` makes it call
-    a tool; model ``broken`` fails after its first word."""
+        a tool; model ``broken`` fails after its first word; model ``plain`` declares no tools
+    or structured outputs; ``too long`` exceeds the context."""
 
     def __init__(self, config: ModelConfig) -> None:
         self.name = config.name
@@ -40,10 +43,13 @@ class ScriptedBackend:
         return True
 
     def info(self) -> ModelInfo:
-        return ModelInfo(max_context=4096, features=FEATURES)
+        features = TEXT_GENERATION if self.name == "plain" else FEATURES
+        return ModelInfo(max_context=4096, features=features)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
         self.calls.append(request)
+        if request.messages[-1].content == "too long":
+            raise ContextLengthExceeded("prompt is too long", param="messages")
         yield Started(queued_at=1.0, started_at=1.5)
         words = request.messages[-1].content.split()
         if words[:1] == ["call"]:
