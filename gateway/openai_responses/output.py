@@ -9,7 +9,7 @@ modes build the very same output.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,12 +17,14 @@ from backends.base import (
     BackendEvent,
     FinishReason,
     TextDelta,
+    TokenLogprob,
     ToolCallDelta,
     Usage,
 )
 from backends.base import Finished as FinishedEvent
 from gateway.openai_responses.render import (
     ItemStatus,
+    event_logprobs,
     function_call_item,
     message_item,
     new_id,
@@ -38,6 +40,7 @@ class _OpenItem:
     item_id: str
     kind: str  # "message" | "function_call"
     parts: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
     call_id: str = ""
     name: str = ""
 
@@ -59,7 +62,7 @@ class OutputAssembler:
 
     def feed(self, event: BackendEvent) -> list[bytes]:
         if isinstance(event, TextDelta):
-            return self._text(event.text) if event.text else []
+            return self._text(event.text, event.logprobs) if event.text or event.logprobs else []
         if isinstance(event, ToolCallDelta):
             return self._tool_call(event)
         if isinstance(event, FinishedEvent):
@@ -83,7 +86,7 @@ class OutputAssembler:
             items.append(self._render(self._open, "incomplete"))
         return items
 
-    def _text(self, text: str) -> list[bytes]:
+    def _text(self, text: str, logprobs: Sequence[TokenLogprob] = ()) -> list[bytes]:
         frames: list[bytes] = []
         item = self._open
         if item is None or item.kind != "message":
@@ -100,10 +103,14 @@ class OutputAssembler:
                 self._emit("response.content_part.added", **self._where(item), part=text_part(""))
             )
         item.parts.append(text)
-        if text:
+        item.logprobs.extend(logprobs)
+        if text or logprobs:
             frames.append(
                 self._emit(
-                    "response.output_text.delta", **self._where(item), delta=text, logprobs=[]
+                    "response.output_text.delta",
+                    **self._where(item),
+                    delta=text,
+                    logprobs=event_logprobs(logprobs),
                 )
             )
         return frames
@@ -156,12 +163,19 @@ class OutputAssembler:
         self.output.append(done)
         where = {"output_index": item.output_index, "item": done}
         if item.kind == "message":
-            text = "".join(item.parts)
+            text, logprobs = "".join(item.parts), item.logprobs
             return [
                 self._emit(
-                    "response.output_text.done", **self._where(item), text=text, logprobs=[]
+                    "response.output_text.done",
+                    **self._where(item),
+                    text=text,
+                    logprobs=event_logprobs(logprobs),
                 ),
-                self._emit("response.content_part.done", **self._where(item), part=text_part(text)),
+                self._emit(
+                    "response.content_part.done",
+                    **self._where(item),
+                    part=text_part(text, logprobs),
+                ),
                 self._emit("response.output_item.done", **where),
             ]
         return [
@@ -188,5 +202,5 @@ class OutputAssembler:
     def _render(item: _OpenItem, status: ItemStatus) -> dict[str, Any]:
         text = "".join(item.parts)
         if item.kind == "message":
-            return message_item(item.item_id, text, status)
+            return message_item(item.item_id, text, status, item.logprobs)
         return function_call_item(item.item_id, item.call_id, item.name, text, status)

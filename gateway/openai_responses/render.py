@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import orjson
 
-from backends.base import BackendError, Usage
+from backends.base import BackendError, TokenLogprob, Usage
 from gateway.openai_responses.wire import ResponsesRequest
 
 Status = Literal["in_progress", "completed", "incomplete", "failed"]
@@ -24,13 +24,39 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(16)}"
 
 
-def text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def text_part(text: str, logprobs: Sequence[TokenLogprob] = ()) -> dict[str, Any]:
+    rendered = [
+        {
+            "token": entry.token,
+            "logprob": entry.logprob,
+            "bytes": list(entry.bytes),
+            "top_logprobs": [
+                {"token": top.token, "logprob": top.logprob, "bytes": list(top.bytes)}
+                for top in entry.top
+            ],
+        }
+        for entry in logprobs
+    ]
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": rendered}
 
 
-def message_item(item_id: str, text: str | None, status: ItemStatus) -> dict[str, Any]:
+def event_logprobs(logprobs: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+    """The lighter shape stream events carry (no bytes)."""
+    return [
+        {
+            "token": entry.token,
+            "logprob": entry.logprob,
+            "top_logprobs": [{"token": top.token, "logprob": top.logprob} for top in entry.top],
+        }
+        for entry in logprobs
+    ]
+
+
+def message_item(
+    item_id: str, text: str | None, status: ItemStatus, logprobs: Sequence[TokenLogprob] = ()
+) -> dict[str, Any]:
     """``text=None``: the item as first announced, before any content part."""
-    content = [] if text is None else [text_part(text)]
+    content = [] if text is None else [text_part(text, logprobs)]
     return {
         "id": item_id,
         "type": "message",
@@ -135,7 +161,7 @@ def _request_echo(wire: ResponsesRequest) -> dict[str, Any]:
         },
         "tool_choice": wire.tool_choice if wire.tool_choice is not None else "auto",
         "tools": [_tool_echo(tool) for tool in wire.tools or []],
-        "top_logprobs": 0,
+        "top_logprobs": wire.top_logprobs or 0,
         "top_p": 1.0 if wire.top_p is None else wire.top_p,
         "truncation": "disabled",
     }

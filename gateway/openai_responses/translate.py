@@ -77,6 +77,7 @@ def generation_request(
             max_tokens=limit if limit is not None else UNSET_MAX_TOKENS,
             temperature=1.0 if wire.temperature is None else wire.temperature,
             top_p=1.0 if wire.top_p is None else wire.top_p,
+            logprobs=logprobs_of(wire),
         ),
         messages=tuple(messages),
         max_tokens_explicit=limit is not None,
@@ -107,13 +108,23 @@ def wire_param(param: str) -> str:
     return _CHAT_PARAMS.get(head, param)
 
 
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+_INCLUDE_REFUSAL = f"only {LOGPROBS_INCLUDE!r} can be included"
+
+
+def logprobs_of(wire: ResponsesRequest) -> int | None:
+    """``None`` when off, else how many alternatives to return next to each token."""
+    if LOGPROBS_INCLUDE in (wire.include or ()) or wire.top_logprobs:
+        return wire.top_logprobs or 0
+    return None
+
+
 def refuse_unsupported(wire: ResponsesRequest) -> None:
     refusals: list[tuple[bool, str, str]] = [
         (bool(wire.background), "background", "background responses are not supported"),
-        (bool(wire.include), "include", "include is not supported"),
+        (bool(set(wire.include or ()) - {LOGPROBS_INCLUDE}), "include", _INCLUDE_REFUSAL),
         (_reasoning_set(wire.reasoning), "reasoning", "reasoning options are not supported"),
         (wire.truncation == "auto", "truncation", "only truncation 'disabled' is supported"),
-        (bool(wire.top_logprobs), "top_logprobs", "top_logprobs is not supported"),
         (wire.conversation is not None, "conversation", "conversations are not supported"),
         (wire.prompt is not None, "prompt", "prompt templates are not supported"),
         (bool(wire.context_management), "context_management", "not supported"),
@@ -146,7 +157,7 @@ def chat_messages(items: Sequence[Item], offset: int = 0) -> list[ChatMessage]:
             output = (
                 result.output
                 if isinstance(result.output, str)
-                else _text_of(result.output, f"{where}.output", "input_text")
+                else _text_of(result.output, f"{where}.output")
             )
             messages.append(ChatMessage(role="tool", content=output, tool_call_id=result.call_id))
         else:
@@ -171,21 +182,21 @@ def _append_call(messages: list[ChatMessage], call: ToolCall) -> None:
 def _message(item: MessageItem, where: str) -> ChatMessage:
     if isinstance(item.content, str):
         return ChatMessage(role=item.role, content=item.content)
-    expected = "output_text" if item.role == "assistant" else "input_text"
-    return ChatMessage(role=item.role, content=_text_of(item.content, f"{where}.content", expected))
+    return ChatMessage(role=item.role, content=_text_of(item.content, f"{where}.content"))
 
 
-def _text_of(parts: list[dict[str, Any]], where: str, expected: str) -> str:
+def _text_of(parts: list[dict[str, Any]], where: str) -> str:
+    """The text of ``input_text`` / ``output_text`` parts (either, in any role: clients
+    replay output items as input); any other part is refused."""
     texts: list[str] = []
     for index, raw in enumerate(parts):
-        part = _parse(InputTextPart, raw, f"{where}[{index}]") if _is_text(raw) else None
-        if part is None or part.type != expected:
+        if not _is_text(raw):
             kind = raw.get("type") if isinstance(raw, dict) else None
             raise InvalidRequest(
-                f"content part type {kind!r} is not supported here; only {expected!r}",
+                f"content part type {kind!r} is not supported; only input_text/output_text",
                 param=f"{where}[{index}]",
             )
-        texts.append(part.text)
+        texts.append(_parse(InputTextPart, raw, f"{where}[{index}]").text)
     return "".join(texts)
 
 

@@ -269,3 +269,17 @@ async def test_backend_errors_name_responses_params(client: httpx.AsyncClient) -
     assert_error(await create(client, model="plain", input="x", text=text), 400, "text.format")
     tools = [{"type": "function", "name": "f"}]
     assert_error(await create(client, model="plain", input="x", tools=tools), 400, "tools")
+
+
+async def test_output_text_logprobs_when_included(client: httpx.AsyncClient) -> None:
+    fields = {"input": "a b", "include": ["message.output_text.logprobs"], "top_logprobs": 2}
+    body = (await create(client, **fields)).json()
+    validate("Response", body)
+    part = body["output"][0]["content"][0]
+    assert [entry["token"] for entry in part["logprobs"]] == ["a", " b"]
+    assert len(part["logprobs"][0]["top_logprobs"]) == 2 and body["top_logprobs"] == 2
+    events = events_of((await create(client, **fields, stream=True)).text)
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert [d["logprobs"][0]["token"] for d in deltas] == ["a", " b"]
+    request = client.backends["alpha"].calls[-1]  # type: ignore[attr-defined]
+    assert request.sampling.logprobs == 2

@@ -17,7 +17,9 @@ from backends.base import (
     ModelInfo,
     Started,
     TextDelta,
+    TokenLogprob,
     ToolCallDelta,
+    TopLogprob,
     UpstreamUnavailable,
     Usage,
 )
@@ -66,9 +68,18 @@ class ScriptedBackend:
         for position, word in enumerate(words[:budget]):
             if self.name == "broken" and position == 1:
                 raise UpstreamUnavailable("lost the upstream mid-stream")
-            yield TextDelta(index=0, text=word if position == 0 else " " + word)
+            text = word if position == 0 else " " + word
+            yield TextDelta(index=0, text=text, logprobs=_logprobs(text, request))
         yield Finished(index=0, reason="length" if budget < len(words) else "stop")
         yield Usage(prompt_tokens=len(words), completion_tokens=budget)
+
+
+def _logprobs(text: str, request: GenerationRequest) -> tuple[TokenLogprob, ...]:
+    wanted = request.sampling.logprobs
+    if wanted is None:
+        return ()
+    top = tuple(TopLogprob(f"{text}{i}", -1.0 - i, tuple(text.encode())) for i in range(wanted))
+    return (TokenLogprob(text, -0.5, tuple(text.encode()), top),)
 
 
 def scripted_factory(
