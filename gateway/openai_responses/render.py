@@ -15,6 +15,7 @@ import orjson
 
 from backends.base import BackendError, TokenLogprob, Usage
 from gateway.openai_responses.wire import ResponsesRequest
+from gateway.responses import chat_logprobs
 
 Status = Literal["in_progress", "completed", "incomplete", "failed"]
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
@@ -25,18 +26,8 @@ def new_id(prefix: str) -> str:
 
 
 def text_part(text: str, logprobs: Sequence[TokenLogprob] = ()) -> dict[str, Any]:
-    rendered = [
-        {
-            "token": entry.token,
-            "logprob": entry.logprob,
-            "bytes": list(entry.bytes),
-            "top_logprobs": [
-                {"token": top.token, "logprob": top.logprob, "bytes": list(top.bytes)}
-                for top in entry.top
-            ],
-        }
-        for entry in logprobs
-    ]
+    # An output_text part's logprobs have the chat message's per-token shape.
+    rendered = chat_logprobs(logprobs)["content"] if logprobs else []
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": rendered}
 
 
