@@ -13,6 +13,7 @@ import pytest
 
 from config.schema import AppConfig
 from gateway.app import build_app
+from tests.tools.fake_upstream import FakeUpstream
 from tests.tools.schemas import validate
 from tests.tools.scripted_responses import ScriptedBackend, scripted_factory
 
@@ -283,3 +284,28 @@ async def test_output_text_logprobs_when_included(client: httpx.AsyncClient) -> 
     assert [d["logprobs"][0]["token"] for d in deltas] == ["a", " b"]
     request = client.backends["alpha"].calls[-1]  # type: ignore[attr-defined]
     assert request.sampling.logprobs == 2
+
+
+async def test_openai_upstream_gets_the_chat_translation() -> None:
+    async with FakeUpstream() as upstream:
+        model = {"name": "up", "backend": "openai", "base_url": upstream.url + "/v1"}
+        model["upstream_model"] = "fake-model"
+        app = build_app(AppConfig.model_validate({"models": [model]}))
+        transport = httpx.ASGITransport(app=app)
+        async with app.lifespan(), httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            fields = {"model": "up", "instructions": "sys", "max_output_tokens": 3}
+            body = (await c.post("/v1/responses", json={**fields, "input": "hi"})).json()
+            validate("Response", body)
+            assert body["status"] == "incomplete" and body["usage"]["output_tokens"] == 3
+            sent = upstream.bodies[-1]
+            assert sent["messages"] == [
+                {"role": "system", "content": "sys"},
+                {"role": "user", "content": "hi"},
+            ]
+            assert sent["max_tokens"] == 3 and sent["model"] == "fake-model"
+            stream = await c.post("/v1/responses", json={**fields, "input": "hi", "stream": True})
+            events = events_of(stream.text)
+            final = events[-1]["response"]
+            assert events[-1]["type"] == "response.incomplete"
+            assert final["output"][0]["content"] == body["output"][0]["content"]
+            assert upstream.bodies[-1]["stream"] is True
