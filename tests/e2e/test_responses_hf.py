@@ -7,11 +7,14 @@ schemas; assertions are on shapes and token counts, never on wording."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 
+import httpx
 import openai
 import pytest
 
+from tests.e2e.test_gateway_hf import metric_value
 from tests.tools.schemas import validate
 from tests.tools.servers import RunningServer, gateway
 
@@ -138,3 +141,34 @@ def test_agents_sdk_responses_model_runs_an_agent(server: RunningServer) -> None
         return str(result.final_output)
 
     assert asyncio.run(run()).strip()
+
+
+def test_client_leaving_a_stream_aborts_the_generation(server: RunningServer) -> None:
+    def disconnected(text: str) -> float:
+        return metric_value(text, "llmso_requests_total", status="disconnected")
+
+    def aborted(text: str) -> float:
+        return metric_value(text, "llmso_worker_aborted_requests_total")
+
+    before = httpx.get(server.url + "/metrics").text
+    body = {
+        "model": MODEL,
+        "input": "Write a very long story about a dragon.",
+        "max_output_tokens": 300,
+        "stream": True,
+    }
+    deltas = 0
+    with httpx.stream("POST", server.url + "/v1/responses", json=body, timeout=60) as stream:
+        for line in stream.iter_lines():
+            deltas += line == "event: response.output_text.delta"
+            if deltas >= 5:
+                break  # leaving the block closes the connection mid-stream
+    deadline = time.monotonic() + 20
+    after = before
+    while time.monotonic() < deadline and (
+        disconnected(after) <= disconnected(before) or aborted(after) <= aborted(before)
+    ):
+        time.sleep(0.2)
+        after = httpx.get(server.url + "/metrics").text
+    assert disconnected(after) == disconnected(before) + 1
+    assert aborted(after) == aborted(before) + 1
