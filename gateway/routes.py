@@ -26,8 +26,13 @@ from typing import Any, TypeVar
 import orjson
 
 from backends.base import BackendError, GenerationRequest, InvalidRequest
-from gateway.endpoints import ChatPresenter, Prepare, Prepared, parse_wire
-from gateway.errors import InternalError, MethodNotAllowed, RequestTooLarge, error_body
+from gateway.endpoints import ChatPresenter, Prepare, Prepared, Presenter, parse_wire
+from gateway.errors import (
+    InternalError,
+    MethodNotAllowed,
+    RequestTooLarge,
+    error_body,
+)
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from gateway.service import Generation, server_timing
 from gateway.state import AppState
@@ -132,26 +137,28 @@ class GenerationCall:
         wire_type: type[_WireT],
         translate: Callable[[_WireT, str, float], GenerationRequest],
     ) -> None:
-        """Chat and completions: parse, translate, answer with the service's shapes."""
+        await self.guarded(self._generate(wire_type, translate))
+
+    async def _generate(
+        self,
+        wire_type: type[_WireT],
+        translate: Callable[[_WireT, str, float], GenerationRequest],
+    ) -> None:
         record = self.record
+        body = await self._read_body(self._state.max_body_bytes)
+        wire = _parse(wire_type, body)
+        report_unknown_fields(wire, record.request_id)
+        request = translate(wire, record.request_id, record.arrival_time)
+        record.requested_model = request.model
+        include_usage = bool(wire.stream_options and wire.stream_options.include_usage)
+        await self._serve(request, stream=wire.stream, include_usage=include_usage)
 
-        async def prepare(body: Any) -> Prepared:
-            wire = parse_wire(wire_type, body)
-            report_unknown_fields(wire, record.request_id)
-            request = translate(wire, record.request_id, record.arrival_time)
-            include_usage = bool(wire.stream_options and wire.stream_options.include_usage)
-            return Prepared(request, wire.stream, ChatPresenter(self._state.service, include_usage))
-
-        await self.serve(prepare)
-
-    async def serve(self, prepare: Prepare) -> None:
-        """Read the body, ``prepare`` it, route it and answer with its presenter."""
+    async def guarded(self, work: Awaitable[None]) -> None:
+        """Await ``work`` (one request's serving), render what it raises as an error
+        response, and finish the record once."""
         record = self.record
         try:
-            body = await self._read_body(self._state.max_body_bytes)
-            prepared = await prepare(body)
-            record.requested_model = prepared.request.model
-            await self._serve(prepared)
+            await work
         except ClientDisconnected:
             record.fail("disconnected", None)
         except BackendError as exc:
@@ -165,19 +172,39 @@ class GenerationCall:
             if record.model:
                 record.finish()
 
-    async def _serve(self, prepared: Prepared) -> None:
+    async def serve(self, prepare: Prepare) -> None:
+        """Another endpoint on this machinery: ``prepare`` turns the body into a request
+        and the presenter that renders it (``gateway.endpoints``)."""
+        await self.guarded(self._prepared(prepare))
+
+    async def _prepared(self, prepare: Prepare) -> None:
+        prepared: Prepared = await prepare(await self._read_body(self._state.max_body_bytes))
+        self.record.requested_model = prepared.request.model
+        try:
+            await self._serve(
+                prepared.request, stream=prepared.stream, presenter=prepared.presenter
+            )
+        except BackendError as exc:
+            if exc.param and prepared.wire_param is not None and not self._started:
+                exc.param = prepared.wire_param(exc.param)
+            raise
+
+    async def _serve(
+        self,
+        request: GenerationRequest,
+        *,
+        stream: bool,
+        include_usage: bool = False,
+        presenter: Presenter | None = None,
+    ) -> None:
         service = self._state.service
+        presenter = presenter or ChatPresenter(service, include_usage)
         async with self._watch_disconnect():
-            try:
-                generation = await service.open(prepared.request, self.record)
-            except BackendError as exc:
-                if exc.param and prepared.wire_param is not None:
-                    exc.param = prepared.wire_param(exc.param)
-                raise
-            if prepared.stream:
-                await self._stream(generation, prepared.presenter.frames(generation))
+            generation = await service.open(request, self.record)
+            if stream:
+                await self._stream(generation, presenter.frames(generation))
                 return
-            body = await prepared.presenter.body(generation)
+            body = await presenter.body(generation)
             await self._respond(200, body, self._headers(generation, _JSON))
 
     async def _stream(self, generation: Generation, frames: AsyncGenerator[bytes, None]) -> None:
@@ -282,3 +309,7 @@ def _request_id(scope: Scope) -> str:
         if key == b"x-request-id" and _REQUEST_ID.match(value):
             return bytes(value).decode()
     return secrets.token_hex(16)
+
+
+def _parse(model: type[_WireT], body: Any) -> _WireT:
+    return parse_wire(model, body)
