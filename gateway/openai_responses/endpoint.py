@@ -20,7 +20,7 @@ from backends.base import BackendError, BackendEvent
 from gateway.endpoints import Prepared, parse_wire
 from gateway.errors import InternalError
 from gateway.openai_responses.output import OutputAssembler
-from gateway.openai_responses.render import EventWriter, ResponseShape, new_id
+from gateway.openai_responses.render import EventWriter, ResponseShape, new_id, with_id
 from gateway.openai_responses.store import ResponseNotFound, ResponseStore, StoredResponse
 from gateway.openai_responses.translate import generation_request, input_items, wire_param
 from gateway.openai_responses.wire import ResponsesRequest
@@ -141,5 +141,5 @@ class ResponsesPresenter:
     async def _keep_response(self, response: dict[str, Any]) -> None:
         if not self._keep:
             return
-        items = [*self._conversation, *response["output"]]
+        items = [*map(with_id, self._conversation), *response["output"]]
         await self._endpoint.store.put(response["id"], StoredResponse(response, items))

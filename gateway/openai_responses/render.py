@@ -70,6 +70,32 @@ def function_call_item(
     }
 
 
+_ITEM_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
+
+
+def with_id(item: dict[str, Any]) -> dict[str, Any]:
+    """The input item with an ``id`` (a new one if the client sent none), so a stored
+    conversation lists with stable ids."""
+    if isinstance(item.get("id"), str):
+        return item
+    return {**item, "id": new_id(_ITEM_PREFIX.get(item.get("type", "message"), "item"))}
+
+
+def item_resource(item: dict[str, Any]) -> dict[str, Any]:
+    """A stored item as ``GET /v1/responses/{id}/input_items`` lists it."""
+    kind = item.get("type", "message")
+    resource: dict[str, Any] = {"id": item["id"], "type": kind, "status": "completed"}
+    if kind == "message":
+        content = item["content"]
+        if isinstance(content, str) and item["role"] == "assistant":
+            content = [text_part(content)]
+        elif isinstance(content, str):
+            content = [{"type": "input_text", "text": content}]
+        return {**resource, "role": item["role"], "content": content}
+    fields = ("call_id", "name", "arguments") if kind == "function_call" else ("call_id", "output")
+    return {**resource, **{name: item[name] for name in fields}}
+
+
 def usage_object(usage: Usage) -> dict[str, Any]:
     return {
         "input_tokens": usage.prompt_tokens,

@@ -116,6 +116,9 @@ def test_previous_response_id_carries_the_conversation(client: openai.OpenAI) ->
     carried = second.usage.input_tokens - alone.usage.input_tokens
     assert carried >= first.usage.output_tokens + 4
     assert second.previous_response_id == first.id
+    listed = client.responses.input_items.list(second.id, order="asc")
+    assert [item.type for item in listed.data] == ["message"] * 3
+    assert listed.data[1].id == first.output[0].id
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(alone.id)
 

@@ -309,3 +309,31 @@ async def test_openai_upstream_gets_the_chat_translation() -> None:
             assert events[-1]["type"] == "response.incomplete"
             assert final["output"][0]["content"] == body["output"][0]["content"]
             assert upstream.bodies[-1]["stream"] is True
+
+
+async def test_input_items_list_the_whole_conversation(client: httpx.AsyncClient) -> None:
+    first = (await create(client, input="one")).json()
+    items = [
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+        {"role": "user", "content": [{"type": "input_text", "text": "two"}]},
+    ]
+    second = (await create(client, input=items, previous_response_id=first["id"])).json()
+    listed = (await client.get(f"/v1/responses/{second['id']}/input_items?order=asc")).json()
+    kinds = [(item["type"], item.get("role")) for item in listed["data"]]
+    assert kinds == [
+        ("message", "user"),
+        ("message", "assistant"),
+        ("function_call", None),
+        ("function_call_output", None),
+        ("message", "user"),
+    ]
+    assert listed["data"][1]["id"] == first["output"][0]["id"] and not listed["has_more"]
+    url = f"/v1/responses/{second['id']}/input_items"
+    page = (await client.get(url, params={"limit": 2})).json()
+    assert page["has_more"] and page["data"][0]["content"][0]["text"] == "two"
+    rest = (await client.get(url, params={"limit": 2, "after": page["last_id"]})).json()
+    assert [item["type"] for item in rest["data"]] == ["function_call", "message"]
+    again = (await client.get(url, params={"limit": 2})).json()
+    assert again == page  # ids are stored, not made up per call
+    assert_error(await client.get(url, params={"limit": 0}), 400, "limit")
