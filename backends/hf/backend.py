@@ -23,8 +23,10 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from backends.base import (
+    TEXT_GENERATION,
     BackendError,
     BackendEvent,
+    Feature,
     GenerationRequest,
     ModelInfo,
     NotReady,
@@ -35,6 +37,7 @@ from backends.base import (
 from backends.hf import llama_runner
 from backends.hf.detokenizer import TokenTable
 from backends.hf.engine import Engine, EngineLimits, StepPolicy, Submission
+from backends.hf.grammar import GrammarBook, grammar_spec
 from backends.hf.loader import LoadedModel, load, threads_for
 from backends.hf.outputs import Item, Outbox
 from backends.hf.scheduler import ContinuousScheduler
@@ -45,6 +48,8 @@ from config.schema import HFModelConfig
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 30.0
+# Tools (Hermes markup, forced by grammar for required/named) and both JSON modes.
+FEATURES = TEXT_GENERATION | {Feature.TOOLS, Feature.JSON_OBJECT, Feature.JSON_SCHEMA}
 
 
 class _Sink:
@@ -72,6 +77,7 @@ class HFBackend:
         self._observer = observer
         self._on_crash = on_crash
         self._loaded: LoadedModel | None = None
+        self._grammars: GrammarBook | None = None
         self._engine: Engine | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._not_started = 0
@@ -86,6 +92,12 @@ class HFBackend:
         self._loop = asyncio.get_running_loop()
         loaded, policy_factory = await asyncio.to_thread(self._load)
         self._loaded = loaded
+        self._grammars = await asyncio.to_thread(
+            GrammarBook,
+            loaded.tokenizer,
+            vocab_size=int(loaded.model.config.vocab_size),
+            stop_ids=loaded.eos_ids,
+        )
         limits = EngineLimits(
             max_context=loaded.max_context,
             max_num_seqs=self._config.max_num_seqs,
@@ -175,8 +187,9 @@ class HFBackend:
     def info(self) -> ModelInfo:
         loaded = self._loaded
         if loaded is None:
-            return ModelInfo(max_context=self._config.max_context)
+            return ModelInfo(max_context=self._config.max_context, features=FEATURES)
         return ModelInfo(
+            features=FEATURES,
             max_context=loaded.max_context,
             memory_bytes=loaded.memory_bytes,
             extra={
@@ -196,8 +209,12 @@ class HFBackend:
             raise Overloaded("too many requests waiting for this model", retry_after=1.0)
         sink = _Sink()
         queued_at = request.arrival_time or time.time()
+        grammar = None
+        if self._grammars is not None and grammar_spec(request) is not None:
+            # Compiling takes milliseconds to seconds: never on the loop or engine thread.
+            grammar = await asyncio.to_thread(self._grammars.compile, request)
         try:
-            engine.inbox.put_nowait(Submission(request, sink, queued_at))
+            engine.inbox.put_nowait(Submission(request, sink, queued_at, grammar))
         except queue.Full:
             raise Overloaded("too many requests waiting for this model", retry_after=1.0) from None
         self._not_started += 1
