@@ -7,6 +7,7 @@ schemas; assertions are on shapes and token counts, never on wording."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 
@@ -175,3 +176,109 @@ def test_client_leaving_a_stream_aborts_the_generation(server: RunningServer) ->
         after = httpx.get(server.url + "/metrics").text
     assert disconnected(after) == disconnected(before) + 1
     assert aborted(after) == aborted(before) + 1
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather in a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+    "strict": True,
+}
+
+
+def test_text_format_json_schema_parses_into_the_model(client: openai.OpenAI) -> None:
+    from pydantic import BaseModel
+
+    class Capital(BaseModel):
+        country: str
+        city: str
+
+    parsed = client.responses.parse(
+        model=MODEL,
+        input="What is the capital of France?",
+        text_format=Capital,
+        temperature=0,
+        max_output_tokens=64,
+    )
+    assert parsed.status == "completed"
+    assert isinstance(parsed.output_parsed, Capital)
+
+
+def test_required_tool_call_round_trip(client: openai.OpenAI) -> None:
+    events = list(
+        client.responses.create(
+            model=MODEL,
+            input="What is the weather in Paris?",
+            tools=[WEATHER_TOOL],  # type: ignore[list-item]
+            tool_choice="required",
+            temperature=0,
+            max_output_tokens=64,
+            stream=True,
+        )
+    )
+    for event in events:
+        validate("ResponseStreamEvent", event.to_dict())
+    kinds = [event.type for event in events]
+    assert "response.function_call_arguments.delta" in kinds
+    assert kinds[-1] == "response.completed"
+    first = events[-1].response  # type: ignore[union-attr]
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert calls and calls[0].name == "get_weather"
+    assert isinstance(json.loads(calls[0].arguments)["city"], str)
+    answer = client.responses.create(
+        model=MODEL,
+        previous_response_id=first.id,
+        input=[
+            {"type": "function_call_output", "call_id": calls[0].call_id, "output": "sunny, 21 C"}
+        ],
+        tools=[WEATHER_TOOL],  # type: ignore[list-item]
+        tool_choice="none",
+        temperature=0,
+        max_output_tokens=24,
+    )
+    assert answer.output and answer.output[0].type == "message" and answer.output_text
+
+
+def test_agents_sdk_invokes_a_function_tool(server: RunningServer) -> None:
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIResponsesModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+
+    set_tracing_disabled(True)
+    cities: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """Current weather in a city."""
+        cities.append(city)
+        return f"sunny in {city}"
+
+    async def run() -> str:
+        async_client = openai.AsyncOpenAI(
+            base_url=server.url + "/v1", api_key="unused", max_retries=0
+        )
+        agent = Agent(
+            name="weather",
+            instructions="Use the tool to answer.",
+            model=OpenAIResponsesModel(model=MODEL, openai_client=async_client),
+            model_settings=ModelSettings(temperature=0, max_tokens=64, tool_choice="required"),
+            tools=[get_weather],
+            tool_use_behavior="stop_on_first_tool",
+        )
+        result = await Runner.run(agent, "What is the weather in Paris?", max_turns=2)
+        await async_client.close()
+        return str(result.final_output)
+
+    final = asyncio.run(run())
+    assert len(cities) == 1 and final == f"sunny in {cities[0]}"
