@@ -2,13 +2,15 @@
 
 One ``OutputAssembler`` per response, owned by the task serving it. Text opens a
 ``message`` item with one ``output_text`` part; each tool call opens a ``function_call``
-item; an item closes when the next one opens or the generation ends. ``feed`` returns the
+item. Calls stay open together (a backend may interleave their argument fragments) until
+text follows them or the generation ends; a call closes the text before it. ``feed`` returns the
 stream frames an event produces (a non-streamed response just ignores them), so both
 modes build the very same output.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +34,7 @@ from gateway.openai_responses.render import (
 )
 
 Emit = Callable[..., bytes]
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -46,19 +49,24 @@ class _OpenItem:
 
 
 class OutputAssembler:
-    __slots__ = ("_calls", "_emit", "_open", "finish_reason", "output", "usage")
+    __slots__ = ("_calls", "_done", "_emit", "_open", "_text_item", "finish_reason", "usage")
 
     def __init__(self, emit: Emit) -> None:
         self._emit = emit
-        self._open: _OpenItem | None = None
-        self._calls: dict[int, _OpenItem] = {}
-        self.output: list[dict[str, Any]] = []
+        self._open: dict[int, _OpenItem] = {}  # by output index
+        self._done: dict[int, dict[str, Any]] = {}
+        self._text_item: _OpenItem | None = None
+        self._calls: dict[int, _OpenItem] = {}  # by the backend's call index
         self.finish_reason: FinishReason | None = None
         self.usage: Usage | None = None
 
     @property
     def status(self) -> str:
         return "incomplete" if self.finish_reason == "length" else "completed"
+
+    @property
+    def output(self) -> list[dict[str, Any]]:
+        return [self._done[index] for index in sorted(self._done)]
 
     def feed(self, event: BackendEvent) -> list[bytes]:
         if isinstance(event, TextDelta):
@@ -72,33 +80,27 @@ class OutputAssembler:
         return []
 
     def finish(self) -> list[bytes]:
-        """Close the open item; a response without any output gets an empty message."""
-        frames = self._close()
-        if not self.output:
+        """Close every open item; a response without any output gets an empty message."""
+        frames = self._close(*self._open.values())
+        if not self._done:
             frames += self._text("")
-            frames += self._close()
+            frames += self._close(*self._open.values())
         return frames
 
     def snapshot(self) -> list[dict[str, Any]]:
-        """The output so far, the open item included as ``incomplete`` (for failures)."""
-        items = list(self.output)
-        if self._open is not None:
-            items.append(self._render(self._open, "incomplete"))
-        return items
+        """The output so far, open items included as ``incomplete`` (for failures)."""
+        items = {index: self._render(item, "incomplete") for index, item in self._open.items()}
+        items.update(self._done)
+        return [items[index] for index in sorted(items)]
 
     def _text(self, text: str, logprobs: Sequence[TokenLogprob] = ()) -> list[bytes]:
         frames: list[bytes] = []
-        item = self._open
-        if item is None or item.kind != "message":
-            frames += self._close()
-            item = self._start(_OpenItem(len(self.output), new_id("msg"), "message"))
-            frames.append(
-                self._emit(
-                    "response.output_item.added",
-                    output_index=item.output_index,
-                    item=message_item(item.item_id, None, "in_progress"),
-                )
-            )
+        item = self._text_item
+        if item is None:
+            # Text after tool calls: those calls are complete.
+            frames += self._close(*self._calls.values())
+            item = self._text_item = self._start(new_id("msg"), "message")
+            frames.append(self._added(item, message_item(item.item_id, None, "in_progress")))
             frames.append(
                 self._emit("response.content_part.added", **self._where(item), part=text_part(""))
             )
@@ -119,25 +121,16 @@ class OutputAssembler:
         frames: list[bytes] = []
         item = self._calls.get(event.call_index)
         if item is None:
-            frames += self._close()
-            item = self._start(
-                _OpenItem(
-                    len(self.output),
-                    new_id("fc"),
-                    "function_call",
-                    call_id=event.id or new_id("call"),
-                    name=event.name or "",
-                )
-            )
+            if self._text_item is not None:
+                frames += self._close(self._text_item)
+            item = self._start(new_id("fc"), "function_call")
+            item.call_id, item.name = event.id or new_id("call"), event.name or ""
             self._calls[event.call_index] = item
-            frames.append(
-                self._emit(
-                    "response.output_item.added",
-                    output_index=item.output_index,
-                    item=self._render(item, "in_progress"),
-                )
-            )
-        if event.arguments_fragment and item is self._open:
+            frames.append(self._added(item, self._render(item, "in_progress")))
+        if event.arguments_fragment:
+            if item.output_index not in self._open:
+                log.warning("dropped arguments for finished call %s", item.call_id)
+                return frames
             item.parts.append(event.arguments_fragment)
             frames.append(
                 self._emit(
@@ -149,20 +142,29 @@ class OutputAssembler:
             )
         return frames
 
-    def _start(self, item: _OpenItem) -> _OpenItem:
-        self._open = item
+    def _start(self, item_id: str, kind: str) -> _OpenItem:
+        item = _OpenItem(len(self._open) + len(self._done), item_id, kind)
+        self._open[item.output_index] = item
         return item
 
-    def _close(self) -> list[bytes]:
-        item = self._open
-        if item is None:
-            return []
-        self._open = None
+    def _added(self, item: _OpenItem, announced: dict[str, Any]) -> bytes:
+        return self._emit(
+            "response.output_item.added", output_index=item.output_index, item=announced
+        )
+
+    def _close(self, *items: _OpenItem) -> list[bytes]:
+        frames: list[bytes] = []
+        for item in sorted(items, key=lambda open_item: open_item.output_index):
+            if self._open.pop(item.output_index, None) is not None:
+                frames += self._close_one(item)
+        return frames
+
+    def _close_one(self, item: _OpenItem) -> list[bytes]:
         status: ItemStatus = "incomplete" if self.finish_reason == "length" else "completed"
-        done = self._render(item, status)
-        self.output.append(done)
+        done = self._done[item.output_index] = self._render(item, status)
         where = {"output_index": item.output_index, "item": done}
         if item.kind == "message":
+            self._text_item = None
             text, logprobs = "".join(item.parts), item.logprobs
             return [
                 self._emit(
@@ -188,11 +190,6 @@ class OutputAssembler:
             ),
             self._emit("response.output_item.done", **where),
         ]
-
-    def _added(self, item: _OpenItem, announced: dict[str, Any]) -> bytes:
-        return self._emit(
-            "response.output_item.added", output_index=item.output_index, item=announced
-        )
 
     @staticmethod
     def _where(item: _OpenItem) -> dict[str, Any]:

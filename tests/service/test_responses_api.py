@@ -337,3 +337,22 @@ async def test_input_items_list_the_whole_conversation(client: httpx.AsyncClient
     again = (await client.get(url, params={"limit": 2})).json()
     assert again == page  # ids are stored, not made up per call
     assert_error(await client.get(url, params={"limit": 0}), 400, "limit")
+
+
+async def test_interleaved_parallel_calls_keep_their_own_arguments(
+    client: httpx.AsyncClient,
+) -> None:
+    tools = [{"type": "function", "name": "f"}]
+    fields = {"input": "parallel f", "tools": tools, "parallel_tool_calls": True}
+    events = events_of((await create(client, **fields, stream=True)).text)
+    done = [e for e in events if e["type"] == "response.function_call_arguments.done"]
+    assert [(e["output_index"], e["arguments"]) for e in done] == [(0, '{"n":1}'), (1, '{"n":2}')]
+    final = events[-1]["response"]["output"]
+    assert [(item["call_id"], item["arguments"]) for item in final] == [
+        ("call_a", '{"n":1}'),
+        ("call_b", '{"n":2}'),
+    ]
+    body = (await create(client, **fields)).json()
+    validate("Response", body)
+    assert [item["arguments"] for item in body["output"]] == ['{"n":1}', '{"n":2}']
+    assert client.backends["alpha"].calls[-1].parallel_tool_calls is True  # type: ignore[attr-defined]

@@ -30,8 +30,9 @@ FEATURES = frozenset(Feature)
 
 class ScriptedBackend:
     """Replies with the words of the last message; ``call <name> <json>`` makes it call
-        a tool; model ``broken`` fails after its first word; model ``plain`` declares no tools
-    or structured outputs; ``too long`` exceeds the context."""
+    a tool, ``parallel <name>`` make two calls with interleaved fragments; model
+    ``broken`` fails after its first word; model ``plain`` declares no tools or
+    structured outputs; ``too long`` exceeds the context."""
 
     def __init__(self, config: ModelConfig) -> None:
         self.name = config.name
@@ -54,6 +55,14 @@ class ScriptedBackend:
             raise ContextLengthExceeded("prompt is too long", param="messages")
         yield Started(queued_at=1.0, started_at=1.5)
         words = request.messages[-1].content.split()
+        if words[:1] == ["parallel"]:  # two calls, their fragments interleaved
+            yield ToolCallDelta(index=0, call_index=0, id="call_a", name=words[1])
+            yield ToolCallDelta(index=0, call_index=1, id="call_b", name=words[1])
+            for call, fragment in ((0, '{"n":'), (1, '{"n":'), (0, "1}"), (1, "2}")):
+                yield ToolCallDelta(index=0, call_index=call, arguments_fragment=fragment)
+            yield Finished(index=0, reason="tool_calls")
+            yield Usage(prompt_tokens=3, completion_tokens=6)
+            return
         if words[:1] == ["call"]:
             arguments = " ".join(words[2:])
             yield ToolCallDelta(index=0, call_index=0, id="call_1", name=words[1])
