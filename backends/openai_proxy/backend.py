@@ -129,6 +129,7 @@ class OpenAIProxyBackend:
 
     def info(self) -> ModelInfo:
         return ModelInfo(
+            features=self._profile.features,
             max_context=self._config.max_context or self._upstream_context,
             owned_by=self._config.engine,
             extra={
