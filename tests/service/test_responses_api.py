@@ -356,3 +356,36 @@ async def test_interleaved_parallel_calls_keep_their_own_arguments(
     validate("Response", body)
     assert [item["arguments"] for item in body["output"]] == ['{"n":1}', '{"n":2}']
     assert client.backends["alpha"].calls[-1].parallel_tool_calls is True  # type: ignore[attr-defined]
+
+
+async def test_openai_upstream_gets_tools_and_tool_turns_in_chat_shape() -> None:
+    async with FakeUpstream() as upstream:
+        model = {"name": "up", "backend": "openai", "base_url": upstream.url + "/v1"}
+        app = build_app(
+            AppConfig.model_validate({"models": [{**model, "upstream_model": "fake-model"}]})
+        )
+        transport = httpx.ASGITransport(app=app)
+        async with app.lifespan(), httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            parameters = {"type": "object", "properties": {"city": {"type": "string"}}}
+            body = {
+                "model": "up",
+                "input": [
+                    {"role": "user", "content": "weather?"},
+                    {"type": "function_call", "call_id": "c1", "name": "w", "arguments": "{}"},
+                    {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+                ],
+                "tools": [{"type": "function", "name": "w", "parameters": parameters}],
+                "tool_choice": {"type": "function", "name": "w"},
+                "text": {"format": {"type": "json_object"}},
+                "max_output_tokens": 2,
+            }
+            assert (await c.post("/v1/responses", json=body)).status_code == 200
+            sent = upstream.bodies[-1]
+            assert sent["tools"] == [
+                {"type": "function", "function": {"name": "w", "parameters": parameters}}
+            ]
+            assert sent["tool_choice"] == {"type": "function", "function": {"name": "w"}}
+            assert sent["response_format"] == {"type": "json_object"}
+            assistant, tool = sent["messages"][1:]
+            assert assistant["tool_calls"][0]["id"] == "c1" and assistant["role"] == "assistant"
+            assert tool == {"role": "tool", "tool_call_id": "c1", "content": "sunny"}
