@@ -36,7 +36,7 @@ class ResponsesConfig(_Frozen):
 
     store: str = Field(
         "memory",
-        pattern=r"^(memory|rediss?://\S+)$",
+        pattern=r"^(memory|(rediss?|unix)://\S+)$",
         description="'memory' (this process) or 'redis://host:port/db' (shared by replicas).",
     )
     max_entries: int = Field(1000, gt=0, description="memory: most responses kept (LRU).")

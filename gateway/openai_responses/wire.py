@@ -7,11 +7,13 @@ plain objects and validated one by one in ``translate`` so every 400 names the e
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 MAX_METADATA_KEYS = 16
+MetadataKey = Annotated[str, StringConstraints(max_length=64)]
+MetadataValue = Annotated[str, StringConstraints(max_length=512)]
 
 
 class _Wire(BaseModel):
@@ -36,7 +38,7 @@ class ResponsesRequest(_Wire):
     text: TextParam | None = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None
-    metadata: dict[str, str] | None = Field(None, max_length=MAX_METADATA_KEYS)
+    metadata: dict[MetadataKey, MetadataValue] | None = Field(None, max_length=MAX_METADATA_KEYS)
     user: str | None = None
     safety_identifier: str | None = None
     store: bool | None = None

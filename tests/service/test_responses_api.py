@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from pydantic import ValidationError
 
 from config.schema import AppConfig
 from gateway.app import build_app
@@ -243,6 +244,8 @@ async def test_store_false_and_lru_bound(client: httpx.AsyncClient) -> None:
         ({"input": []}, "input"),
         ({"temperature": 3}, "temperature"),
         ({"max_output_tokens": 0}, "max_output_tokens"),
+        ({"metadata": {"k": "v" * 513}}, "metadata.k"),
+        ({"metadata": {str(i): "v" for i in range(17)}}, "metadata"),
     ],
 )
 async def test_refusals_name_the_param(
@@ -389,3 +392,13 @@ async def test_openai_upstream_gets_tools_and_tool_turns_in_chat_shape() -> None
             assistant, tool = sent["messages"][1:]
             assert assistant["tool_calls"][0]["id"] == "c1" and assistant["role"] == "assistant"
             assert tool == {"role": "tool", "tool_call_id": "c1", "content": "sunny"}
+
+
+def test_responses_config_refuses_an_unknown_store() -> None:
+    models = [{"name": "m", "backend": "openai", "base_url": "http://unused"}]
+    for store in ("redis://h:6379/0", "rediss://h/1", "unix:///run/redis.sock", "memory"):
+        parsed = AppConfig.model_validate({"models": models, "responses": {"store": store}})
+        assert parsed.responses.store == store
+    for bad in ({"store": "mysql://h"}, {"ttl": 0}, {"max_entries": 0}):
+        with pytest.raises(ValidationError):
+            AppConfig.model_validate({"models": models, "responses": bad})
