@@ -85,7 +85,7 @@ class ResponsesPresenter:
             async for event in events:
                 output.feed(event)
         output.finish()
-        response = self._shape.render(output.status, output.output, output.usage)  # type: ignore[arg-type]
+        response = self._shape.render(output.status, output.output, output.usage)
         await self._keep_response(response)
         return orjson.dumps(response)
 
@@ -103,7 +103,7 @@ class ResponsesPresenter:
                         yield frame
             for frame in output.finish():
                 yield frame
-            response = shape.render(output.status, output.output, output.usage)  # type: ignore[arg-type]
+            response = shape.render(output.status, output.output, output.usage)
             await self._keep_response(response)
         except BackendError as exc:
             yield self._failed(emit, generation, output, exc)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from backends.base import (
     BackendEvent,
@@ -61,7 +61,7 @@ class OutputAssembler:
         self.usage: Usage | None = None
 
     @property
-    def status(self) -> str:
+    def status(self) -> Literal["completed", "incomplete"]:
         return "incomplete" if self.finish_reason == "length" else "completed"
 
     @property

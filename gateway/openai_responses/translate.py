@@ -9,7 +9,7 @@ express is refused with a 400 naming the ``param`` in the Responses request's no
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ValidationError
 
@@ -135,7 +135,7 @@ def refuse_unsupported(wire: ResponsesRequest) -> None:
 
 
 def _reasoning_set(reasoning: dict[str, Any] | None) -> bool:
-    return bool(reasoning) and any(value is not None for value in reasoning.values())  # type: ignore[union-attr]
+    return reasoning is not None and any(value is not None for value in reasoning.values())
 
 
 def chat_messages(items: Sequence[Item], offset: int = 0) -> list[ChatMessage]:
@@ -240,7 +240,7 @@ def tool_choice(raw: str | dict[str, Any] | None, specs: Sequence[ToolSpec]) -> 
     if raw is None:
         return None
     if raw in ("none", "auto", "required"):
-        choice = ToolChoice(raw)  # type: ignore[arg-type]
+        choice = ToolChoice(cast(Literal["none", "auto", "required"], raw))
     elif (
         isinstance(raw, dict) and raw.get("type") == "function" and isinstance(raw.get("name"), str)
     ):
