@@ -28,10 +28,6 @@ from xgrammar import structural_tag as st
 from backends.base import GenerationRequest, InvalidRequest
 from backends.tool_markup import CLOSE, OPEN, tools_active
 
-# Whitespace a small model may emit between JSON tokens; unbounded whitespace lets it
-# loop forever inside a valid prefix.
-_MAX_WHITESPACE = 1
-
 
 class GrammarBook:
     """See the module docstring."""
@@ -87,7 +83,7 @@ class GrammarBook:
             )
         if kind == "json_schema":
             return self._compiler.compile_json_schema(payload, any_whitespace=False)
-        return self._compiler.compile_structural_tag(payload)
+        return self._compiler.compile_structural_tag(tool_call_tag(json.loads(payload)))
 
     def __len__(self) -> int:
         return len(self._cache)
@@ -96,10 +92,19 @@ class GrammarBook:
 def grammar_spec(request: GenerationRequest) -> tuple[str, str, str] | None:
     """(kind, text to compile, param to blame) for a constrained request, else ``None``.
 
-    Tools take precedence over ``response_format``; see ``tool_call_tag``.
+    Cheap (no compilation); tools take precedence over ``response_format``.
     """
     if tools_active(request):
-        return "tools", tool_call_tag(request).model_dump_json(), "tools"
+        choice = request.effective_tool_choice
+        chosen = [t for t in request.tools if choice.mode != "named" or t.name == choice.name]
+        spec = {
+            "auto": choice.mode == "auto",
+            # Several calls only when asked for and no single tool is named: left to
+            # choose, small models keep calling until max_tokens cuts them off.
+            "single": request.parallel_tool_calls is not True or choice.mode == "named",
+            "tools": [[t.name, json.loads(t.parameters)] for t in chosen],
+        }
+        return "tools", json.dumps(spec), "tools"
     fmt = request.response_format
     if fmt.type == "json_object":
         return "json_object", json.dumps({"type": "object"}), "response_format"
@@ -108,34 +113,30 @@ def grammar_spec(request: GenerationRequest) -> tuple[str, str, str] | None:
     return None
 
 
-def tool_call_tag(request: GenerationRequest) -> st.StructuralTag:
+def tool_call_tag(spec: dict[str, Any]) -> st.StructuralTag:
     """The structural tag for Hermes-style calls (``backends.tool_markup``).
 
     ``required`` / named: the output is nothing but calls, each ``<tool_call>`` JSON
-    whose ``arguments`` match that tool's schema. ``auto``: free text, but once the
-    model writes ``<tool_call>`` the rest of the call is held to the grammar.
-    Several calls only when the client set ``parallel_tool_calls: true`` and did not
-    name one tool: left to choose, small models keep calling until ``max_tokens``.
+    whose ``arguments`` match that tool's schema, compact (no free whitespace: every
+    token counts against ``max_tokens``). ``auto``: free text, but once the model
+    writes ``<tool_call>`` the rest of the call is held to the grammar.
     """
-    choice = request.effective_tool_choice
-    chosen = [t for t in request.tools if choice.mode != "named" or t.name == choice.name]
     tags = [
         st.TagFormat(
-            begin=f'{OPEN}\n{{"name": {json.dumps(tool.name)}, "arguments": ',
-            content=st.JSONSchemaFormat(
-                json_schema=json.loads(tool.parameters), max_whitespace_cnt=_MAX_WHITESPACE
+            begin=f'{OPEN}\n{{"name": {json.dumps(name)}, "arguments": ',
+            content=st.GrammarFormat(
+                grammar=str(xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False))
             ),
             end=f"}}\n{CLOSE}",
         )
-        for tool in chosen
+        for name, schema in spec["tools"]
     ]
-    single = request.parallel_tool_calls is not True or choice.mode == "named"
     body: st.Format
-    if choice.mode == "auto":
-        body = st.TriggeredTagsFormat(triggers=[OPEN], tags=tags, stop_after_first=single)
+    if spec["auto"]:
+        body = st.TriggeredTagsFormat(triggers=[OPEN], tags=tags, stop_after_first=spec["single"])
     else:
         body = st.TagsWithSeparatorFormat(
-            tags=tags, separator="\n", at_least_one=True, stop_after_first=single
+            tags=tags, separator="\n", at_least_one=True, stop_after_first=spec["single"]
         )
     return st.StructuralTag(format=body)
 
