@@ -124,29 +124,6 @@ def test_previous_response_id_carries_the_conversation(client: openai.OpenAI) ->
         client.responses.retrieve(alone.id)
 
 
-def test_agents_sdk_responses_model_runs_an_agent(server: RunningServer) -> None:
-    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, set_tracing_disabled
-
-    set_tracing_disabled(True)
-
-    async def run() -> str:
-        async_client = openai.AsyncOpenAI(
-            base_url=server.url + "/v1", api_key="unused", max_retries=0
-        )
-        model = OpenAIResponsesModel(model=MODEL, openai_client=async_client)
-        agent = Agent(
-            name="greeter",
-            instructions="Reply with one short greeting.",
-            model=model,
-            model_settings=ModelSettings(temperature=0, max_tokens=96),
-        )
-        result = await Runner.run(agent, "Hello!")
-        await async_client.close()
-        return str(result.final_output)
-
-    assert asyncio.run(run()).strip()
-
-
 def test_client_leaving_a_stream_aborts_the_generation(server: RunningServer) -> None:
     def disconnected(text: str) -> float:
         return metric_value(text, "llmso_requests_total", status="disconnected")
