@@ -222,7 +222,8 @@ def test_required_tool_call_round_trip(client: openai.OpenAI) -> None:
     assert answer.output and answer.output[0].type == "message" and answer.output_text
 
 
-def test_agents_sdk_invokes_a_function_tool(server: RunningServer) -> None:
+@pytest.mark.parametrize("streamed", [False, True], ids=["run", "run_streamed"])
+def test_agents_sdk_invokes_a_function_tool(server: RunningServer, streamed: bool) -> None:
     from agents import (
         Agent,
         ModelSettings,
@@ -253,9 +254,16 @@ def test_agents_sdk_invokes_a_function_tool(server: RunningServer) -> None:
             tools=[get_weather],
             tool_use_behavior="stop_on_first_tool",
         )
-        result = await Runner.run(agent, "What is the weather in Paris?", max_turns=2)
+        question = "What is the weather in Paris?"
+        if streamed:
+            streaming = Runner.run_streamed(agent, question, max_turns=2)
+            kinds = {event.type async for event in streaming.stream_events()}
+            assert "raw_response_event" in kinds  # the Responses events, relayed
+            final = streaming.final_output
+        else:
+            final = (await Runner.run(agent, question, max_turns=2)).final_output
         await async_client.close()
-        return str(result.final_output)
+        return str(final)
 
     final = asyncio.run(run())
     assert len(cities) == 1 and final == f"sunny in {cities[0]}"
