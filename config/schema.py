@@ -32,6 +32,19 @@ class RegistryConfig(_Frozen):
     )
 
 
+class ResponsesConfig(_Frozen):
+    """``/v1/responses``: where finished responses are kept for ``previous_response_id``."""
+
+    store: str = Field(
+        "memory",
+        pattern=r"^(memory|(rediss?|unix)://\S+)$",
+        description="'memory' (this process) or 'redis://host:port/db' (shared by replicas).",
+    )
+    max_entries: int = Field(1000, gt=0, description="memory: most responses kept (LRU).")
+    ttl: float = Field(3600.0, gt=0, description="Seconds a stored response is kept.")
+    timeout: float = Field(2.0, gt=0, description="redis: seconds per store call.")
+
+
 class ModelBase(_Frozen):
     """Fields every backend shares: identity, routing and lifecycle."""
 
@@ -130,6 +143,7 @@ ModelConfig = Annotated[
 class AppConfig(_Frozen):
     server: ServerConfig = Field(default_factory=ServerConfig)
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
+    responses: ResponsesConfig = Field(default_factory=ResponsesConfig)
     models: tuple[ModelConfig, ...] = Field(min_length=1)
     source_path: Path | None = Field(None, exclude=True)
 

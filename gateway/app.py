@@ -24,6 +24,9 @@ from gateway.console import Console
 from gateway.console.routes import build_router as console_router
 from gateway.errors import handle_backend_error, handle_http_exception, handle_unexpected
 from gateway.metrics import GatewayMetrics
+from gateway.openai_responses import api as responses_api
+from gateway.openai_responses.endpoint import ResponsesEndpoint
+from gateway.openai_responses.store import open_store
 from gateway.registry import ConfigWatcher, ModelRegistry, RegistryMetrics
 from gateway.routes import GatewayASGI
 from gateway.service import CompletionService
@@ -49,13 +52,15 @@ def build_app(
     )
     registry = ModelRegistry(config, RegistryMetrics(prometheus), factory)
     gateway_metrics = GatewayMetrics(prometheus)
+    service = CompletionService(registry, gateway_metrics, backend_metrics)
     state = AppState(
         config=config,
         prometheus=prometheus,
         gateway_metrics=gateway_metrics,
         backend_metrics=backend_metrics,
         registry=registry,
-        service=CompletionService(registry, gateway_metrics, backend_metrics),
+        service=service,
+        responses=ResponsesEndpoint(service, open_store(config.responses)),
         admin_key=admin_key,
         started_at=int(time.time()),
         console=Console(backend_metrics),
@@ -77,6 +82,7 @@ def build_app(
             if watcher is not None:
                 await watcher.stop()
             await registry.stop()
+            await state.responses.store.close()
 
     app = FastAPI(
         title="llmso",
@@ -88,6 +94,7 @@ def build_app(
     app.state.llmso = state
     app.include_router(ops_routes.router)
     app.include_router(console_router(ui=config.server.ui))
+    app.include_router(responses_api.router)
     app.add_exception_handler(BackendError, handle_backend_error)
     app.add_exception_handler(StarletteHTTPException, handle_http_exception)
     app.add_exception_handler(Exception, handle_unexpected)

@@ -32,6 +32,29 @@ def needed_features(request: GenerationRequest) -> list[tuple[Feature, str]]:
         needs.append((Feature.PROMPT_TOKEN_IDS, "prompt"))
     if request.suffix is not None:
         needs.append((Feature.SUFFIX, "suffix"))
+    if request.tools:
+        needs.append((Feature.TOOLS, "tools"))
+    if request.response_format.type == "json_object":
+        needs.append((Feature.JSON_OBJECT, "response_format"))
+    elif request.response_format.type == "json_schema":
+        needs.append((Feature.JSON_SCHEMA, "response_format"))
+    if request.logit_bias:
+        needs.append((Feature.LOGIT_BIAS, "logit_bias"))
+    needs.extend(_message_features(request))
+    return needs
+
+
+def _message_features(request: GenerationRequest) -> list[tuple[Feature, str]]:
+    """Tool turns in the history need TOOLS; image and other parts need their input."""
+    needs: list[tuple[Feature, str]] = []
+    for index, message in enumerate(request.messages):
+        if message.tool_calls or message.role == "tool":
+            needs.append((Feature.TOOLS, f"messages[{index}]"))
+        for part_index, part in enumerate(message.parts):
+            if part.type == "text":
+                continue
+            feature = Feature.IMAGE_INPUT if part.type == "image_url" else Feature.OTHER_INPUT
+            needs.append((feature, f"messages[{index}].content[{part_index}]"))
     return needs
 
 

@@ -194,7 +194,7 @@ class CompletionCall(GenerationCall):
                     f"best_of ranks choices by log-probability: {exc.message}", param="best_of"
                 ) from None
             if wire.stream:
-                await self._stream(generation, include_usage)
+                await self._stream(generation, service.stream(generation, include_usage))
                 return
             body = keep_best(await service.complete(generation), plan)
             await self._respond(200, orjson.dumps(body), self._headers(generation, _JSON))

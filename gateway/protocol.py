@@ -42,6 +42,10 @@ class WireMessage(BaseModel):
     role: Literal["system", "user", "assistant", "developer", "tool", "function"]
     content: str | list[TextPart | ContentPart] | None = None
     name: str | None = None
+    # Checked field by field in gateway.tool_wire, so each error names its exact param.
+    tool_calls: list[Any] | None = None
+    tool_call_id: str | None = None
+    function_call: Any = None
 
 
 class StreamOptions(BaseModel):
@@ -67,7 +71,7 @@ class SamplingFields(_Wire):
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     user: str | None = None
     ignore_eos: bool = False
-    # Known OpenAI fields we do not implement: present and not default → 400 naming them.
+    # Honoured only by backends that declare Feature.LOGIT_BIAS (gateway.capabilities).
     logit_bias: dict[str, float] | None = None
 
     @field_validator("stop")

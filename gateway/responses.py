@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from backends.base import FinishReason, RequestKind, TokenLogprob, Usage
+from backends.base import FinishReason, RequestKind, TokenLogprob, ToolCallDelta, Usage
 
 SSE_DONE = b"data: [DONE]\n\n"
 
@@ -73,6 +73,26 @@ class ChoiceAccumulator:
     parts: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    # call_index -> [id, name, argument fragments...]
+    tool_calls: dict[int, list[str]] = field(default_factory=dict)
+
+    def add_tool_delta(self, delta: ToolCallDelta) -> None:
+        call = self.tool_calls.setdefault(delta.call_index, ["", ""])
+        if delta.id is not None:
+            call[0] = delta.id
+        if delta.name is not None:
+            call[1] = delta.name
+        call.append(delta.arguments_fragment)
+
+    def rendered_tool_calls(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "id": call[0],
+                "type": "function",
+                "function": {"name": call[1], "arguments": "".join(call[2:])},
+            }
+            for _, call in sorted(self.tool_calls.items())
+        ]
 
 
 def full_response(
@@ -102,9 +122,15 @@ def full_response(
 
 
 def _chat_choice(index: int, choice: ChoiceAccumulator, want_logprobs: bool) -> dict[str, Any]:
+    text = "".join(choice.parts)
+    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+    if choice.tool_calls:
+        # As OpenAI: a turn that only calls tools has null content.
+        message["content"] = text or None
+        message["tool_calls"] = choice.rendered_tool_calls()
     return {
         "index": index,
-        "message": {"role": "assistant", "content": "".join(choice.parts), "refusal": None},
+        "message": message,
         "logprobs": chat_logprobs(choice.logprobs) if want_logprobs else None,
         "finish_reason": choice.finish_reason or "stop",
     }
@@ -148,6 +174,19 @@ class ChunkWriter:
             self._offsets[index] = offset + len(text)
             rendered = completion_logprobs(logprobs, offset) if self._want_logprobs else None
             choice = {"index": index, "text": text, "logprobs": rendered, "finish_reason": None}
+        return sse({**self._head, "choices": [choice]})
+
+    def tool_call(self, delta: ToolCallDelta) -> bytes:
+        """A call's first chunk names it (index, id, type, name); later ones add only
+        argument fragments: the shape the OpenAI SDK's stream helper accumulates."""
+        call: dict[str, Any] = {"index": delta.call_index}
+        if delta.id is not None:
+            call["id"] = delta.id
+            call["type"] = "function"
+            call["function"] = {"name": delta.name or "", "arguments": delta.arguments_fragment}
+        else:
+            call["function"] = {"arguments": delta.arguments_fragment}
+        choice = self._chat_choice(delta.index, {"tool_calls": [call]}, None, None)
         return sse({**self._head, "choices": [choice]})
 
     def finish(self, index: int, reason: FinishReason) -> bytes:

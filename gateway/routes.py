@@ -20,19 +20,18 @@ import contextlib
 import logging
 import re
 import secrets
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
 from typing import Any, TypeVar
 
 import orjson
-from pydantic import ValidationError
 
 from backends.base import BackendError, GenerationRequest, InvalidRequest
+from gateway.endpoints import ChatPresenter, Prepare, Prepared, Presenter, parse_wire
 from gateway.errors import (
     InternalError,
     MethodNotAllowed,
     RequestTooLarge,
     error_body,
-    from_validation_error,
 )
 from gateway.protocol import ChatCompletionRequest, SamplingFields
 from gateway.service import Generation, server_timing
@@ -72,6 +71,7 @@ class GatewayASGI:
             "/v1/chat/completions": self._chat,
             "/v1/completions": self._completion,
             "/v1/embeddings": self._embeddings,
+            "/v1/responses": self._responses,
         }
 
     def lifespan(self) -> contextlib.AbstractAsyncContextManager[None]:
@@ -110,6 +110,10 @@ class GatewayASGI:
         from gateway.embedding_route import EmbeddingCall
 
         await EmbeddingCall(self.state, scope, receive, send).run_embedding()
+
+    async def _responses(self, scope: Scope, receive: Receive, send: Send) -> None:
+        call = GenerationCall(self.state, scope, receive, send)
+        await call.serve(lambda body: self.state.responses.prepare(body, call.record))
 
 
 class GenerationCall:
@@ -178,20 +182,42 @@ class GenerationCall:
             else:  # refused before a model was chosen: only the recent-requests list sees it
                 self._state.console.activity.add_refused(record)
 
+    async def serve(self, prepare: Prepare) -> None:
+        """Another endpoint on this machinery: ``prepare`` turns the body into a request
+        and the presenter that renders it (``gateway.endpoints``)."""
+        await self.guarded(self._prepared(prepare))
+
+    async def _prepared(self, prepare: Prepare) -> None:
+        prepared: Prepared = await prepare(await self._read_body(self._state.max_body_bytes))
+        self.record.requested_model = prepared.request.model
+        try:
+            await self._serve(
+                prepared.request, stream=prepared.stream, presenter=prepared.presenter
+            )
+        except BackendError as exc:
+            if exc.param and prepared.wire_param is not None and not self._started:
+                exc.param = prepared.wire_param(exc.param)
+            raise
+
     async def _serve(
-        self, request: GenerationRequest, *, stream: bool, include_usage: bool
+        self,
+        request: GenerationRequest,
+        *,
+        stream: bool,
+        include_usage: bool = False,
+        presenter: Presenter | None = None,
     ) -> None:
         service = self._state.service
+        presenter = presenter or ChatPresenter(service, include_usage)
         async with self._watch_disconnect():
             generation = await service.open(request, self.record)
             if stream:
-                await self._stream(generation, include_usage)
+                await self._stream(generation, presenter.frames(generation))
                 return
-            body = await service.complete(generation)
-            await self._respond(200, orjson.dumps(body), self._headers(generation, _JSON))
+            body = await presenter.body(generation)
+            await self._respond(200, body, self._headers(generation, _JSON))
 
-    async def _stream(self, generation: Generation, include_usage: bool) -> None:
-        frames = self._state.service.stream(generation, include_usage)
+    async def _stream(self, generation: Generation, frames: AsyncGenerator[bytes, None]) -> None:
         try:
             await self._start(200, self._headers(generation, *_SSE_HEADERS))
             send = self._send
@@ -296,9 +322,4 @@ def _request_id(scope: Scope) -> str:
 
 
 def _parse(model: type[_WireT], body: Any) -> _WireT:
-    if not isinstance(body, dict):
-        raise InvalidRequest("request body must be a JSON object")
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        raise from_validation_error(exc) from None
+    return parse_wire(model, body)

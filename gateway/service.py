@@ -28,6 +28,7 @@ from backends.base import (
     NotReady,
     Overloaded,
     TextDelta,
+    ToolCallDelta,
     UpstreamBadResponse,
     Usage,
 )
@@ -142,6 +143,8 @@ class CompletionService:
                     choice = choices[event.index]
                     choice.parts.append(event.text)
                     choice.logprobs.extend(event.logprobs)
+                elif isinstance(event, ToolCallDelta):
+                    choices[event.index].add_tool_delta(event)
                 elif isinstance(event, Finished):
                     choices[event.index].finish_reason = event.reason
                 elif isinstance(event, Usage):
@@ -186,6 +189,8 @@ class CompletionService:
                 if isinstance(event, TextDelta):
                     if event.text or event.logprobs:
                         yield writer.text(event.index, event.text, event.logprobs)
+                elif isinstance(event, ToolCallDelta):
+                    yield writer.tool_call(event)
                 elif isinstance(event, Finished):
                     yield writer.finish(event.index, event.reason)
                 elif isinstance(event, Usage) and include_usage:

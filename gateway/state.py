@@ -10,6 +10,7 @@ from backends.metrics import BackendMetrics
 from config.schema import AppConfig
 from gateway.console import Console
 from gateway.metrics import GatewayMetrics
+from gateway.openai_responses.endpoint import ResponsesEndpoint
 from gateway.registry import ModelRegistry
 from gateway.service import CompletionService
 
@@ -24,6 +25,7 @@ class AppState:
     backend_metrics: BackendMetrics
     registry: ModelRegistry
     service: CompletionService
+    responses: ResponsesEndpoint
     admin_key: str | None
     started_at: int
     console: Console

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from backends.base import BackendEvent, Started, TextDelta, Usage
+from backends.base import BackendEvent, Started, TextDelta, ToolCallDelta, Usage
 from gateway.metrics import GatewayMetrics, ModelSeries
 
 request_log = logging.getLogger("llmso.requests")
@@ -57,7 +57,7 @@ class RequestRecord:
         self._series.inflight.inc()
 
     def observe(self, event: BackendEvent) -> None:
-        if isinstance(event, TextDelta):
+        if isinstance(event, TextDelta | ToolCallDelta):
             self._on_text()
         elif isinstance(event, Started):
             self.queue_start_time = event.queued_at

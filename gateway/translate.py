@@ -9,18 +9,22 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
+import orjson
+
 from backends.base import (
     ChatMessage,
+    ContentPart,
     GenerationRequest,
     InvalidRequest,
     RequestKind,
     SamplingParams,
 )
+from gateway import tool_wire
 from gateway.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
-    ContentPart,
     SamplingFields,
+    TextPart,
     WireMessage,
 )
 
@@ -28,7 +32,7 @@ log = logging.getLogger(__name__)
 
 # Without a client limit a backend caps generation at the model's context instead.
 UNSET_MAX_TOKENS = 1 << 20
-_SUPPORTED_ROLES = {"system", "user", "assistant", "developer"}
+_SUPPORTED_ROLES = {"system", "user", "assistant", "developer", "tool", "function"}
 # A list of prompts fans out into one backend request per prompt; bound the fan-out.
 MAX_PROMPTS = 64
 MAX_CHOICES = 128
@@ -40,15 +44,22 @@ def chat_request(wire: ChatCompletionRequest, request_id: str, arrival: float) -
         raise InvalidRequest("top_logprobs requires logprobs to be true", param="top_logprobs")
     limit = wire.max_completion_tokens or wire.max_tokens
     logprobs = (wire.top_logprobs or 0) if wire.logprobs else None
+    specs = tool_wire.tools(wire)
     return GenerationRequest(
         request_id=request_id,
         model=wire.model,
         kind=RequestKind.CHAT,
         sampling=_sampling(wire, limit, logprobs),
-        messages=tuple(_message(index, message) for index, message in enumerate(wire.messages)),
+        messages=tuple(_message(index, wire.messages) for index in range(len(wire.messages))),
         max_tokens_explicit=limit is not None,
         arrival_time=arrival,
         user=wire.user,
+        tools=specs,
+        tool_choice=tool_wire.tool_choice(wire, specs),
+        parallel_tool_calls=wire.parallel_tool_calls,
+        response_format=tool_wire.response_format(wire),
+        logit_bias=_logit_bias(wire),
+        passthrough=_passthrough(wire),
     )
 
 
@@ -75,6 +86,8 @@ def completion_request(
         arrival_time=arrival,
         user=wire.user,
         suffix=wire.suffix,
+        logit_bias=_logit_bias(wire),
+        passthrough=_passthrough(wire),
     )
 
 
@@ -122,9 +135,22 @@ def report_unknown_fields(wire: SamplingFields, request_id: str) -> None:
         log.debug("request %s: ignoring unknown fields %s", request_id, ", ".join(unknown))
 
 
+def _logit_bias(wire: SamplingFields) -> tuple[tuple[str, float], ...]:
+    pairs = tuple((wire.logit_bias or {}).items())
+    for token, bias in pairs:
+        if not token.isdigit() or not -100.0 <= bias <= 100.0:
+            raise InvalidRequest(
+                "logit_bias maps token ids to biases between -100 and 100", param="logit_bias"
+            )
+    return pairs
+
+
+def _passthrough(wire: SamplingFields) -> str:
+    extra = wire.model_extra
+    return orjson.dumps(extra).decode() if extra else ""
+
+
 def _sampling(wire: SamplingFields, limit: int | None, logprobs: int | None) -> SamplingParams:
-    if wire.logit_bias:
-        raise InvalidRequest("logit_bias is not supported", param="logit_bias")
     if wire.stream_options is not None and not wire.stream:
         raise InvalidRequest(
             "stream_options is only allowed when stream is true", param="stream_options"
@@ -146,49 +172,50 @@ def _sampling(wire: SamplingFields, limit: int | None, logprobs: int | None) -> 
 
 
 def _refuse_unsupported_chat(wire: ChatCompletionRequest) -> None:
-    if wire.tools or wire.functions:
-        raise InvalidRequest(
-            "tools are not supported", param="tools" if wire.tools else "functions"
-        )
-    if wire.tool_choice not in (None, "none"):
-        raise InvalidRequest("tool_choice is not supported", param="tool_choice")
-    if wire.function_call not in (None, "none"):
-        raise InvalidRequest("function_call is not supported", param="function_call")
-    if wire.response_format and wire.response_format.get("type", "text") != "text":
-        raise InvalidRequest(
-            "only response_format type 'text' is supported", param="response_format"
-        )
     if wire.audio is not None or (wire.modalities and set(wire.modalities) != {"text"}):
         raise InvalidRequest("only text output is supported", param="modalities")
 
 
-def _message(index: int, message: WireMessage) -> ChatMessage:
+def _message(index: int, messages: list[WireMessage]) -> ChatMessage:
+    message = messages[index]
     where = f"messages[{index}]"
     if message.role not in _SUPPORTED_ROLES:
-        raise InvalidRequest(
-            f"role {message.role!r} is not supported (tools are not supported)",
-            param=f"{where}.role",
-        )
+        raise InvalidRequest(f"role {message.role!r} is not supported", param=f"{where}.role")
+    calls = tool_wire.assistant_calls(index, message) if message.role == "assistant" else ()
+    if message.content is None and not calls:
+        raise InvalidRequest("content must be a string or a list of content parts", param=where)
+    text, parts = _content(where, message)
+    if message.role == "function":  # legacy: the answer to the last function_call
+        call_id = tool_wire.legacy_function_call_id(messages, index)
+        return ChatMessage("tool", text, tool_call_id=call_id, name=message.name, parts=parts)
+    if message.role == "tool" and not message.tool_call_id:
+        raise InvalidRequest("a tool message needs tool_call_id", param=f"{where}.tool_call_id")
+    return ChatMessage(
+        role=message.role,  # type: ignore[arg-type]
+        content=text,
+        tool_calls=calls,
+        tool_call_id=message.tool_call_id if message.role == "tool" else None,
+        name=message.name,
+        parts=parts,
+    )
+
+
+def _content(where: str, message: WireMessage) -> tuple[str, tuple[ContentPart, ...]]:
+    """The text of a message, and every part as sent when any part is not text."""
     content = message.content
-    if content is None:
-        raise InvalidRequest("content must be a string or a list of text parts", param=where)
-    if isinstance(content, str):
-        text = content
-    else:
-        parts: list[str] = []
-        for part_index, part in enumerate(content):
-            if isinstance(part, ContentPart):
-                reason = (
-                    "a text part needs a 'text' string"
-                    if part.type == "text"
-                    else f"content part type {part.type!r} is not supported; only 'text'"
-                )
-                raise InvalidRequest(reason, param=f"{where}.content[{part_index}]")
-            if part.type != "text":
+    if content is None or isinstance(content, str):
+        return content or "", ()
+    texts: list[str] = []
+    for part_index, part in enumerate(content):
+        if part.type == "text":
+            if not isinstance(part, TextPart):
                 raise InvalidRequest(
-                    f"content part type {part.type!r} is not supported; only 'text'",
-                    param=f"{where}.content[{part_index}]",
+                    "a text part needs a 'text' string", param=f"{where}.content[{part_index}]"
                 )
-            parts.append(part.text)
-        text = "\n".join(parts)
-    return ChatMessage(role=message.role, content=text)  # type: ignore[arg-type]
+            texts.append(part.text)
+    raw: tuple[ContentPart, ...] = ()
+    if any(part.type != "text" for part in content):
+        raw = tuple(
+            ContentPart(part.type, orjson.dumps(part.model_dump()).decode()) for part in content
+        )
+    return "\n".join(texts), raw

@@ -37,6 +37,7 @@ from backends.base import (
 from backends.hf import llama_runner
 from backends.hf.detokenizer import TokenTable
 from backends.hf.engine import Engine, EngineLimits, StepPolicy, Submission
+from backends.hf.grammar import GrammarBook, grammar_spec
 from backends.hf.loader import LoadedModel, load, threads_for
 from backends.hf.outputs import Item, Outbox
 from backends.hf.scheduler import ContinuousScheduler
@@ -47,7 +48,13 @@ from config.schema import HFModelConfig
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 30.0
-_FEATURES = TEXT_GENERATION | {Feature.PROMPT_TOKEN_IDS}
+# Tools (Hermes markup, forced by grammar for required/named), both JSON modes, token ids.
+FEATURES = TEXT_GENERATION | {
+    Feature.TOOLS,
+    Feature.JSON_OBJECT,
+    Feature.JSON_SCHEMA,
+    Feature.PROMPT_TOKEN_IDS,
+}
 
 
 class _Sink:
@@ -75,6 +82,7 @@ class HFBackend:
         self._observer = observer
         self._on_crash = on_crash
         self._loaded: LoadedModel | None = None
+        self._grammars: GrammarBook | None = None
         self._engine: Engine | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._not_started = 0
@@ -89,6 +97,12 @@ class HFBackend:
         self._loop = asyncio.get_running_loop()
         loaded, policy_factory = await asyncio.to_thread(self._load)
         self._loaded = loaded
+        self._grammars = await asyncio.to_thread(
+            GrammarBook,
+            loaded.tokenizer,
+            vocab_size=int(loaded.model.config.vocab_size),
+            stop_ids=loaded.eos_ids,
+        )
         limits = EngineLimits(
             max_context=loaded.max_context,
             max_num_seqs=self._config.max_num_seqs,
@@ -178,11 +192,11 @@ class HFBackend:
     def info(self) -> ModelInfo:
         loaded = self._loaded
         if loaded is None:
-            return ModelInfo(max_context=self._config.max_context, features=_FEATURES)
+            return ModelInfo(max_context=self._config.max_context, features=FEATURES)
         return ModelInfo(
+            features=FEATURES,
             max_context=loaded.max_context,
             memory_bytes=loaded.memory_bytes,
-            features=_FEATURES,
             extra={
                 "dtype": str(loaded.dtype).removeprefix("torch."),
                 "device": str(loaded.device),
@@ -200,8 +214,12 @@ class HFBackend:
             raise Overloaded("too many requests waiting for this model", retry_after=1.0)
         sink = _Sink()
         queued_at = request.arrival_time or time.time()
+        grammar = None
+        if self._grammars is not None and grammar_spec(request) is not None:
+            # Compiling takes milliseconds to seconds: never on the loop or engine thread.
+            grammar = await asyncio.to_thread(self._grammars.compile, request)
         try:
-            engine.inbox.put_nowait(Submission(request, sink, queued_at))
+            engine.inbox.put_nowait(Submission(request, sink, queued_at, grammar))
         except queue.Full:
             raise Overloaded("too many requests waiting for this model", retry_after=1.0) from None
         self._not_started += 1

@@ -37,6 +37,7 @@ from backends.hf.detokenizer import TokenTable
 from backends.hf.outputs import Outbox
 from backends.hf.sequence import RequestState, make_choices
 from backends.metrics import WorkerObserver
+from backends.tool_markup import chat_messages, tools_active, tools_json
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class Submission:
     request: GenerationRequest
     sink: Any
     queued_at: float
+    grammar: Any = None  # compiled off this thread (GrammarBook.compile), None when free
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +57,12 @@ class EngineLimits:
     max_num_batched_tokens: int
     max_batch_size: int
     batch_window_s: float
+
+
+def template_takes_tools(tokenizer: Any) -> bool:
+    """Whether the chat template renders a ``tools`` list itself (Hermes, Qwen, Llama 3)."""
+    template = getattr(tokenizer, "chat_template", None)
+    return isinstance(template, str) and "tools" in template
 
 
 class _Stop:
@@ -197,15 +205,20 @@ class Engine:
             max_tokens=max_tokens,
             queued_at=sub.queued_at,
             eos_ids=self._eos,
+            grammar=sub.grammar,
         )
         make_choices(state, self._tok, self._device)
         return state
 
     def _tokenize(self, request: GenerationRequest) -> list[int]:
         if request.kind is RequestKind.CHAT:
-            messages = [{"role": m.role, "content": m.content} for m in request.messages]
+            takes_tools = template_takes_tools(self._tok)
+            messages = chat_messages(request, takes_tools)
+            extra: dict[str, Any] = {}
+            if takes_tools and tools_active(request):
+                extra["tools"] = tools_json(request)
             text = self._tok.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
+                messages, tokenize=False, add_generation_prompt=True, **extra
             )
             ids = list(self._tok(text, add_special_tokens=False)["input_ids"])
         elif request.prompt_token_ids:

@@ -7,6 +7,7 @@ Owner: the engine thread; ``Outbox`` is drained once per step into one cross-thr
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 from backends.base import (
@@ -17,6 +18,7 @@ from backends.base import (
     Started,
     TextDelta,
     TokenLogprob,
+    ToolCallDelta,
     Usage,
 )
 from backends.hf.sequence import Choice, RequestState
@@ -38,7 +40,11 @@ def accept_token(choice: Choice, token: int, logprob: TokenLogprob | None, out: 
     choice.output_ids.append(token)
     choice.unsent += 1
     reason: FinishReason | None = None
-    if token in state.eos_ids and not params.ignore_eos:
+    matcher = choice.matcher
+    if matcher is not None:
+        matcher.accept_token(token)
+    ends = token in state.eos_ids and (not params.ignore_eos or matcher is not None)
+    if ends or (matcher is not None and matcher.is_terminated()):
         text = choice.stop.feed(choice.detok.flush()) + choice.stop.flush()
         reason = "stop"
         logprob = None  # the end-of-sequence token is not part of the text
@@ -50,20 +56,43 @@ def accept_token(choice: Choice, token: int, logprob: TokenLogprob | None, out: 
         elif len(choice.output_ids) >= state.max_tokens:
             reason = "length"
             text += choice.stop.feed(choice.detok.flush()) + choice.stop.flush()
-    if text or logprob is not None:
-        logprobs = (logprob,) if logprob is not None else ()
-        delta = TextDelta(
-            index=choice.index, text=text, logprobs=logprobs, num_tokens=choice.unsent
-        )
-        choice.unsent = 0
-        out.append((state.sink, delta))
+    if choice.tools is None:
+        if text or logprob is not None:
+            _emit(choice, [text], logprob, out)
+    else:
+        pieces = choice.tools.feed(text) if text else []
+        if reason is not None:
+            pieces += choice.tools.flush(cut=reason == "length")
+        if pieces or logprob is not None:
+            _emit(choice, pieces, logprob, out)
+        if reason == "stop" and choice.tools.calls:
+            reason = "tool_calls"
     if reason is not None:
         finish_choice(choice, reason, out)
+
+
+def _emit(
+    choice: Choice, pieces: list[str | ToolCallDelta], logprob: TokenLogprob | None, out: Outbox
+) -> None:
+    """Content pieces become ``TextDelta`` values, calls pass as they are; the step's
+    token count and logprob ride on the first event (a content delta when there is one)."""
+    sink = choice.request.sink
+    logprobs = (logprob,) if logprob is not None else ()
+    if logprobs and not any(isinstance(piece, str) for piece in pieces):
+        pieces = ["", *pieces]
+    for piece in pieces:
+        if isinstance(piece, str):
+            out.append((sink, TextDelta(choice.index, piece, logprobs, choice.unsent)))
+            logprobs = ()
+        else:
+            out.append((sink, replace(piece, num_tokens=choice.unsent)))
+        choice.unsent = 0
 
 
 def finish_choice(choice: Choice, reason: FinishReason, out: Outbox) -> None:
     state = choice.request
     choice.finish = reason
+    choice.matcher = None  # release the grammar state as soon as the choice ends
     out.append((state.sink, Finished(index=choice.index, reason=reason)))
     if state.done:
         out.append(

@@ -4,8 +4,8 @@ Greedy rows without penalties or logprobs take one vectorised ``argmax`` over th
 batch (the common case costs one op per step). Other rows are processed one by one:
 penalties, temperature, top-k, top-p, then a draw from the row's own
 ``torch.Generator``, so a seeded request samples identically alone or in a busy batch.
-Logprobs are the model's log-softmax (after penalties, before temperature), with the
-requested number of top alternatives.
+Logprobs are the model's log-softmax (after penalties and any grammar mask, before
+temperature), with the requested number of top alternatives.
 
 Owner: the engine thread.
 """
@@ -16,6 +16,7 @@ import torch
 
 from backends.base import TokenLogprob, TopLogprob
 from backends.hf.detokenizer import TokenTable
+from backends.hf.grammar import mask_rows
 from backends.hf.sequence import Choice
 
 
@@ -32,7 +33,12 @@ def _needs_row_work(choice: Choice) -> bool:
 def sample(
     logits: torch.Tensor, choices: list[Choice], table: TokenTable
 ) -> list[tuple[int, TokenLogprob | None]]:
-    """One token (and its logprob entry when asked) per row of ``logits`` ([rows, vocab])."""
+    """One token (and its logprob entry when asked) per row of ``logits`` ([rows, vocab]).
+
+    Rows of constrained choices are masked by their grammar first (in place), so the
+    batch-wide argmax and the per-row draws both only see allowed tokens.
+    """
+    mask_rows(logits, [(row, c.matcher) for row, c in enumerate(choices) if c.matcher is not None])
     greedy = logits.argmax(-1).tolist()
     results: list[tuple[int, TokenLogprob | None]] = []
     for row, choice in enumerate(choices):

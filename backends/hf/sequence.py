@@ -15,6 +15,8 @@ import torch
 
 from backends.base import FinishReason, GenerationRequest, SamplingParams
 from backends.hf.detokenizer import IncrementalDetokenizer, StopMatcher, TokenDecoder
+from backends.hf.grammar import new_matcher
+from backends.tool_markup import ToolCallParser, tools_active
 
 
 @dataclass(eq=False)
@@ -32,6 +34,10 @@ class Choice:
     counts: dict[int, int] = field(default_factory=dict)
     finish: FinishReason | None = None
     unsent: int = 0  # tokens whose text is still held back (UTF-8 or stop prefix)
+    # Constrained decoding: this choice's own xgrammar matcher (None when free), and
+    # the parser that turns tool-call markup into ToolCallDelta events.
+    matcher: Any = None
+    tools: ToolCallParser | None = None
 
     @property
     def sampling(self) -> SamplingParams:
@@ -56,6 +62,7 @@ class RequestState:
     prefilled: int = 0  # prompt tokens already in the cache (in choice 0's slot)
     started: bool = False
     aborted: bool = False
+    grammar: Any = None  # compiled xgrammar grammar, or None for free text
 
     @property
     def prefill_done(self) -> bool:
@@ -75,10 +82,12 @@ class RequestState:
 
 
 def make_choices(state: RequestState, tokenizer: TokenDecoder, device: torch.device) -> None:
-    """Create the request's ``n`` choices, each with its own detokenizer, stop matcher and
-    (for sampled requests) its own generator, so a seeded request draws the same numbers
-    whatever else shares the batch."""
+    """Create the request's ``n`` choices, each with its own detokenizer, stop matcher,
+    grammar matcher (when constrained: all start from the same state, so this is the
+    fork) and (for sampled requests) its own generator, so a seeded request draws the
+    same numbers whatever else shares the batch."""
     params = state.request.sampling
+    parse_tools = tools_active(state.request)
     base_seed = params.seed if params.seed is not None else random.getrandbits(63)
     for index in range(params.n):
         generator = None
@@ -92,5 +101,7 @@ def make_choices(state: RequestState, tokenizer: TokenDecoder, device: torch.dev
                 detok=IncrementalDetokenizer(tokenizer, state.prompt_ids),
                 stop=StopMatcher(params.stop),
                 generator=generator,
+                matcher=new_matcher(state.grammar) if state.grammar is not None else None,
+                tools=ToolCallParser(index) if parse_tools else None,
             )
         )

@@ -31,7 +31,6 @@ import aiohttp
 import orjson
 
 from backends.base import (
-    TEXT_GENERATION,
     BackendCrashed,
     BackendError,
     BackendEvent,
@@ -96,7 +95,7 @@ class OpenAIProxyBackend:
         # An upstream serving an embedding model says so with the `embed` capability.
         embeds = "embed" in config.capabilities
         # Token-id prompts and suffix are forwarded; the upstream accepts or refuses them.
-        relayed = TEXT_GENERATION | {Feature.PROMPT_TOKEN_IDS, Feature.SUFFIX}
+        relayed = self._profile.features | {Feature.PROMPT_TOKEN_IDS, Feature.SUFFIX}
         self._features = frozenset({Feature.EMBEDDINGS}) if embeds else relayed
 
     # ------------------------------------------------------------------ lifecycle

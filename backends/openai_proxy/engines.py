@@ -9,12 +9,22 @@ Every engine speaks the OpenAI wire format, but not quite the same dialect:
 - mlx-lm answers ``/v1/models`` with an empty list unless ``HF_HUB_CACHE`` exists, needs
   the served *path* as ``model``, and labels its usage chunk ``object: chat.completion``;
   the stream parser never looks at ``object``, so only the health path differs.
+
+Features (``EngineProfile.features``): what the proxy forwards for the upstream to
+honour. vLLM does tools and both JSON modes, but ``tool_choice: auto`` only when started
+with ``--enable-auto-tool-choice --tool-call-parser hermes`` (or the parser of the
+model's family); ``required``/named tool choice and ``json_schema`` go through its
+structured outputs (xgrammar) without flags. llama-cpp-python honours both JSON modes
+and ``logit_bias``; its tool calling depends on the chat format, so it is not claimed.
+mlx-lm claims nothing beyond text. A ``generic`` upstream is assumed to be OpenAI-like.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
+
+from backends.base import TEXT_GENERATION, Feature
 
 EngineKind = Literal["generic", "vllm", "llamacpp", "mlx"]
 
@@ -31,12 +41,18 @@ class EngineProfile:
     hides_stream_errors: bool = False
     """Whether a rejected streaming request comes back as an empty 200 stream; the real
     error is then fetched by asking again without streaming."""
+    features: frozenset[Feature] = TEXT_GENERATION
+    """What the upstream honours of what the proxy forwards (see the module docstring)."""
 
 
+_JSON = frozenset({Feature.JSON_OBJECT, Feature.JSON_SCHEMA, Feature.LOGIT_BIAS})
+_OPENAI_LIKE = TEXT_GENERATION | _JSON | {Feature.TOOLS, Feature.IMAGE_INPUT, Feature.OTHER_INPUT}
 _PROFILES: dict[str, EngineProfile] = {
-    "generic": EngineProfile("generic", "/v1/models", True, False),
-    "vllm": EngineProfile("vllm", "/health", True, True),
-    "llamacpp": EngineProfile("llamacpp", "/v1/models", False, False, True),
+    "generic": EngineProfile("generic", "/v1/models", True, False, features=_OPENAI_LIKE),
+    "vllm": EngineProfile("vllm", "/health", True, True, features=_OPENAI_LIKE),
+    "llamacpp": EngineProfile(
+        "llamacpp", "/v1/models", False, False, True, features=TEXT_GENERATION | _JSON
+    ),
     "mlx": EngineProfile("mlx", "/health", True, False),
 }
 
@@ -47,9 +63,7 @@ def profile_for(kind: str, health_path: str | None = None) -> EngineProfile:
     if health_path is None:
         return base
     path = health_path if health_path.startswith("/") else f"/{health_path}"
-    return EngineProfile(
-        base.kind, path, base.sends_usage, base.accepts_ignore_eos, base.hides_stream_errors
-    )
+    return replace(base, health_path=path)
 
 
 def split_base_url(base_url: str) -> tuple[str, str]:

@@ -2,7 +2,9 @@
 
 The body always streams with ``stream_options.include_usage`` so token counts come back
 from engines that support it; optional fields are sent only when they differ from the
-OpenAI defaults, so strict servers see a minimal body.
+OpenAI defaults, so strict servers see a minimal body. Tools, tool choice, response
+format, logit_bias, content parts and the wire fields the contract does not model
+(``GenerationRequest.passthrough``) are forwarded as the client sent them.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from backends.base import GenerationRequest, RequestKind
+from backends.base import ChatMessage, GenerationRequest, RequestKind, ResponseFormat, ToolSpec
 from backends.openai_proxy.engines import EngineProfile
 
 CHAT_PATH = "/chat/completions"
@@ -25,15 +27,81 @@ def build_body(
     body: dict[str, Any] = {"model": upstream_model}
     chat = request.kind is RequestKind.CHAT
     if chat:
-        body["messages"] = [{"role": m.role, "content": m.content} for m in request.messages]
+        body["messages"] = [_message(m) for m in request.messages]
+        _add_tools(body, request)
     else:
         body["prompt"] = list(request.prompt_token_ids) or request.prompt
         if request.suffix is not None:
             body["suffix"] = request.suffix
     _add_sampling(body, request, chat=chat, profile=profile)
+    if request.logit_bias:
+        body["logit_bias"] = dict(request.logit_bias)
+    if request.passthrough:
+        for key, value in orjson.loads(request.passthrough).items():
+            body.setdefault(key, value)
     body["stream"] = True
     body["stream_options"] = {"include_usage": True}
     return (CHAT_PATH if chat else COMPLETIONS_PATH), orjson.dumps(body)
+
+
+def _message(message: ChatMessage) -> dict[str, Any]:
+    content: Any = message.content
+    if message.parts:
+        content = [orjson.loads(part.json) for part in message.parts]
+    elif message.tool_calls and not content:
+        content = None  # as OpenAI sends a turn that only calls tools
+    out: dict[str, Any] = {"role": message.role, "content": content}
+    if message.name is not None:
+        out["name"] = message.name
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+            for call in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    return out
+
+
+def _add_tools(body: dict[str, Any], request: GenerationRequest) -> None:
+    if request.tools:
+        body["tools"] = [_tool(tool) for tool in request.tools]
+    choice = request.tool_choice
+    if choice is not None:
+        body["tool_choice"] = (
+            {"type": "function", "function": {"name": choice.name}}
+            if choice.mode == "named"
+            else choice.mode
+        )
+    if request.parallel_tool_calls is not None:
+        body["parallel_tool_calls"] = request.parallel_tool_calls
+    if request.response_format.type != "text":
+        body["response_format"] = _response_format(request.response_format)
+
+
+def _tool(tool: ToolSpec) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": tool.name}
+    if tool.description is not None:
+        function["description"] = tool.description
+    function["parameters"] = orjson.loads(tool.parameters)
+    if tool.strict is not None:
+        function["strict"] = tool.strict
+    return {"type": "function", "function": function}
+
+
+def _response_format(fmt: ResponseFormat) -> dict[str, Any]:
+    if fmt.type != "json_schema":
+        return {"type": fmt.type}
+    spec: dict[str, Any] = {"name": fmt.name, "schema": orjson.loads(fmt.schema or "{}")}
+    if fmt.description is not None:
+        spec["description"] = fmt.description
+    if fmt.strict is not None:
+        spec["strict"] = fmt.strict
+    return {"type": "json_schema", "json_schema": spec}
 
 
 def _add_sampling(

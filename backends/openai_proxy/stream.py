@@ -26,14 +26,22 @@ import orjson
 from backends.base import (
     BackendEvent,
     Finished,
+    FinishReason,
     TextDelta,
     TokenLogprob,
+    ToolCallDelta,
     TopLogprob,
     UpstreamBadResponse,
 )
 from backends.openai_proxy.errors import from_stream_error
+from backends.tool_markup import new_call_id
 
 DONE = b"[DONE]"
+_REASONS: dict[str, FinishReason] = {
+    "length": "length",
+    "tool_calls": "tool_calls",
+    "function_call": "tool_calls",
+}
 
 
 class SSEDecoder:
@@ -65,12 +73,13 @@ class SSEDecoder:
 class ChunkTranslator:
     """Stateful translation of one stream's chunks (one request, ``n`` choices)."""
 
-    __slots__ = ("_chat", "_finished", "_n", "counted_tokens", "done", "usage")
+    __slots__ = ("_calls", "_chat", "_finished", "_n", "counted_tokens", "done", "usage")
 
     def __init__(self, *, chat: bool, n: int) -> None:
         self._chat = chat
         self._n = n
         self._finished: set[int] = set()
+        self._calls: set[tuple[int, int]] = set()  # (choice, call index) already named
         self.done = False
         """The upstream sent ``[DONE]``."""
         self.usage: tuple[int, int] | None = None
@@ -120,6 +129,8 @@ class ChunkTranslator:
         if self._chat:
             delta = choice.get("delta")
             text = delta.get("content") if delta else None
+            if delta and delta.get("tool_calls"):
+                self._tool_calls(index, delta["tool_calls"], out)
         else:
             text = choice.get("text")
         raw_logprobs = choice.get("logprobs")
@@ -131,7 +142,30 @@ class ChunkTranslator:
         reason = choice.get("finish_reason")
         if reason:
             self._finished.add(index)
-            out.append(Finished(index, "length" if reason == "length" else "stop"))
+            out.append(Finished(index, _REASONS.get(reason, "stop")))
+
+    def _tool_calls(self, index: int, calls: Any, out: list[BackendEvent]) -> None:
+        """Relay tool-call deltas as they came, normalised to OpenAI's framing: id and
+        name on a call's first delta only (some engines repeat them on every delta, some
+        omit the id), argument fragments untouched."""
+        for call in calls if isinstance(calls, list) else ():
+            if not isinstance(call, dict):
+                raise UpstreamBadResponse("upstream sent a tool call that is not an object")
+            position = call.get("index") or 0
+            function = call.get("function") or {}
+            fragment = function.get("arguments") or ""
+            if not isinstance(fragment, str):
+                raise UpstreamBadResponse("upstream sent tool-call arguments that are not text")
+            self.counted_tokens += 1
+            if (index, position) in self._calls:
+                if fragment:
+                    out.append(ToolCallDelta(index, position, arguments_fragment=fragment))
+                continue
+            self._calls.add((index, position))
+            call_id = call.get("id") or new_call_id()
+            out.append(
+                ToolCallDelta(index, position, call_id, function.get("name") or "", fragment)
+            )
 
     def _logprobs(self, raw: Any) -> tuple[TokenLogprob, ...]:
         if not isinstance(raw, dict):

@@ -21,7 +21,14 @@ import logging
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
 
-from backends.base import BackendError, BackendEvent, GenerationRequest, ModelInfo, NotReady
+from backends.base import (
+    TEXT_GENERATION,
+    BackendError,
+    BackendEvent,
+    GenerationRequest,
+    ModelInfo,
+    NotReady,
+)
 from backends.metrics import BackendMetrics
 from backends.process.connection import End, WorkerProcess
 from config.schema import HFModelConfig
@@ -110,10 +117,12 @@ class ProcessBackend:
         worker = self._worker
         if self._info is not None and worker is not None and worker.is_ready:
             return self._info
+        # Between workers (restart), keep declaring what the last one served.
         return ModelInfo(
             max_context=self._config.max_context,
             memory_bytes=self._config.memory_bytes,
             extra={"isolation": "process"},
+            features=self._info.features if self._info is not None else TEXT_GENERATION,
         )
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:

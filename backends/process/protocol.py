@@ -41,6 +41,7 @@ from backends.base import (
     Started,
     TextDelta,
     TokenLogprob,
+    ToolCallDelta,
     TopLogprob,
     Usage,
 )
@@ -113,7 +114,7 @@ async def read_frame(reader: asyncio.StreamReader) -> list[Message] | None:
 # dump and ~14 us to load (per-instance __getstate__/__setstate__ in Python), a tuple
 # well under 1 us; at one event per token that is the whole relay budget.
 
-_STARTED, _DELTA, _FINISHED, _USAGE = range(4)
+_STARTED, _DELTA, _FINISHED, _USAGE, _TOOL = range(5)
 
 
 def encode_event(event: BackendEvent) -> tuple[Any, ...]:
@@ -129,6 +130,16 @@ def encode_event(event: BackendEvent) -> tuple[Any, ...]:
         return (_FINISHED, event.index, event.reason)
     if isinstance(event, Usage):
         return (_USAGE, event.prompt_tokens, event.completion_tokens, event.upstream_seconds)
+    if isinstance(event, ToolCallDelta):
+        return (
+            _TOOL,
+            event.index,
+            event.call_index,
+            event.id,
+            event.name,
+            event.arguments_fragment,
+            event.num_tokens,
+        )
     raise TypeError(f"not a BackendEvent: {event!r}")
 
 
@@ -151,6 +162,8 @@ def decode_event(fields: tuple[Any, ...]) -> BackendEvent:
         return Finished(fields[1], fields[2])
     if kind == _USAGE:
         return Usage(fields[1], fields[2], fields[3])
+    if kind == _TOOL:
+        return ToolCallDelta(*fields[1:])
     raise ProtocolError(f"unknown event kind {kind!r}")
 
 

@@ -18,6 +18,7 @@ from backends.base import (
     SamplingParams,
     Started,
     TextDelta,
+    ToolCallDelta,
     Usage,
 )
 from config.schema import HFModelConfig
@@ -72,6 +73,16 @@ class Result:
     def text(self, index: int = 0) -> str:
         return "".join(e.text for e in self.events if isinstance(e, TextDelta) and e.index == index)
 
+    def calls(self, index: int = 0) -> list[tuple[str, str]]:
+        """(name, arguments) of each tool call of choice ``index``, from its deltas."""
+        calls: dict[int, list[str]] = {}
+        for e in self.events:
+            if isinstance(e, ToolCallDelta) and e.index == index:
+                entry = calls.setdefault(e.call_index, ["", ""])
+                entry[0] = e.name or entry[0]
+                entry[1] += e.arguments_fragment
+        return [(name, args) for name, args in calls.values()]
+
     def reason(self, index: int = 0) -> str:
         return next(e.reason for e in self.events if isinstance(e, Finished) and e.index == index)
 
@@ -95,7 +106,7 @@ def check_order(events: list[BackendEvent]) -> None:
     assert sum(isinstance(e, Usage | Started) for e in events) == 2
     finished: set[int] = set()
     for event in events[1:-1]:
-        assert isinstance(event, TextDelta | Finished)
+        assert isinstance(event, TextDelta | ToolCallDelta | Finished)
         assert event.index not in finished, "event after Finished for the same index"
         if isinstance(event, Finished):
             finished.add(event.index)

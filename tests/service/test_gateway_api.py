@@ -268,8 +268,16 @@ async def test_context_length_exceeded(client: httpx.AsyncClient) -> None:
 
 
 async def test_unsupported_parameter_is_refused(client: httpx.AsyncClient) -> None:
-    body = chat_body(tools=[{"type": "function", "function": {"name": "f"}}])
-    assert_error(await client.post("/v1/chat/completions", json=body), 400, None, "tools")
+    # The fake backend declares no tools, json modes or image input: each is refused by name.
+    tool = {"type": "function", "function": {"name": "f"}}
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}
+    for fields, param in (
+        ({"tools": [tool]}, "tools"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"messages": [{"role": "user", "content": [image]}]}, "messages[0].content[0]"),
+    ):
+        response = await client.post("/v1/chat/completions", json=chat_body(**fields))
+        assert_error(response, 400, "unsupported_feature", param)
 
 
 @pytest.mark.parametrize(

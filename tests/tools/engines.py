@@ -87,7 +87,11 @@ def start_vllm(
         "--model", folder or model_folder(),
         "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port),
         "--enforce-eager", "--max-model-len", str(max_model_len), "--max-num-seqs", "8",
-        "--dtype", "bfloat16", *flags,
+        "--dtype", "bfloat16",
+        # Tool calling for chat models; a pooling model (``--runner pooling``) has no chat.
+        *(() if "--runner" in flags else (
+            "--enable-auto-tool-choice", "--tool-call-parser", "hermes")),
+        *flags,
     ]  # fmt: skip
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
     server = start_process(argv, port=port, health_path="/health", timeout=400, env=env)

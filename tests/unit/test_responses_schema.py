@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from backends.base import BackendError, RequestKind, TokenLogprob, TopLogprob, Usage
+from backends.base import BackendError, RequestKind, TokenLogprob, ToolCallDelta, TopLogprob, Usage
 from gateway.errors import error_payload
 from gateway.responses import SSE_DONE, ChoiceAccumulator, ChunkWriter, full_response
 from tests.tools.schemas import validate
@@ -75,3 +75,57 @@ def test_completion_chunks_match_schema() -> None:
 
 def test_error_payload_matches_schema() -> None:
     validate("ErrorResponse", error_payload(BackendError("boom", param="x")))
+
+
+def _tool_choice() -> ChoiceAccumulator:
+    choice = ChoiceAccumulator(finish_reason="tool_calls")
+    choice.add_tool_delta(ToolCallDelta(0, 0, "call_a", "get_weather", '{"city": '))
+    choice.add_tool_delta(ToolCallDelta(0, 0, arguments_fragment='"Oslo"}'))
+    choice.add_tool_delta(ToolCallDelta(0, 1, "call_b", "noop", "{}"))
+    return choice
+
+
+def test_tool_call_response_matches_schema() -> None:
+    body = full_response(
+        RequestKind.CHAT,
+        response_id="chatcmpl-1",
+        created=1,
+        model="m",
+        choices=[_tool_choice()],
+        usage=Usage(3, 2),
+        want_logprobs=False,
+    )
+    validate("CreateChatCompletionResponse", body)
+    message = body["choices"][0]["message"]
+    assert message["content"] is None
+    assert message["tool_calls"] == [
+        {
+            "id": "call_a",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+        },
+        {"id": "call_b", "type": "function", "function": {"name": "noop", "arguments": "{}"}},
+    ]
+    assert body["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_tool_call_chunks_are_shaped_as_openai_sends_them() -> None:
+    writer = ChunkWriter(RequestKind.CHAT, "chatcmpl-1", 1, "m", False)
+    first = decode(writer.tool_call(ToolCallDelta(0, 0, "call_a", "get_weather", "")))
+    later = decode(writer.tool_call(ToolCallDelta(0, 0, arguments_fragment='{"city"')))
+    last = decode(writer.finish(0, "tool_calls"))
+    for payload in (first, later, last):
+        validate("CreateChatCompletionStreamResponse", payload)
+    assert first["choices"][0]["delta"] == {  # type: ignore[index]
+        "tool_calls": [
+            {
+                "index": 0,
+                "id": "call_a",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": ""},
+            }
+        ]
+    }
+    assert later["choices"][0]["delta"] == {  # type: ignore[index]
+        "tool_calls": [{"index": 0, "function": {"arguments": '{"city"'}}]
+    }

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from backends.base import InvalidRequest, RequestKind
+from backends.base import InvalidRequest, RequestKind, ResponseFormat, ToolCall, ToolChoice
 from gateway.errors import from_validation_error
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.translate import (
@@ -16,6 +17,17 @@ from gateway.translate import (
     completion_prompts,
     completion_request,
 )
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        "strict": True,
+    },
+}
+BAD = {"type": "object", "properties": {"city": {"type": "strin"}}}
 
 
 def chat(**fields: Any) -> ChatCompletionRequest:
@@ -76,17 +88,50 @@ def test_content_parts_are_joined() -> None:
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"tool_choice": "auto"}, "tool_choice"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
-        ({"logit_bias": {"1": 2.0}}, "logit_bias"),
+        ({"logit_bias": {"a": 2.0}}, "logit_bias"),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
+        ({"tools": [{"type": "function", "function": {"name": "f g"}}]}, "tools[0].function.name"),
+        ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
         (
-            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-            "messages[0].content[0]",
+            {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice",
         ),
-        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": BAD}}]},
+            "tools[0].function.parameters",
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": BAD},
+                }
+            },
+            "response_format.json_schema.schema",
+        ),
+        ({"response_format": {"type": "yaml"}}, "response_format.type"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {
+                                "id": "c",
+                                "type": "function",
+                                "function": {"name": "f", "arguments": {"a": 1}},
+                            }
+                        ],
+                    }
+                ]
+            },
+            "messages[0].tool_calls[0].function.arguments",
+        ),
+        ({"messages": [{"role": "function", "name": "f", "content": "1"}]}, "messages[0]"),
     ],
 )
 def test_unsupported_chat_fields_name_their_param(fields: dict[str, Any], param: str) -> None:
@@ -162,3 +207,98 @@ def test_completion_best_of_echo_and_suffix() -> None:
 def test_unknown_fields_are_kept_aside() -> None:
     wire = chat(some_future_field=1)
     assert wire.unknown_fields() == ["some_future_field"]
+
+
+def test_tools_and_tool_turns_reach_the_request() -> None:
+    request = chat_request(
+        chat(
+            tools=[TOOL],
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+            parallel_tool_calls=False,
+            messages=[
+                {"role": "user", "content": "weather?"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "call_1",
+                            "type": "function",
+                            "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+            ],
+        ),
+        "rid",
+        1.0,
+    )
+    [tool] = request.tools
+    assert (tool.name, tool.strict) == ("get_weather", True)
+    assert json.loads(tool.parameters)["properties"] == {"city": {"type": "string"}}
+    assert request.tool_choice == ToolChoice("named", "get_weather")
+    assert request.parallel_tool_calls is False
+    assistant, answer = request.messages[1:]
+    assert assistant.content == "" and assistant.tool_calls == (
+        ToolCall("call_1", "get_weather", '{"city":"Oslo"}'),
+    )
+    assert (answer.role, answer.tool_call_id, answer.content) == ("tool", "call_1", "sunny")
+
+
+def test_legacy_functions_map_onto_tools() -> None:
+    request = chat_request(
+        chat(
+            functions=[TOOL["function"]],
+            function_call={"name": "get_weather"},
+            messages=[
+                {"role": "user", "content": "weather?"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "function_call": {"name": "get_weather", "arguments": "{}"},
+                },
+                {"role": "function", "name": "get_weather", "content": "sunny"},
+            ],
+        ),
+        "rid",
+        1.0,
+    )
+    assert [t.name for t in request.tools] == ["get_weather"]
+    assert request.tool_choice == ToolChoice("named", "get_weather")
+    call = request.messages[1].tool_calls[0]
+    assert request.messages[2].role == "tool" and request.messages[2].tool_call_id == call.id
+
+
+def test_response_formats() -> None:
+    assert chat_request(chat(), "r", 1.0).response_format == ResponseFormat()
+    as_object = chat_request(chat(response_format={"type": "json_object"}), "r", 1.0)
+    assert as_object.response_format.type == "json_object"
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    wire = chat(
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "A", "schema": schema, "strict": True},
+        }
+    )
+    fmt = chat_request(wire, "r", 1.0).response_format
+    assert (fmt.type, fmt.name, fmt.strict) == ("json_schema", "A", True)
+    assert json.loads(fmt.schema or "") == schema
+
+
+def test_image_parts_and_unknown_fields_are_kept_for_passthrough() -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}
+    wire = chat(
+        messages=[{"role": "user", "content": [{"type": "text", "text": "what?"}, image]}],
+        logit_bias={"42": -100},
+        vendor_knob={"x": 1},
+    )
+    request = chat_request(wire, "r", 1.0)
+    message = request.messages[0]
+    assert message.content == "what?"
+    assert [json.loads(part.json) for part in message.parts] == [
+        {"type": "text", "text": "what?"},
+        image,
+    ]
+    assert request.logit_bias == (("42", -100.0),)
+    assert json.loads(request.passthrough) == {"vendor_knob": {"x": 1}}

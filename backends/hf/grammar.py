@@ -1,0 +1,157 @@
+"""Grammars for constrained decoding, compiled with ``xgrammar`` (what vLLM and SGLang use).
+
+``GrammarBook`` turns a request's ``response_format`` or forced tool calls into a
+compiled grammar, off the engine thread (``HFBackend.generate`` calls ``compile`` through
+``asyncio.to_thread``), keeping the most recent ``capacity`` grammars keyed by a hash of
+what was compiled. The engine thread then gives each constrained choice its own
+``GrammarMatcher`` (``new_matcher``) and masks that choice's logits row with it
+(``mask_rows``), so constrained and free sequences share one batched forward.
+
+Owner: the backend creates the book; ``compile`` may run on several worker threads at
+once (the cache is guarded by a lock; xgrammar's compiler is thread-safe); the matchers
+belong to the engine thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import xgrammar as xgr
+from xgrammar import structural_tag as st
+
+from backends.base import GenerationRequest, InvalidRequest
+from backends.tool_markup import CLOSE, OPEN, tools_active
+
+
+class GrammarBook:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        vocab_size: int,
+        stop_ids: Iterable[int],
+        capacity: int = 64,
+        threads: int = 1,
+    ) -> None:
+        info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_ids)
+        )
+        self._compiler = xgr.GrammarCompiler(info, max_threads=threads, cache_enabled=False)
+        self._capacity = capacity
+        self._cache: OrderedDict[str, xgr.CompiledGrammar] = OrderedDict()
+        self._lock = threading.Lock()
+        self.vocab_size = vocab_size
+
+    def compile(self, request: GenerationRequest) -> xgr.CompiledGrammar | None:
+        """The grammar ``request`` decodes under, or ``None`` when it is free text.
+
+        Raises ``InvalidRequest`` (naming the param) with xgrammar's reason when the
+        schema uses features the library cannot compile.
+        """
+        spec = grammar_spec(request)
+        if spec is None:
+            return None
+        kind, payload, param = spec
+        key = hashlib.sha256(f"{kind}\0{payload}".encode()).hexdigest()
+        with self._lock:
+            found = self._cache.get(key)
+            if found is not None:
+                self._cache.move_to_end(key)
+                return found
+        try:
+            compiled = self._build(kind, payload)
+        except Exception as exc:  # xgrammar raises RuntimeError/ValueError subclasses
+            raise InvalidRequest(f"cannot compile the grammar: {exc}", param=param) from None
+        with self._lock:
+            self._cache[key] = compiled
+            while len(self._cache) > self._capacity:
+                self._cache.popitem(last=False)
+        return compiled
+
+    def _build(self, kind: str, payload: str) -> xgr.CompiledGrammar:
+        if kind == "json_object":
+            return self._compiler.compile_json_schema(
+                payload, any_whitespace=False, strict_mode=False
+            )
+        if kind == "json_schema":
+            return self._compiler.compile_json_schema(payload, any_whitespace=False)
+        return self._compiler.compile_structural_tag(tool_call_tag(json.loads(payload)))
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+
+def grammar_spec(request: GenerationRequest) -> tuple[str, str, str] | None:
+    """(kind, text to compile, param to blame) for a constrained request, else ``None``.
+
+    Cheap (no compilation); tools take precedence over ``response_format``.
+    """
+    if tools_active(request):
+        choice = request.effective_tool_choice
+        chosen = [t for t in request.tools if choice.mode != "named" or t.name == choice.name]
+        spec = {
+            "auto": choice.mode == "auto",
+            # Several calls only when asked for and no single tool is named: left to
+            # choose, small models keep calling until max_tokens cuts them off.
+            "single": request.parallel_tool_calls is not True or choice.mode == "named",
+            "tools": [[t.name, json.loads(t.parameters)] for t in chosen],
+        }
+        return "tools", json.dumps(spec), "tools"
+    fmt = request.response_format
+    if fmt.type == "json_object":
+        return "json_object", json.dumps({"type": "object"}), "response_format"
+    if fmt.type == "json_schema":
+        return "json_schema", fmt.schema or "{}", "response_format.json_schema.schema"
+    return None
+
+
+def tool_call_tag(spec: dict[str, Any]) -> st.StructuralTag:
+    """The structural tag for Hermes-style calls (``backends.tool_markup``).
+
+    ``required`` / named: the output is nothing but calls, each ``<tool_call>`` JSON
+    whose ``arguments`` match that tool's schema, compact (no free whitespace: every
+    token counts against ``max_tokens``). ``auto``: free text, but once the model
+    writes ``<tool_call>`` the rest of the call is held to the grammar.
+    """
+    tags = [
+        st.TagFormat(
+            begin=f'{OPEN}\n{{"name": {json.dumps(name)}, "arguments": ',
+            content=st.GrammarFormat(
+                grammar=str(xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False))
+            ),
+            end=f"}}\n{CLOSE}",
+        )
+        for name, schema in spec["tools"]
+    ]
+    body: st.Format
+    if spec["auto"]:
+        body = st.TriggeredTagsFormat(triggers=[OPEN], tags=tags, stop_after_first=spec["single"])
+    else:
+        body = st.TagsWithSeparatorFormat(
+            tags=tags, separator="\n", at_least_one=True, stop_after_first=spec["single"]
+        )
+    return st.StructuralTag(format=body)
+
+
+def new_matcher(compiled: xgr.CompiledGrammar) -> xgr.GrammarMatcher:
+    return xgr.GrammarMatcher(compiled)
+
+
+def mask_rows(logits: torch.Tensor, matchers: list[tuple[int, xgr.GrammarMatcher]]) -> None:
+    """Set to -inf every token the row's matcher forbids next, in place."""
+    if not matchers:
+        return
+    bitmask = xgr.allocate_token_bitmask(logits.shape[0], logits.shape[-1])
+    for row, matcher in matchers:
+        matcher.fill_next_token_bitmask(bitmask, row)
+    xgr.apply_token_bitmask_inplace(
+        logits, bitmask, vocab_size=logits.shape[-1], indices=[row for row, _ in matchers]
+    )

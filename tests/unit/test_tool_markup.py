@@ -1,0 +1,100 @@
+"""Hermes tool-call markup: rendering, and parsing a stream cut at any point."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from backends.base import (
+    ChatMessage,
+    GenerationRequest,
+    RequestKind,
+    SamplingParams,
+    ToolCall,
+    ToolCallDelta,
+    ToolChoice,
+    ToolSpec,
+)
+from backends.tool_markup import ToolCallParser, chat_messages, render_call
+
+ARGS = '{"city": "Os\\"lo", "n": [1, {"a": "}"}]}'
+
+
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": ' + ARGS + "}\n</tool_call>"
+
+
+def parse(text: str, step: int) -> tuple[str, list[tuple[str, str]]]:
+    """Feed ``text`` in pieces of ``step`` characters; (content, [(name, arguments)])."""
+    parser = ToolCallParser(0)
+    pieces: list[str | ToolCallDelta] = []
+    for start in range(0, len(text), step):
+        pieces += parser.feed(text[start : start + step])
+    pieces += parser.flush()
+    content = "".join(p for p in pieces if isinstance(p, str))
+    calls: dict[int, list[str]] = {}
+    for piece in pieces:
+        if isinstance(piece, ToolCallDelta):
+            entry = calls.setdefault(piece.call_index, ["", ""])
+            if piece.id is not None:
+                assert piece.id.startswith("call_") and piece.name
+                assert not entry[0], "a call is named once, in its first delta"
+                entry[0] = piece.name
+            entry[1] += piece.arguments_fragment
+    return content, [(name, args) for name, args in calls.values()]
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7, 1000])
+def test_calls_and_content_split_at_any_point(step: int) -> None:
+    text = "Let me check. " + CALL + "\n" + CALL.replace("get_weather", "noop")
+    content, calls = parse(text, step)
+    assert content == "Let me check. "
+    assert calls == [("get_weather", ARGS), ("noop", ARGS)]
+    assert json.loads(calls[0][1])["n"][1] == {"a": "}"}
+
+
+@pytest.mark.parametrize("step", [1, 5])
+def test_plain_text_and_near_markers_pass_through(step: int) -> None:
+    text = "a < b and <tool_cal is not a call; <tool_x> neither"
+    assert parse(text, step) == (text, [])
+
+
+def test_keys_in_another_order_are_parsed_whole() -> None:
+    text = '<tool_call>{"arguments": {"x": 1}, "name": "f"}</tool_call>'
+    assert parse(text, 4) == ("", [("f", '{"x": 1}')])
+
+
+def test_unparseable_markup_stays_content() -> None:
+    text = "<tool_call>not json</tool_call>"
+    assert parse(text, 3) == (text, [])
+
+
+def test_a_cut_inside_a_marker_drops_it() -> None:
+    parser = ToolCallParser(0)
+    assert parser.feed("done <tool") == ["done "]
+    assert parser.flush(cut=True) == []
+
+
+def test_template_without_tools_gets_a_system_prompt_and_markup() -> None:
+    call = ToolCall("call_1", "get_weather", '{"city": "Oslo"}')
+    request = GenerationRequest(
+        request_id="r",
+        model="m",
+        kind=RequestKind.CHAT,
+        sampling=SamplingParams(max_tokens=4),
+        messages=(
+            ChatMessage("user", "weather?"),
+            ChatMessage("assistant", "", tool_calls=(call,)),
+            ChatMessage("tool", "sunny", tool_call_id="call_1"),
+        ),
+        tools=(ToolSpec("get_weather", "weather", '{"type": "object"}'),),
+        tool_choice=ToolChoice("auto"),
+    )
+    system, user, assistant, tool = chat_messages(request, template_takes_tools=False)
+    assert system["role"] == "system" and '"name": "get_weather"' in system["content"]
+    assert user == {"role": "user", "content": "weather?"}
+    assert assistant == {"role": "assistant", "content": render_call(call)}
+    assert tool["role"] == "user" and "sunny" in tool["content"]
+    hf = chat_messages(request, template_takes_tools=True)
+    assert hf[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo"}
+    assert hf[2]["tool_call_id"] == "call_1"
