@@ -64,6 +64,8 @@ class GenerationRequest:
     a tokenizer render the chat template themselves; proxies forward messages as they are.
     ``max_tokens_explicit`` tells a backend whether the client set a limit (a proxy only
     forwards a limit the client asked for). ``arrival_time`` is ``time.time()`` at the edge.
+    ``trace_headers`` are W3C trace-context headers (``traceparent``, ``tracestate``) that a
+    backend calling another server forwards as they are (HTTP headers, gRPC metadata).
     """
 
     request_id: str
@@ -75,6 +77,7 @@ class GenerationRequest:
     max_tokens_explicit: bool = True
     arrival_time: float = 0.0
     user: str | None = None
+    trace_headers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

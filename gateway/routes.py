@@ -20,6 +20,7 @@ import contextlib
 import logging
 import re
 import secrets
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, TypeVar
 
@@ -37,6 +38,8 @@ from gateway.errors import (
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from gateway.service import Generation, server_timing
 from gateway.state import AppState
+from gateway.timing import timing_header
+from gateway.trace_context import client_trace_headers
 from gateway.tracking import RequestRecord
 from gateway.translate import chat_request, completion_request, report_unknown_fields
 
@@ -134,12 +137,18 @@ class GenerationCall:
         translate: Callable[[_WireT, str, float], GenerationRequest],
     ) -> None:
         record = self.record
+        if self._state.tracing is not None:
+            record.trace = self._state.tracing.start_request(self._scope, record.request_id)
         try:
             body = await self._read_body(self._state.max_body_bytes)
             wire = _parse(wire_type, body)
             report_unknown_fields(wire, record.request_id)
             request = translate(wire, record.request_id, record.arrival_time)
             record.requested_model = request.model
+            if record.trace is not None:
+                record.trace.requested(request)
+            else:  # not tracing: relay the client's trace context to upstreams as it came
+                request = client_trace_headers(self._scope, request)
             include_usage = bool(wire.stream_options and wire.stream_options.include_usage)
             await self._serve(request, stream=wire.stream, include_usage=include_usage)
         except ClientDisconnected:
@@ -154,6 +163,8 @@ class GenerationCall:
         finally:
             if record.model:
                 record.finish()
+            if record.trace is not None:
+                record.trace.end(record, record.finish_time or time.time())
 
     async def _serve(
         self, request: GenerationRequest, *, stream: bool, include_usage: bool
@@ -241,6 +252,8 @@ class GenerationCall:
 
     async def _start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self._started = True
+        if self.record.trace is not None:
+            self.record.trace.status_code = status
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def _respond(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
@@ -252,7 +265,11 @@ class GenerationCall:
         if self._started:
             return  # a stream already reported its own failure in-band
         body, extra = error_body(exc)
-        headers = [_JSON, (b"x-request-id", self.record.request_id.encode())]
+        headers = [
+            _JSON,
+            (b"x-request-id", self.record.request_id.encode()),
+            (b"server-timing", timing_header(self.record).encode()),
+        ]
         headers.extend((name.lower().encode(), value.encode()) for name, value in extra.items())
         with contextlib.suppress(OSError, RuntimeError):
             await self._respond(exc.status, body, headers)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
@@ -11,6 +12,9 @@ from config.schema import AppConfig
 from gateway.metrics import GatewayMetrics
 from gateway.registry import ModelRegistry
 from gateway.service import CompletionService
+
+if TYPE_CHECKING:
+    from gateway.tracing import Tracing
 
 
 @dataclass(slots=True)
@@ -25,6 +29,7 @@ class AppState:
     service: CompletionService
     admin_key: str | None
     started_at: int
+    tracing: Tracing | None = None  # None: tracing off (gateway.tracing is never imported)
 
     @property
     def max_body_bytes(self) -> int:
