@@ -177,6 +177,7 @@ def plot(
         costs = [x * 24 * prices.machine_hour for x in xs]
         colors = ["green" if by_replicas[x] else "gray" for x in xs]
         cost_ax.bar(xs, costs, color=colors)
+        cost_ax.set_xticks(xs)
         cost_ax.set_xlabel("replicas (green: meets the SLO at peak)")
         cost_ax.set_ylabel("resident cost per day")
         cost_ax.set_title(f"{r.model}: cost vs replicas")

@@ -278,3 +278,29 @@ def test_endpoint_schemes_pick_the_exporter() -> None:
     grpc_exporter.shutdown()
     with pytest.raises(ValueError, match="otlp_endpoint"):
         TracingConfig(otlp_endpoint="collector:4318")
+
+
+async def test_lazy_load_wait_is_in_the_route_span() -> None:
+    """A model loading on first use: the wait shows in ``route`` and in ``Server-Timing``."""
+    exporter = InMemorySpanExporter()
+    config = AppConfig.model_validate(
+        {
+            "models": [
+                {"name": "echo", "backend": "openai", "base_url": "http://x", "preload": False}
+            ]
+        }
+    )
+    app = build_app(
+        config, backend_factory=lambda m, _c: FakeBackend(m, load_delay=0.2), span_exporter=exporter
+    )
+    async with app.lifespan():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            response = await client.post("/v1/chat/completions", json=_chat(max_tokens=1))
+        assert response.status_code == 200
+        spans = _spans(app, exporter)
+    route = spans["route echo"]
+    assert route.end_time is not None and route.start_time is not None
+    assert route.end_time - route.start_time >= 200_000_000  # the 0.2 s load, in ns
+    load_ms = float(response.headers["server-timing"].split("load;dur=")[1].split(",")[0])
+    assert load_ms >= 200
