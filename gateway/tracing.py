@@ -36,6 +36,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from backends.base import GenerationRequest, RequestKind
 from config.tracing import TracingConfig
+from gateway.timing import queue_seconds
 from gateway.trace_context import trace_carrier
 
 if TYPE_CHECKING:
@@ -202,7 +203,7 @@ class RequestTrace:
         if backend is not None:
             backend.set_attributes(response)
             for name, at in (
-                ("queued", record.queue_start_time),
+                ("queued", _queued_at(record)),
                 ("inference_start", record.inference_start_time),
                 ("first_token", record.first_token_time),
             ):
@@ -231,12 +232,18 @@ def _response_attributes(record: RequestRecord) -> dict[str, Any]:
         attributes["gen_ai.response.finish_reasons"] = list(record.finish_reasons)
     if record.fallback_from:
         attributes["llmso.fallback_from"] = list(record.fallback_from)
-    if record.queue_start_time is not None and record.inference_start_time is not None:
-        attributes["llmso.queue_seconds"] = max(
-            0.0, record.inference_start_time - record.queue_start_time
-        )
+    queued = queue_seconds(record)
+    if queued is not None:
+        attributes["llmso.queue_seconds"] = queued
     if record.first_token_time is not None:
         attributes["llmso.ttft_seconds"] = record.first_token_time - record.arrival_time
     if record.upstream_seconds is not None:
         attributes["llmso.upstream_seconds"] = record.upstream_seconds
     return attributes
+
+
+def _queued_at(record: RequestRecord) -> float | None:
+    start = record.queue_start_time
+    if start is not None and record.routed_at is not None:
+        return max(start, record.routed_at)
+    return start

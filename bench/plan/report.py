@@ -115,7 +115,7 @@ def _explain(r: Recommendation, profile: Profile) -> list[str]:
         + (
             "-"
             if r.cold_share is None
-            else f"{r.cold_share:.2%} of requests would meet a cold start"
+            else f"{r.cold_share:.3%} of requests would meet a cold start"
         )
         + f"; chosen: {'lazy' if r.lazy else 'resident'}."
     )
