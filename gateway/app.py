@@ -103,7 +103,7 @@ def build_app(
 
 
 def _tracing(config: AppConfig, exporter: SpanExporter | None) -> Tracing | None:
-    """The app's tracer provider, or ``None`` (OpenTelemetry never imported) when off."""
+    """The app's tracer provider, or ``None`` when off (the SDK is then never imported)."""
     if not config.tracing.enabled and exporter is None:
         return None
     from gateway.tracing import Tracing
