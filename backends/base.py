@@ -143,6 +143,8 @@ class GenerationRequest:
     parallel calls allowed), so a proxy forwards only what was asked. ``logit_bias`` maps
     token-id strings to biases. ``passthrough`` is a JSON object text of wire fields the
     contract does not model, for proxies to forward untouched ("" when none).
+    ``trace_headers`` are W3C trace-context headers (``traceparent``, ``tracestate``) that a
+    backend calling another server forwards as they are (HTTP headers, gRPC metadata).
     """
 
     request_id: str
@@ -169,6 +171,8 @@ class GenerationRequest:
         if self.tool_choice is not None:
             return self.tool_choice
         return ToolChoice("auto") if self.tools else ToolChoice("none")
+
+    trace_headers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

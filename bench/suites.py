@@ -168,15 +168,17 @@ def models_suite(
     )
 
 
-def _gateway_yaml_openai() -> str:
-    return """\
+def _gateway_yaml_openai(tracing: bool = False) -> str:
+    # Traced: every request sampled, spans exported to the fake upstream's OTLP sink.
+    traced = "tracing:\n  otlp_endpoint: http://127.0.0.1:{port_fake}\n" if tracing else ""
+    return f"""\
 server:
   host: 127.0.0.1
-  port: {port}
-models:
+  port: {{port}}
+{traced}models:
   - name: fake
     backend: openai
-    base_url: http://127.0.0.1:{port_fake}/v1
+    base_url: http://127.0.0.1:{{port_fake}}/v1
     upstream_model: fake
     max_concurrency: 1024
 """
@@ -205,6 +207,8 @@ def overhead_suite(
             "server CPU ms/req: user+system CPU (/proc/<pid>/stat) over the level divided by "
             "measured requests; gateway rows count the gateway process only, direct rows "
             "the fake upstream",
+            "gateway-traced: the same gateway with tracing on (sample_ratio 1.0, OTLP/HTTP "
+            "export to the fake upstream's /v1/traces sink)",
         ),
         services=(
             ServiceSpec(
@@ -234,6 +238,18 @@ def overhead_suite(
                     "{workdir}/gateway-openai.yaml",
                 ),
                 files={"{workdir}/gateway-openai.yaml": _gateway_yaml_openai()},
+                base_url="http://127.0.0.1:{port}/v1",
+                startup_timeout_s=120,
+            ),
+            SystemSpec(
+                label="gateway-traced",
+                command=(
+                    str(root / ".venv/bin/llmso"),
+                    "serve",
+                    "--config",
+                    "{workdir}/gateway-openai-traced.yaml",
+                ),
+                files={"{workdir}/gateway-openai-traced.yaml": _gateway_yaml_openai(tracing=True)},
                 base_url="http://127.0.0.1:{port}/v1",
                 startup_timeout_s=120,
             ),

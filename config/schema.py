@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from config.tracing import TracingConfig
+
 _NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$"
 
 
@@ -144,6 +146,7 @@ class AppConfig(_Frozen):
     server: ServerConfig = Field(default_factory=ServerConfig)
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
     responses: ResponsesConfig = Field(default_factory=ResponsesConfig)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
     models: tuple[ModelConfig, ...] = Field(min_length=1)
     source_path: Path | None = Field(None, exclude=True)
 

@@ -6,10 +6,12 @@ own Prometheus registry, model registry and backends.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
@@ -32,6 +34,11 @@ from gateway.routes import GatewayASGI
 from gateway.service import CompletionService
 from gateway.state import AppState
 
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
+
+    from gateway.tracing import Tracing
+
 log = logging.getLogger(__name__)
 
 BackendFactory = Callable[[ModelConfig, CrashHandler], Backend]
@@ -43,8 +50,10 @@ def build_app(
     admin_key: str | None = None,
     backend_factory: BackendFactory | None = None,
     watch_config: bool = False,
+    span_exporter: SpanExporter | None = None,
 ) -> GatewayASGI:
-    """Create the app. ``backend_factory`` replaces real backends in service tests."""
+    """Create the app. ``backend_factory`` replaces real backends in service tests;
+    ``span_exporter`` turns tracing on with that exporter (tests: the in-memory one)."""
     prometheus = CollectorRegistry()
     backend_metrics = BackendMetrics(prometheus)
     factory = backend_factory or (
@@ -64,6 +73,7 @@ def build_app(
         admin_key=admin_key,
         started_at=int(time.time()),
         console=Console(backend_metrics),
+        tracing=_tracing(config, span_exporter),
     )
     gateway_metrics.finish_sinks.append(state.console.activity.add)
 
@@ -83,6 +93,9 @@ def build_app(
                 await watcher.stop()
             await registry.stop()
             await state.responses.store.close()
+            if state.tracing is not None:
+                # Flushes what is still queued; off the loop, export may block.
+                await asyncio.to_thread(state.tracing.shutdown)
 
     app = FastAPI(
         title="llmso",
@@ -99,3 +112,12 @@ def build_app(
     app.add_exception_handler(StarletteHTTPException, handle_http_exception)
     app.add_exception_handler(Exception, handle_unexpected)
     return GatewayASGI(app, state)
+
+
+def _tracing(config: AppConfig, exporter: SpanExporter | None) -> Tracing | None:
+    """The app's tracer provider, or ``None`` when off (the SDK is then never imported)."""
+    if not config.tracing.enabled and exporter is None:
+        return None
+    from gateway.tracing import Tracing
+
+    return Tracing(config.tracing, exporter)

@@ -1,4 +1,4 @@
-"""The ``llmso`` command: ``serve``, ``prepare-model`` and ``bench``."""
+"""The ``llmso`` command: ``serve``, ``prepare-model``, ``bench`` and ``plan``."""
 
 from __future__ import annotations
 
@@ -21,6 +21,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.cli import main as bench_main
 
         return bench_main(argv[1:])
+    if argv and argv[0] == "plan":
+        from bench.plan.cli import main as plan_main
+
+        return plan_main(argv[1:])
     args = _parser().parse_args(argv)
     settings = Settings()
     configure_logging(settings.log_level, settings.log_format)
@@ -46,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     prepare.add_argument("--config", type=Path, help="YAML config (env LLMSO_CONFIG).")
     commands.add_parser("bench", help="Load generator; see `llmso bench --help`.")
+    commands.add_parser("plan", help="Cost/latency plan from bench results; `llmso plan --help`.")
     return parser
 
 

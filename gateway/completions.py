@@ -184,6 +184,7 @@ class CompletionCall(GenerationCall):
             await self._serve(plan.requests[0], stream=wire.stream, include_usage=include_usage)
             return
         service = self._state.service
+        plan = replace(plan, requests=tuple(self.traced(request) for request in plan.requests))
         async with self._watch_disconnect():
             try:
                 generation = await open_plan(service, plan, record)

@@ -20,6 +20,7 @@ import contextlib
 import logging
 import re
 import secrets
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
 from typing import Any, TypeVar
 
@@ -36,6 +37,8 @@ from gateway.errors import (
 from gateway.protocol import ChatCompletionRequest, SamplingFields
 from gateway.service import Generation, server_timing
 from gateway.state import AppState
+from gateway.timing import timing_header
+from gateway.trace_context import client_trace_headers
 from gateway.tracking import RequestRecord
 from gateway.translate import chat_request, report_unknown_fields
 
@@ -165,6 +168,8 @@ class GenerationCall:
         """Await ``work`` (one request's serving), render what it raises as an error
         response, and finish the record once."""
         record = self.record
+        if self._state.tracing is not None:
+            record.trace = self._state.tracing.start_request(self._scope, record.request_id)
         try:
             await work
         except ClientDisconnected:
@@ -181,6 +186,8 @@ class GenerationCall:
                 record.finish()
             else:  # refused before a model was chosen: only the recent-requests list sees it
                 self._state.console.activity.add_refused(record)
+            if record.trace is not None:
+                record.trace.end(record, record.finish_time or time.time())
 
     async def serve(self, prepare: Prepare) -> None:
         """Another endpoint on this machinery: ``prepare`` turns the body into a request
@@ -199,6 +206,14 @@ class GenerationCall:
                 exc.param = prepared.wire_param(exc.param)
             raise
 
+    def traced(self, request: GenerationRequest) -> GenerationRequest:
+        """Name the request on its trace, or (tracing off) relay the client's trace
+        context to upstreams as it came."""
+        if self.record.trace is not None:
+            self.record.trace.requested(request)
+            return request
+        return client_trace_headers(self._scope, request)
+
     async def _serve(
         self,
         request: GenerationRequest,
@@ -208,6 +223,7 @@ class GenerationCall:
         presenter: Presenter | None = None,
     ) -> None:
         service = self._state.service
+        request = self.traced(request)
         presenter = presenter or ChatPresenter(service, include_usage)
         async with self._watch_disconnect():
             generation = await service.open(request, self.record)
@@ -290,6 +306,8 @@ class GenerationCall:
 
     async def _start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self._started = True
+        if self.record.trace is not None:
+            self.record.trace.status_code = status
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def _respond(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
@@ -301,7 +319,11 @@ class GenerationCall:
         if self._started:
             return  # a stream already reported its own failure in-band
         body, extra = error_body(exc)
-        headers = [_JSON, (b"x-request-id", self.record.request_id.encode())]
+        headers = [
+            _JSON,
+            (b"x-request-id", self.record.request_id.encode()),
+            (b"server-timing", timing_header(self.record).encode()),
+        ]
         headers.extend((name.lower().encode(), value.encode()) for name, value in extra.items())
         with contextlib.suppress(OSError, RuntimeError):
             await self._respond(exc.status, body, headers)

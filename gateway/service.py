@@ -38,6 +38,7 @@ from gateway.errors import error_payload
 from gateway.metrics import GatewayMetrics
 from gateway.registry import ModelOverloaded, ModelRegistry, ModelUnavailable
 from gateway.responses import SSE_DONE, ChoiceAccumulator, ChunkWriter, full_response, new_id, sse
+from gateway.timing import timing_header
 from gateway.tracking import RequestRecord
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,8 @@ class CompletionService:
         try:
             lease = await stack.enter_async_context(self._registry.lease(name))
             routed = replace(request, model=name)
+            if record.trace is not None:
+                routed = record.trace.enter_backend(routed, lease.config.backend)
             require_features(routed, name, lease.backend.info())
             events = lease.backend.generate(routed)
             stack.push_async_callback(_aclose, events)
@@ -230,14 +233,5 @@ async def _aclose(events: AsyncIterator[BackendEvent]) -> None:
 
 
 def server_timing(generation: Generation) -> str:
-    """``Server-Timing`` value: upstream wait and gateway overhead when known, in ms."""
-    record = generation.record
-    total_ms = record.elapsed * 1000.0
-    upstream = record.upstream_seconds
-    if upstream is None:
-        return f"total;dur={total_ms:.2f}"
-    upstream_ms = upstream * 1000.0
-    return (
-        f"upstream;dur={upstream_ms:.2f}, overhead;dur={max(0.0, total_ms - upstream_ms):.2f}, "
-        f"total;dur={total_ms:.2f}"
-    )
+    """``Server-Timing`` value for a response (see ``gateway.timing``)."""
+    return timing_header(generation.record)

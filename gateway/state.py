@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
@@ -13,6 +14,9 @@ from gateway.metrics import GatewayMetrics
 from gateway.openai_responses.endpoint import ResponsesEndpoint
 from gateway.registry import ModelRegistry
 from gateway.service import CompletionService
+
+if TYPE_CHECKING:
+    from gateway.tracing import Tracing
 
 
 @dataclass(slots=True)
@@ -29,6 +33,7 @@ class AppState:
     admin_key: str | None
     started_at: int
     console: Console
+    tracing: Tracing | None = None  # None: tracing off (gateway.tracing is never imported)
 
     @property
     def max_body_bytes(self) -> int:

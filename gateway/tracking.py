@@ -10,11 +10,15 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import orjson
 
-from backends.base import BackendEvent, Started, TextDelta, ToolCallDelta, Usage
+from backends.base import BackendEvent, Finished, Started, TextDelta, ToolCallDelta, Usage
 from gateway.metrics import GatewayMetrics, ModelSeries
+
+if TYPE_CHECKING:
+    from gateway.tracing import RequestTrace
 
 request_log = logging.getLogger("llmso.requests")
 
@@ -39,6 +43,9 @@ class RequestRecord:
     fallback_from: list[str] = field(default_factory=list)
     text_events: int = 0
     _first_token_mono: float | None = None
+    routed_at: float | None = None  # time.time() when the first model's lease was held
+    finish_reasons: list[str] = field(default_factory=list)
+    trace: RequestTrace | None = None  # set only when tracing is on (gateway.tracing)
     _last_token_mono: float | None = None
     _metrics: GatewayMetrics | None = None
     _series: ModelSeries | None = None
@@ -54,6 +61,8 @@ class RequestRecord:
         self.model, self.backend, self._metrics = model, backend, metrics
         self._series = metrics.series(model, backend)
         self.queue_start_time = time.time()
+        if self.routed_at is None:
+            self.routed_at = self.queue_start_time
         self._series.inflight.inc()
 
     def observe(self, event: BackendEvent) -> None:
@@ -62,6 +71,8 @@ class RequestRecord:
         elif isinstance(event, Started):
             self.queue_start_time = event.queued_at
             self.inference_start_time = event.started_at
+        elif isinstance(event, Finished):
+            self.finish_reasons.append(event.reason)
         elif isinstance(event, Usage):
             self.input_tokens = event.prompt_tokens
             self.output_tokens = event.completion_tokens

@@ -236,12 +236,13 @@ class OpenAIProxyBackend:
         chat = request.kind is RequestKind.CHAT
         waited = 0.0
         attempt = 0
+        trace_headers = dict(request.trace_headers) or None
         while True:
             started_at = time.time()
             translator = ChunkTranslator(chat=chat, n=request.sampling.n)
             stream = UpstreamStream(url, translator, self._hop)
             try:
-                await stream.open(session, body)
+                await stream.open(session, body, trace_headers)
                 first = await stream.first_events()
             except BackendError as failure:
                 stream.close()

@@ -89,11 +89,14 @@ class UpstreamStream:
         self.ended = False
         self.waited = 0.0
 
-    async def open(self, session: aiohttp.ClientSession, body: bytes) -> None:
-        """POST ``body``; raises the mapped ``BackendError`` unless the answer is 200."""
+    async def open(
+        self, session: aiohttp.ClientSession, body: bytes, headers: dict[str, str] | None = None
+    ) -> None:
+        """POST ``body`` (with extra ``headers``, e.g. W3C trace context); raises the mapped
+        ``BackendError`` unless the answer is 200."""
         self._sent = time.perf_counter()
         try:
-            response = await session.post(self._url, data=body)
+            response = await session.post(self._url, data=body, headers=headers)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             self.waited += time.perf_counter() - self._sent
             raise self._fail(from_exception(exc, url=self._url)) from exc

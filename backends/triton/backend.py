@@ -176,7 +176,11 @@ class TritonBackend:
         yield Started(queued_at=request.arrival_time or sent_wall, started_at=sent_wall)
 
         sent = time.monotonic()
-        call = self._client.stream_infer(_one(payload), stream_timeout=self._config.total_timeout)
+        call = self._client.stream_infer(
+            _one(payload),
+            stream_timeout=self._config.total_timeout,
+            headers=dict(request.trace_headers) or None,  # gRPC metadata: trace context
+        )
         self._streams.add(call)
         status = "error"
         pieces: list[str] = []

@@ -19,7 +19,8 @@ Flags:
 Endpoints: POST /v1/chat/completions and /v1/completions (streaming with SSE or not;
 ``n``, ``logprobs``/``top_logprobs`` and ``stream_options.include_usage`` honoured),
 GET /v1/models (with ``max_model_len``), GET /health, GET /metrics (running/aborted
-counters as text). Output is deterministic: choice text is a fixed word cycle, so a
+counters as text), POST /v1/traces (an OTLP/HTTP sink that drops what it gets).
+Output is deterministic: choice text is a fixed word cycle, so a
 greedy stream equals a non-stream answer. Validation errors answer in vLLM's shape.
 
 In tests, ``FakeUpstream`` runs the same app in-process, lets a test inject faults
@@ -87,6 +88,7 @@ class FakeUpstream:
         self.completed = 0
         self.bodies: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
+        self.trace_exports = 0
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -99,6 +101,7 @@ class FakeUpstream:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/v1/traces", self._traces)
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
@@ -138,6 +141,13 @@ class FakeUpstream:
     async def _metrics(self, request: web.Request) -> web.Response:
         text = f"fake_running {self.running}\nfake_aborted {self.aborted}\n"
         return web.Response(text=f"{text}fake_completed {self.completed}\n")
+
+    async def _traces(self, request: web.Request) -> web.Response:
+        """An OTLP/HTTP sink: accepts (and drops) span exports, so a traced gateway in the
+        overhead benchmark exports somewhere real."""
+        await request.read()
+        self.trace_exports += 1
+        return web.Response(body=b"", content_type="application/x-protobuf")
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=True)

@@ -58,3 +58,10 @@ def test_overhead_suite_points_the_gateway_at_the_fake() -> None:
     model = _configs(spec)["gateway"].models[0]
     assert isinstance(model, OpenAIModelConfig)
     assert model.base_url == "http://127.0.0.1:18001/v1" and model.name == spec.model
+
+
+def test_overhead_suite_has_a_traced_gateway() -> None:
+    configs = _configs(overhead_suite(ROOT))
+    assert not configs["gateway"].tracing.enabled
+    traced = configs["gateway-traced"].tracing
+    assert traced.otlp_endpoint == "http://127.0.0.1:18001" and traced.sample_ratio == 1.0

@@ -1,0 +1,1 @@
+"""``llmso plan``: cost and latency decisions from measured ``llmso bench`` curves."""

@@ -1,0 +1,221 @@
+"""``llmso plan``: recommend per model from measured bench results, or check a prediction.
+
+    llmso plan --results R.json [R2.json ...] --profile traffic.yaml [--metrics scrape.txt]
+               [--out DIR]
+    llmso plan --results R.json --profile traffic.yaml --validate --base-url URL
+               [--model NAME] [--rates 0.5,1] [--num-requests 20] [--max-num-seqs N]
+
+``--validate`` replays each rate (default: the profile's peak) open loop (Poisson arrivals,
+``bench.loadgen``) against a running gateway and prints predicted vs measured p95 for one
+replica with that gateway's ``max_num_seqs``. Exit codes: 0 ok, 1 no request succeeded,
+2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from bench.client import RequestOptions
+from bench.loadgen import LoadSpec, new_session, run_level
+from bench.plan.inputs import Curve, ModelProfile, Profile, load_cold_starts, load_curves
+from bench.plan.inputs import load_profile as read_profile
+from bench.plan.model import predict
+from bench.plan.recommend import Recommendation, recommend
+from bench.plan.report import markdown, write
+from bench.prompts import builtin_prompts
+from bench.stats import summarize
+
+log = logging.getLogger("bench.plan")
+
+
+def _rates(text: str) -> tuple[float, ...]:
+    values = tuple(float(v) for v in text.split(",") if v.strip())
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError("expected positive numbers like 0.5,1")
+    return values
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="llmso plan", description=__doc__.split("\n\n")[0])
+    p.add_argument("--results", type=Path, nargs="+", required=True, help="bench results.json")
+    p.add_argument("--profile", type=Path, required=True, help="Traffic profile YAML.")
+    p.add_argument("--metrics", type=Path, nargs="*", default=(), help="/metrics scrapes.")
+    p.add_argument("--out", type=Path, default=None, help="Write plan.{md,json,png} here.")
+    p.add_argument("--validate", action="store_true", help="Replay against --base-url.")
+    p.add_argument("--base-url", default=None, help="e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--model", default=None, help="Validate this profile model only.")
+    p.add_argument("--rates", type=_rates, default=None, help="Default: the profile's peak.")
+    p.add_argument("--num-requests", type=int, default=30)
+    p.add_argument("--max-num-seqs", type=int, default=None, help="The gateway's setting.")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def plan(
+    curves: dict[str, Curve], profile: Profile, cold_starts: dict[str, float]
+) -> list[Recommendation]:
+    recs = []
+    for name, model in profile.models.items():
+        if model.system not in curves:
+            known = ", ".join(sorted(curves)) or "none"
+            raise ValueError(f"model {name!r}: no measured system {model.system!r} ({known})")
+        cold: tuple[float | None, str]
+        if name in cold_starts:
+            cold = (cold_starts[name], "llmso_model_load_seconds mean from the scrape")
+        elif model.cold_start_s is not None:
+            cold = (model.cold_start_s, "cold_start_s in the profile, not measured here")
+        else:
+            cold = (None, "not measured")
+        recs.append(
+            recommend(
+                name,
+                curves[model.system],
+                model,
+                slo=profile.slo_of(name),
+                prices=profile.prices_of(name),
+                cold_start=cold,
+            )
+        )
+    return recs
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    model: str
+    rate: float
+    max_num_seqs: int
+    ok: int
+    requests: int
+    predicted_ttft_p95_ms: float
+    measured_ttft_p95_ms: float | None
+    predicted_e2e_p95_ms: float
+    measured_e2e_p95_ms: float | None
+
+    @property
+    def e2e_error(self) -> float | None:
+        if self.measured_e2e_p95_ms is None:
+            return None
+        return self.predicted_e2e_p95_ms / self.measured_e2e_p95_ms - 1.0
+
+
+async def validate(
+    base_url: str,
+    name: str,
+    curve: Curve,
+    model: ModelProfile,
+    *,
+    rates: tuple[float, ...],
+    max_num_seqs: int,
+    num_requests: int,
+    seed: int = 0,
+) -> list[Check]:
+    """Predicted vs measured p95 at each rate for one replica (the running gateway).
+
+    The prediction's batch cap is the highest measured level not above ``max_num_seqs``.
+    """
+    batch = max(lv.concurrency for lv in curve.levels if lv.concurrency <= max_num_seqs)
+    options = RequestOptions(
+        base_url=base_url, model=name, max_tokens=round(model.output_tokens), ignore_eos=True
+    )
+    prompts = builtin_prompts(256)
+    checks = []
+    async with new_session(64) as session:
+        for rate in rates:
+            predicted = predict(curve, model.output_tokens, rate, batch, model.max_queue)
+            load = LoadSpec(rate=rate, num_requests=num_requests, warmup=1, seed=seed)
+            run = await run_level(session, options, prompts, load)
+            summary = summarize(run.results)
+            checks.append(
+                Check(
+                    model=name,
+                    rate=rate,
+                    max_num_seqs=batch,
+                    ok=summary.ok,
+                    requests=summary.requests,
+                    predicted_ttft_p95_ms=predicted.ttft_p95_s * 1000,
+                    measured_ttft_p95_ms=summary.ttft_ms.p95,
+                    predicted_e2e_p95_ms=predicted.e2e_p95_s * 1000,
+                    measured_e2e_p95_ms=summary.e2e_ms.p95,
+                )
+            )
+    return checks
+
+
+def _check_table(checks: list[Check]) -> str:
+    rows = [
+        "| model | rate | max_num_seqs | ok/n | TTFT p95 pred / meas ms "
+        "| E2E p95 pred / meas ms | E2E error |",
+        "|" + "---|" * 7,
+    ]
+    for c in checks:
+        meas_t = "-" if c.measured_ttft_p95_ms is None else f"{c.measured_ttft_p95_ms:.0f}"
+        meas_e = "-" if c.measured_e2e_p95_ms is None else f"{c.measured_e2e_p95_ms:.0f}"
+        err = "-" if c.e2e_error is None else f"{c.e2e_error:+.0%}"
+        rows.append(
+            f"| {c.model} | {c.rate:g} | {c.max_num_seqs} | {c.ok}/{c.requests} "
+            f"| {c.predicted_ttft_p95_ms:.0f} / {meas_t} | {c.predicted_e2e_p95_ms:.0f} / {meas_e} "
+            f"| {err} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def _run(args: argparse.Namespace) -> int:
+    curves = load_curves(args.results)
+    profile = read_profile(args.profile)
+    cold = load_cold_starts(path.read_text(encoding="utf-8") for path in args.metrics)
+    if not args.validate:
+        recs = plan(curves, profile, cold)
+        if args.out:
+            write(args.out, recs, curves, profile)
+        print(markdown(recs, profile), end="")
+        return 0
+    if not args.base_url:
+        log.error("--validate needs --base-url")
+        return 2
+    names = [args.model] if args.model else list(profile.models)
+    checks: list[Check] = []
+    for name in names:
+        model = profile.models[name]
+        curve = curves[model.system]
+        rates = args.rates or (model.peak_rps,)
+        batch = args.max_num_seqs or curve.max_concurrency
+        checks += asyncio.run(
+            validate(
+                args.base_url,
+                name,
+                curve,
+                model,
+                rates=rates,
+                max_num_seqs=batch,
+                num_requests=args.num_requests,
+                seed=args.seed,
+            )
+        )
+    print(_check_table(checks), end="")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        data = [{**asdict(c), "e2e_error": c.e2e_error} for c in checks]
+        (args.out / "validate.json").write_text(json.dumps(data, indent=1) + "\n")
+    return 0 if any(c.ok for c in checks) else 1
+
+
+def main(argv: list[str]) -> int:
+    """Entry point for ``llmso plan ARGS...`` (``argv`` excludes ``plan`` itself)."""
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        return _run(args)
+    except (ValueError, OSError, KeyError, ValidationError) as exc:
+        print(f"llmso plan: {exc}", file=sys.stderr)
+        return 2
