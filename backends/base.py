@@ -75,6 +75,7 @@ class GenerationRequest:
     max_tokens_explicit: bool = True
     arrival_time: float = 0.0
     user: str | None = None
+    priority: int = 0  # lower is served first: the client key's high -1, normal 0, low 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from backends.metrics import BackendMetrics
 from config.schema import AppConfig, ModelConfig
 from gateway import ops_routes
 from gateway.errors import handle_backend_error, handle_http_exception, handle_unexpected
+from gateway.frontdoor.door import FrontDoor
 from gateway.metrics import GatewayMetrics
 from gateway.registry import ConfigWatcher, ModelRegistry, RegistryMetrics
 from gateway.routes import GatewayASGI
@@ -38,6 +39,7 @@ def build_app(
     admin_key: str | None = None,
     backend_factory: BackendFactory | None = None,
     watch_config: bool = False,
+    bind_host: str | None = None,
 ) -> GatewayASGI:
     """Create the app. ``backend_factory`` replaces real backends in service tests."""
     prometheus = CollectorRegistry()
@@ -47,6 +49,7 @@ def build_app(
     )
     registry = ModelRegistry(config, RegistryMetrics(prometheus), factory)
     gateway_metrics = GatewayMetrics(prometheus)
+    frontdoor = FrontDoor(config, registry, gateway_metrics, prometheus, bind_host=bind_host)
     state = AppState(
         config=config,
         prometheus=prometheus,
@@ -56,6 +59,7 @@ def build_app(
         service=CompletionService(registry, gateway_metrics, backend_metrics),
         admin_key=admin_key,
         started_at=int(time.time()),
+        frontdoor=frontdoor,
     )
 
     @asynccontextmanager
@@ -64,7 +68,7 @@ def build_app(
         # Preloads run in the background: /health answers at once, /ready once they are up.
         await registry.start(wait=False)
         if watch_config and config.source_path is not None:
-            watcher = ConfigWatcher(registry, config.source_path)
+            watcher = ConfigWatcher(registry, config.source_path, on_reload=frontdoor.reconfigure)
             watcher.start()
         log.info("llmso ready: %d model(s) configured", len(config.models))
         try:
@@ -73,6 +77,7 @@ def build_app(
             if watcher is not None:
                 await watcher.stop()
             await registry.stop()
+            await frontdoor.close()
 
     app = FastAPI(
         title="llmso",

@@ -18,8 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
-import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, TypeVar
 
@@ -29,11 +27,12 @@ from pydantic import ValidationError
 from backends.base import BackendError, GenerationRequest, InvalidRequest
 from gateway.errors import (
     InternalError,
-    MethodNotAllowed,
     RequestTooLarge,
     error_body,
     from_validation_error,
 )
+from gateway.frontdoor.door import admit, door_record
+from gateway.frontdoor.web import request_id as _request_id
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from gateway.service import Generation, server_timing
 from gateway.state import AppState
@@ -48,7 +47,6 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-_REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:@/+=-]{1,128}$")
 _WireT = TypeVar("_WireT", bound=SamplingFields)
 _JSON = (b"content-type", b"application/json")
 _SSE_HEADERS = [
@@ -80,18 +78,15 @@ class GatewayASGI:
         return context
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        handler = self._routes.get(scope["path"]) if scope["type"] == "http" else None
-        if handler is None:
+        if scope["type"] != "http":
             await self.api(scope, receive, send)
-        elif scope["method"] == "POST":
-            await handler(scope, receive, send)
+            return
+        handler = self._routes.get(scope["path"])
+        # The front door: Host, method, Content-Type, key, body deadline, accounting.
+        if handler is None:
+            await self.state.frontdoor.serve_other(scope, receive, send, self.api)
         else:
-            body, _ = error_body(
-                MethodNotAllowed(f"method {scope['method']} not allowed on {scope['path']}")
-            )
-            headers = [_JSON, (b"allow", b"POST")]
-            await send({"type": "http.response.start", "status": 405, "headers": headers})
-            await send({"type": "http.response.body", "body": body, "more_body": False})
+            await self.state.frontdoor.serve(scope, receive, send, handler)
 
     async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
         await GenerationCall(self.state, scope, receive, send).run(
@@ -126,7 +121,9 @@ class GenerationCall:
         self._started = False
         self._complete = False
         self._disconnected = False
-        self.record = RequestRecord(request_id=_request_id(scope), requested_model="")
+        self.record = door_record(scope) or RequestRecord(
+            request_id=_request_id(scope), requested_model=""
+        )
 
     async def run(
         self,
@@ -138,7 +135,9 @@ class GenerationCall:
             body = await self._read_body(self._state.max_body_bytes)
             wire = _parse(wire_type, body)
             report_unknown_fields(wire, record.request_id)
-            request = translate(wire, record.request_id, record.arrival_time)
+            request = await admit(
+                self._scope, translate(wire, record.request_id, record.arrival_time)
+            )
             record.requested_model = request.model
             include_usage = bool(wire.stream_options and wire.stream_options.include_usage)
             await self._serve(request, stream=wire.stream, include_usage=include_usage)
@@ -263,13 +262,6 @@ def _header(scope: Scope, name: bytes) -> str | None:
         if key == name:
             return bytes(value).decode("latin-1")
     return None
-
-
-def _request_id(scope: Scope) -> str:
-    for key, value in scope["headers"]:
-        if key == b"x-request-id" and _REQUEST_ID.match(value):
-            return bytes(value).decode()
-    return secrets.token_hex(16)
 
 
 def _parse(model: type[_WireT], body: Any) -> _WireT:

@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry
 
 from backends.metrics import BackendMetrics
 from config.schema import AppConfig
+from gateway.frontdoor.door import FrontDoor
 from gateway.metrics import GatewayMetrics
 from gateway.registry import ModelRegistry
 from gateway.service import CompletionService
@@ -25,6 +26,7 @@ class AppState:
     service: CompletionService
     admin_key: str | None
     started_at: int
+    frontdoor: FrontDoor
 
     @property
     def max_body_bytes(self) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
@@ -17,6 +18,9 @@ from backends.base import BackendEvent, Started, TextDelta, Usage
 from gateway.metrics import GatewayMetrics, ModelSeries
 
 request_log = logging.getLogger("llmso.requests")
+
+UNROUTED = "unrouted"
+"""The ``model`` label of a request refused before it was routed to a model."""
 
 
 @dataclass(slots=True)
@@ -37,6 +41,9 @@ class RequestRecord:
     status: str = "ok"
     error_type: str | None = None
     fallback_from: list[str] = field(default_factory=list)
+    key: str | None = None  # the client key's configured name, never the key
+    streamed_tokens: int = 0  # tokens seen so far, for requests cut short before Usage
+    may_use: Callable[[str], bool] | None = None  # the client key's model allow-list
     _last_token_mono: float | None = None
     _metrics: GatewayMetrics | None = None
     _series: ModelSeries | None = None
@@ -56,6 +63,7 @@ class RequestRecord:
 
     def observe(self, event: BackendEvent) -> None:
         if isinstance(event, TextDelta):
+            self.streamed_tokens += event.num_tokens
             self._on_text()
         elif isinstance(event, Started):
             self.queue_start_time = event.queued_at
@@ -80,6 +88,10 @@ class RequestRecord:
     def elapsed(self) -> float:
         return time.perf_counter() - self.arrival_mono
 
+    def track(self, metrics: GatewayMetrics) -> None:
+        """Count this request even if it never reaches a model (label ``unrouted``)."""
+        self._metrics = metrics
+
     def fail(self, status: str, error_type: str | None) -> None:
         self.status, self.error_type = status, error_type
 
@@ -90,6 +102,8 @@ class RequestRecord:
         self.finish_time = time.time()
         if self._metrics is not None and self._series is not None:
             self._observe_finish(self._metrics, self._series)
+        elif self._metrics is not None:
+            self._metrics.requests.labels(UNROUTED, "none", self.status).inc()
         if request_log.isEnabledFor(logging.INFO):
             request_log.info(orjson.dumps(self.log_fields()).decode())
 
@@ -110,7 +124,8 @@ class RequestRecord:
         return {
             "event": "request_finished",
             "request_id": self.request_id,
-            "model": self.model or self.requested_model,
+            "model": self.model or self.requested_model or UNROUTED,
+            "key": self.key,
             "backend": self.backend or None,
             "arrival_time": self.arrival_time,
             "queue_start_time": self.queue_start_time,

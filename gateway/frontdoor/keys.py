@@ -1,0 +1,121 @@
+"""Client keys: who is calling, and which models they may use.
+
+``KeyRing`` is immutable and built from ``auth:``; a config reload builds a new one and
+swaps it in whole. It keeps only SHA-256 digests: a presented key is hashed once and
+compared with EVERY stored digest by ``hmac.compare_digest`` (no early exit), so the
+time taken says nothing about which key, or how much of one, matched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Iterable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from config.frontdoor import PRIORITY_RANK, AuthConfig
+from config.schema import ModelConfig
+from gateway.errors import Unauthorized
+from gateway.frontdoor.limits import KeyLimits
+from gateway.frontdoor.web import header
+from gateway.registry import ModelNotFound
+from gateway.registry.routing import CAPABILITY_PREFIX
+
+ANONYMOUS = "anonymous"
+UNAUTHENTICATED = "unauthenticated"
+
+
+@dataclass(frozen=True, slots=True)
+class Client:
+    """An identified caller: its name (never the key), limits, priority and models."""
+
+    name: str
+    limits: KeyLimits
+    priority: int = 0
+    models: tuple[str, ...] | None = None
+
+    @property
+    def limited(self) -> bool:
+        limits = self.limits
+        return any(
+            value is not None
+            for value in (limits.rpm, limits.tpm, limits.max_parallel, limits.tokens_per_day)
+        )
+
+    def may_use(self, model: ModelConfig) -> bool:
+        if self.models is None:
+            return True
+        for entry in self.models:
+            if entry.startswith(CAPABILITY_PREFIX):
+                if entry[len(CAPABILITY_PREFIX) :] in model.capabilities:
+                    return True
+            elif entry == model.name or entry in model.aliases:
+                return True
+        return False
+
+
+OPEN_DOOR = Client(ANONYMOUS, KeyLimits())
+
+
+class KeyRing:
+    def __init__(self, auth: AuthConfig) -> None:
+        self.required = auth.required
+        self.names = tuple(key.name for key in auth.keys)
+        self._entries = [
+            (
+                bytes.fromhex(key.key_sha256),
+                Client(
+                    key.name,
+                    KeyLimits(key.rpm, key.tpm, key.max_parallel, key.tokens_per_day),
+                    PRIORITY_RANK[key.priority],
+                    key.models,
+                ),
+            )
+            for key in auth.keys
+        ]
+
+    def clients(self) -> list[Client]:
+        return [client for _, client in self._entries]
+
+    def identify(self, scope: MutableMapping[str, Any]) -> Client:
+        """The caller of this request; raises 401 when a key is required and not valid."""
+        if not self.required:
+            return OPEN_DOOR
+        presented = presented_key(scope)
+        if not presented:
+            raise Unauthorized(
+                "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'."
+            )
+        digest = hashlib.sha256(presented).digest()
+        found: Client | None = None
+        for stored, client in self._entries:
+            if hmac.compare_digest(digest, stored):
+                found = client
+        if found is None:
+            raise Unauthorized("Incorrect API key provided.")
+        return found
+
+
+def presented_key(scope: MutableMapping[str, Any]) -> bytes | None:
+    auth = header(scope, b"authorization")
+    if auth is not None:
+        scheme, _, value = auth.partition(b" ")
+        if scheme.lower() == b"bearer":
+            return value.strip() or None
+        return None
+    azure = header(scope, b"api-key")
+    return azure.strip() if azure else None
+
+
+def not_found(requested: str) -> ModelNotFound:
+    """The same 404 the router gives a model that does not exist (no existence leak)."""
+    if requested.startswith(CAPABILITY_PREFIX):
+        capability = requested[len(CAPABILITY_PREFIX) :]
+        return ModelNotFound(f"No model has the capability '{capability}'", param="model")
+    return ModelNotFound(f"The model '{requested}' does not exist", param="model")
+
+
+def visible(client: Client, models: Iterable[ModelConfig]) -> set[str]:
+    """Canonical names of the models ``client`` may use."""
+    return {model.name for model in models if client.may_use(model)}
