@@ -21,6 +21,7 @@ from backends.metrics import BackendMetrics
 from config.schema import AppConfig, ModelConfig
 from gateway import ops_routes
 from gateway.errors import handle_backend_error, handle_http_exception, handle_unexpected
+from gateway.frontdoor import usage
 from gateway.frontdoor.door import FrontDoor
 from gateway.metrics import GatewayMetrics
 from gateway.registry import ConfigWatcher, ModelRegistry, RegistryMetrics
@@ -88,6 +89,7 @@ def build_app(
     )
     app.state.llmso = state
     app.include_router(ops_routes.router)
+    app.include_router(usage.router)
     app.add_exception_handler(BackendError, handle_backend_error)
     app.add_exception_handler(StarletteHTTPException, handle_http_exception)
     app.add_exception_handler(Exception, handle_unexpected)

@@ -50,15 +50,21 @@ async def metrics(request: Request) -> Response:
 @router.get("/v1/models")
 async def list_models(request: Request) -> Response:
     state = _state(request)
-    data = [_model_card(status, state.started_at) for status in state.registry.list_models()]
+    client = state.frontdoor.keys.identify(request.scope)  # only the key's models
+    data = [
+        _model_card(status, state.started_at)
+        for status in state.registry.list_models()
+        if client.may_use(status)
+    ]
     return _json({"object": "list", "data": data})
 
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, request: Request) -> Response:
     state = _state(request)
+    client = state.frontdoor.keys.identify(request.scope)
     for status in state.registry.list_models():
-        if model_id == status.name or model_id in status.aliases:
+        if (model_id == status.name or model_id in status.aliases) and client.may_use(status):
             return _json(_model_card(status, state.started_at))
     raise ModelNotFound(f"The model '{model_id}' does not exist", param="model")
 

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterable, MutableMapping
+from collections.abc import MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from config.frontdoor import PRIORITY_RANK, AuthConfig
-from config.schema import ModelConfig
 from gateway.errors import Unauthorized
 from gateway.frontdoor.limits import KeyLimits
 from gateway.frontdoor.web import header
@@ -24,6 +23,17 @@ from gateway.registry.routing import CAPABILITY_PREFIX
 
 ANONYMOUS = "anonymous"
 UNAUTHENTICATED = "unauthenticated"
+
+
+class Named(Protocol):
+    """A model config or status: what an allow-list entry can match."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def aliases(self) -> tuple[str, ...]: ...
+    @property
+    def capabilities(self) -> tuple[str, ...]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +53,7 @@ class Client:
             for value in (limits.rpm, limits.tpm, limits.max_parallel, limits.tokens_per_day)
         )
 
-    def may_use(self, model: ModelConfig) -> bool:
+    def may_use(self, model: Named) -> bool:
         if self.models is None:
             return True
         for entry in self.models:
@@ -114,8 +124,3 @@ def not_found(requested: str) -> ModelNotFound:
         capability = requested[len(CAPABILITY_PREFIX) :]
         return ModelNotFound(f"No model has the capability '{capability}'", param="model")
     return ModelNotFound(f"The model '{requested}' does not exist", param="model")
-
-
-def visible(client: Client, models: Iterable[ModelConfig]) -> set[str]:
-    """Canonical names of the models ``client`` may use."""
-    return {model.name for model in models if client.may_use(model)}
