@@ -109,6 +109,12 @@ class LimitsConfig(_Frozen):
         3600.0, gt=0, description="A max_parallel slot is freed after this long even if lost."
     )
     prefix: str = Field("llmso", description="Prefix of the store's keys.")
+    unset_max_tokens: int = Field(
+        1024,
+        gt=0,
+        description="Completion tokens reserved for a request that sets no max_tokens "
+        "(settled with the real usage at the end).",
+    )
 
     @field_validator("store")
     @classmethod

@@ -68,6 +68,7 @@ class FrontDoor:
         self.keys = KeyRing(config.auth)
         self.key_metrics = KeyMetrics(prometheus)
         self.store = GuardedStore(open_store(config.limits), config.limits, self.key_metrics)
+        self.unset_max_tokens = config.limits.unset_max_tokens
         self.registry = registry
         self._metrics = metrics
 
@@ -147,7 +148,11 @@ class Pass:
         if not client.limited:
             return request
         self._prompt_estimate = estimate_prompt_tokens(request)
-        cost = self._prompt_estimate + request.sampling.max_tokens * request.sampling.n
+        sampling = request.sampling
+        completion = sampling.max_tokens
+        if not request.max_tokens_explicit:
+            completion = min(completion, self._door.unset_max_tokens)
+        cost = self._prompt_estimate + completion * sampling.n
         ask = Ask(client.name, client.limits, cost, f"{request.request_id}-{secrets.token_hex(4)}")
         verdict = await self._door.store.admit(ask)
         self.verdict = verdict
