@@ -24,6 +24,7 @@ from gateway.errors import handle_backend_error, handle_http_exception, handle_u
 from gateway.frontdoor import usage
 from gateway.frontdoor.door import FrontDoor
 from gateway.metrics import GatewayMetrics
+from gateway.openapi import document
 from gateway.registry import ConfigWatcher, ModelRegistry, RegistryMetrics
 from gateway.routes import GatewayASGI
 from gateway.service import CompletionService
@@ -93,4 +94,6 @@ def build_app(
     app.add_exception_handler(BackendError, handle_backend_error)
     app.add_exception_handler(StarletteHTTPException, handle_http_exception)
     app.add_exception_handler(Exception, handle_unexpected)
-    return GatewayASGI(app, state)
+    asgi = GatewayASGI(app, state)
+    document(app, asgi.documented)
+    return asgi

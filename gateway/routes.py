@@ -70,6 +70,11 @@ class GatewayASGI:
             "/v1/chat/completions": self._chat,
             "/v1/completions": self._completion,
         }
+        # For /openapi.json (gateway.openapi): each route's wire type and summary.
+        self.documented: dict[str, tuple[type[SamplingFields], str]] = {
+            "/v1/chat/completions": (ChatCompletionRequest, "Create a chat completion"),
+            "/v1/completions": (CompletionRequest, "Create a completion"),
+        }
 
     def lifespan(self) -> contextlib.AbstractAsyncContextManager[None]:
         """The app's start-up and shut-down, for tests that drive it without a server."""
