@@ -1,8 +1,8 @@
 """A limit store behind a timeout and a failure policy.
 
 Every call gets ``timeout`` seconds. A failure (an error or a timeout) marks the store
-down for ``retry_interval`` seconds, during which calls do not even try it, so a dead
-store costs one timeout per interval, not one per request; the first call after the
+down for ``retry_interval`` seconds, during which admissions do not even try it, so a
+dead store costs one timeout per interval, not one per request; the first call after the
 interval tries again, and the store is back as soon as one call succeeds. While it is
 down, ``on_store_error: allow`` admits without limits (``Verdict.reason == "store"``,
 counted and logged) and ``deny`` refuses with 503.
@@ -87,8 +87,8 @@ class GuardedStore:
         return verdict
 
     async def settle(self, settlement: Settlement) -> None:
-        if self._skipping():
-            return  # its lease expires on its own (limits.lease_ttl)
+        # Tried even while the store is marked down: a lost release would hold a
+        # max_parallel slot until its lease expires. It runs after the response is sent.
         try:
             await asyncio.wait_for(self._store.settle(settlement), self._timeout)
         except Exception as exc:
