@@ -153,7 +153,10 @@ class ContinuousScheduler:
     def _can_admit(self, state: RequestState) -> bool:
         if self._one_at_a_time and (self.decoding or self.prefilling):
             return False
-        return self._reserved() + state.n <= self._max_seqs
+        limit = self._max_seqs
+        if self.decoding or self.prefilling:  # an idle engine takes anything that fits
+            limit -= self.waiting.held_back(state, self._max_seqs)
+        return self._reserved() + state.n <= limit
 
     def _add_chunk(
         self,

@@ -12,8 +12,10 @@ from backends.hf.waiting import AGING, WaitingQueue, shed_limit
 from tests.unit.test_hf_scheduler import _scheduler, _state
 
 
-def state(priority: int, queued_at: float, prompt: list[int] | None = None) -> RequestState:
-    made = _state(prompt or [3, 4], 2)
+def state(
+    priority: int, queued_at: float, prompt: list[int] | None = None, max_tokens: int = 2
+) -> RequestState:
+    made = _state(prompt or [3, 4], max_tokens)
     made.request = replace(made.request, priority=priority)
     made.queued_at = queued_at
     return made
@@ -57,3 +59,27 @@ def test_continuous_scheduler_admits_high_first() -> None:
     sched.step(out)
     assert sched.prefilling + [c.request for c in sched.decoding] == [high]
     assert list(sched.waiting) == [low]
+
+
+def test_a_slot_is_held_back_for_high_priority_while_it_is_about() -> None:
+    sched = _scheduler(2, 64)
+    out: Outbox = []
+    first, second = state(1, 0.0, [5, 6]), state(1, 0.1, [7, 8])
+    sched.add(first, out)
+    sched.add(second, out)
+    sched.step(out)
+    assert len(sched.decoding) == 2  # no high traffic yet: every slot serves low
+    held = _scheduler(2, 64)
+    held.add(state(-1, 0.0, [9], max_tokens=1), out)  # a high request comes and goes
+    held.step(out)
+    assert not held.has_work()
+    for item in (state(1, 1.0, [5, 6], 20), state(1, 1.1, [7, 8], 20), state(1, 1.2, [3], 20)):
+        held.add(item, out)
+    held.step(out)
+    assert len(held.decoding) == 1  # the first low one on an idle engine
+    held.step(out)
+    assert len(held.decoding) == 1 and len(held.waiting) == 2  # one slot kept for high
+    high = state(-1, 2.0, [4, 4], 20)
+    held.add(high, out)
+    held.step(out)
+    assert high in [choice.request for choice in held.decoding]
