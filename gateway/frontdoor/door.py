@@ -117,8 +117,9 @@ class FrontDoor:
             await handler(scope, BodyDeadline(receive, self.web.body_timeout), door.send)
         except BackendError as exc:
             record.fail("client_error" if exc.status < 500 else "server_error", exc.error_type)
-            extra = [(b"allow", b"POST")] if isinstance(exc, MethodNotAllowed) else []
-            await _send_error(door.send, exc, record.request_id.encode(), extra)
+            if not door.started:  # else the handler has answered (and said so in-band)
+                extra = [(b"allow", b"POST")] if isinstance(exc, MethodNotAllowed) else []
+                await _send_error(door.send, exc, record.request_id.encode(), extra)
         finally:
             await door.finish()
 
@@ -135,6 +136,7 @@ class Pass:
         self.origin = origin
         self.client: Client | None = None
         self.verdict: Verdict | None = None
+        self.started = False
         self._ask: Ask | None = None
         self._prompt_estimate = 0
 
@@ -175,6 +177,7 @@ class Pass:
 
     async def send(self, message: Message) -> None:
         if message["type"] == "http.response.start":
+            self.started = True
             headers = list(message.get("headers", ()))
             headers.extend(await self._headers(message["status"]))
             message = {**message, "headers": headers}
