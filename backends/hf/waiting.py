@@ -31,12 +31,13 @@ AGING = 10.0
 HIGH_WINDOW = 30.0
 """Seconds after a high-priority arrival during which slots are held back for high."""
 
-_SHED_SHARE = {-1: 1.0, 0: 0.85, 1: 0.5}
+_SHED_SHARE = {-1: 1.0, 0: 1.0, 1: 0.5}
 
 
 def shed_limit(max_queue: int, priority: int) -> int:
     """Waiting requests beyond which a new request of ``priority`` is refused (429):
-    under overload low priority is shed first, then normal, high last."""
+    under overload low priority is shed first (at half of ``max_queue``); normal and
+    high use the whole queue, where high is then served first."""
     share = _SHED_SHARE.get(max(-1, min(1, priority)), 1.0)
     return max(1, int(max_queue * share))
 

@@ -45,7 +45,7 @@ def test_aging_bounds_how_long_low_waits() -> None:
 
 def test_low_priority_is_shed_first() -> None:
     assert shed_limit(100, 1) == 50
-    assert shed_limit(100, 0) == 85
+    assert shed_limit(100, 0) == 100  # normal keeps the queue it always had
     assert shed_limit(100, -1) == 100
     assert shed_limit(1, 1) == 1  # never zero: an idle model serves every priority
 
