@@ -4,10 +4,12 @@ and all-or-nothing admission, on the in-process store with an explicit clock."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
 from config.frontdoor import KeyConfig, hash_key
+from config.loader import ConfigError, load_config
 from gateway.frontdoor.limits import (
     Ask,
     KeyLimits,
@@ -119,3 +121,18 @@ def test_plain_keys_are_hashed_at_load_and_never_kept() -> None:
     assert "sk-test-123456" not in repr(key) + key.model_dump_json()
     with pytest.raises(ValueError, match="not set"):
         KeyConfig.model_validate({"name": "a", "key": "${NOT_SET_ANYWHERE}"})
+
+
+def test_bad_auth_config_names_the_field(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "models:\n  - {name: a, backend: openai, base_url: http://u}\n"
+        "auth:\n  keys:\n    - {name: x, key: sk-0123456789, key_sha256: " + "0" * 64 + "}\n"
+    )
+    with pytest.raises(ConfigError, match=r"auth\.keys\.0.*not both"):
+        load_config(path)
+    path.write_text(
+        "models:\n  - {name: a, backend: openai, base_url: http://u}\nlimits: {store: mysql://x}\n"
+    )
+    with pytest.raises(ConfigError, match=r"limits\.store"):
+        load_config(path)
