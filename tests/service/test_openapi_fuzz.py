@@ -18,7 +18,7 @@ from schemathesis.checks import not_a_server_error, response_schema_conformance
 from backends.base import Backend
 from config.schema import ModelConfig
 from gateway.app import build_app
-from tests.service.test_frontdoor import ADMIN, EchoBackend, make_config
+from tests.tools.frontdoor_app import ADMIN, EchoBackend, make_config
 
 GENERATION = ("/v1/chat/completions", "/v1/completions")
 
