@@ -156,7 +156,8 @@ class BodyDeadline:
             return await self._receive()
         remaining = self._deadline - time.monotonic()
         try:
-            message = await asyncio.wait_for(self._receive(), max(0.0, remaining))
+            async with asyncio.timeout(max(0.0, remaining)):
+                message = await self._receive()
         except TimeoutError:
             self._done = True
             raise RequestTimeout("request body did not arrive in time") from None
