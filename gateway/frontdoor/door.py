@@ -146,7 +146,8 @@ class Pass:
             return request
         if client.models is not None:
             self._check_model(client, request.model)
-        request = replace(request, priority=client.priority)
+        if request.priority != client.priority:
+            request = replace(request, priority=client.priority)
         if not client.limited:
             return request
         self._prompt_estimate = estimate_prompt_tokens(request)
@@ -176,6 +177,9 @@ class Pass:
             raise not_found(requested)
 
     async def send(self, message: Message) -> None:
+        if self.started:  # the per-frame path of a stream: nothing to add
+            await self._send(message)
+            return
         if message["type"] == "http.response.start":
             self.started = True
             headers = list(message.get("headers", ()))

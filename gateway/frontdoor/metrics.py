@@ -8,6 +8,7 @@ Labels are bounded: ``key`` is a configured key name, ``anonymous`` (auth off) o
 from __future__ import annotations
 
 from collections import Counter as Tally
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -39,13 +40,21 @@ class KeyMetrics:
         self.store_up.set(1)
         self.request_tally: dict[str, Tally[str]] = {}
         self.token_tally: dict[str, Tally[str]] = {}
+        self._children: dict[tuple[int, str, str], Any] = {}  # labels() once per series
+
+    def _child(self, family: Counter, key: str, value: str) -> Any:
+        series = (id(family), key, value)
+        found = self._children.get(series)
+        if found is None:
+            found = self._children[series] = family.labels(key, value)
+        return found
 
     def observe(self, key: str, status: str, prompt: int, completion: int) -> None:
-        self.requests.labels(key, status).inc()
+        self._child(self.requests, key, status).inc()
         self.request_tally.setdefault(key, Tally())[status] += 1
         if prompt or completion:
-            self.tokens.labels(key, "prompt").inc(prompt)
-            self.tokens.labels(key, "completion").inc(completion)
+            self._child(self.tokens, key, "prompt").inc(prompt)
+            self._child(self.tokens, key, "completion").inc(completion)
             tokens = self.token_tally.setdefault(key, Tally())
             tokens["prompt"] += prompt
             tokens["completion"] += completion
