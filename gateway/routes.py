@@ -140,9 +140,7 @@ class GenerationCall:
             body = await self._read_body(self._state.max_body_bytes)
             wire = _parse(wire_type, body)
             report_unknown_fields(wire, record.request_id)
-            request = await admit(
-                self._scope, translate(wire, record.request_id, record.arrival_time)
-            )
+            request = translate(wire, record.request_id, record.arrival_time)
             record.requested_model = request.model
             include_usage = bool(wire.stream_options and wire.stream_options.include_usage)
             await self._serve(request, stream=wire.stream, include_usage=include_usage)
@@ -162,6 +160,7 @@ class GenerationCall:
     async def _serve(
         self, request: GenerationRequest, *, stream: bool, include_usage: bool
     ) -> None:
+        request = await admit(self._scope, request)  # key's models and limits (frontdoor)
         service = self._state.service
         async with self._watch_disconnect():
             generation = await service.open(request, self.record)

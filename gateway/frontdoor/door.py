@@ -29,7 +29,13 @@ from config.schema import AppConfig
 from gateway.errors import MethodNotAllowed, error_body
 from gateway.frontdoor.errors import QuotaExceeded, RateLimited
 from gateway.frontdoor.guarded import GuardedStore, open_store
-from gateway.frontdoor.keys import UNAUTHENTICATED, Client, KeyRing, not_found
+from gateway.frontdoor.keys import (
+    UNAUTHENTICATED,
+    Client,
+    KeyRing,
+    allowed_candidates,
+    not_found,
+)
 from gateway.frontdoor.limits import Ask, Settlement, Verdict, Window
 from gateway.frontdoor.metrics import KeyMetrics
 from gateway.frontdoor.web import BodyDeadline, WebGuard, request_id
@@ -80,6 +86,20 @@ class FrontDoor:
     async def close(self) -> None:
         await self.store.close()
 
+    def _model_filter(self, client: Client) -> Callable[[str], bool] | None:
+        """``RequestRecord.may_use`` for ``client``: the routers of every route skip the
+        models it returns False for (``keys.allowed_candidates``). Reads the registry's
+        config at call time, so it follows reloads."""
+        if client.models is None:
+            return None
+        registry = self.registry
+
+        def may_use(name: str) -> bool:
+            model = next((m for m in registry.config.models if m.name == name), None)
+            return model is not None and client.may_use(model)
+
+        return may_use
+
     async def serve_other(self, scope: Scope, receive: Receive, send: Send, app: Handler) -> None:
         """Every other HTTP route: the Host check and CORS, nothing counted."""
         origin = self.web.allowed_origin(scope)
@@ -114,6 +134,7 @@ class FrontDoor:
             self.web.check_json(scope)
             door.client = self.keys.identify(scope)
             record.key = door.client.name
+            record.may_use = self._model_filter(door.client)
             await handler(scope, BodyDeadline(receive, self.web.body_timeout), door.send)
         except BackendError as exc:
             record.fail("client_error" if exc.status < 500 else "server_error", exc.error_type)
@@ -144,8 +165,8 @@ class Pass:
         client = self.client
         if client is None:
             return request
-        if client.models is not None:
-            self._check_model(client, request.model)
+        if self.record.may_use is not None:  # refuse early, before taking any allowance
+            self._check_model(request.model, self.record.may_use)
         if request.priority != client.priority:
             request = replace(request, priority=client.priority)
         if not client.limited:
@@ -165,16 +186,12 @@ class Pass:
             self._ask = ask
         return request
 
-    def _check_model(self, client: Client, requested: str) -> None:
-        registry = self._door.registry
-        models = {model.name: model for model in registry.config.models}
-        may_use = self.record.may_use = lambda name: name in models and client.may_use(models[name])
+    def _check_model(self, requested: str, may_use: Callable[[str], bool]) -> None:
         try:
-            candidates = registry.route(requested).candidates
+            candidates = self._door.registry.route(requested).candidates
         except BackendError:
             raise not_found(requested) from None
-        if not any(may_use(name) for name in candidates):
-            raise not_found(requested)
+        allowed_candidates(requested, candidates, may_use)
 
     async def send(self, message: Message) -> None:
         if self.started:  # the per-frame path of a stream: nothing to add

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -116,6 +116,19 @@ def presented_key(scope: MutableMapping[str, Any]) -> bytes | None:
         return None
     azure = header(scope, b"api-key")
     return azure.strip() if azure else None
+
+
+def allowed_candidates(
+    requested: str, candidates: tuple[str, ...], may_use: Callable[[str], bool] | None
+) -> tuple[str, ...]:
+    """The routed ``candidates`` the client key may use (``RequestRecord.may_use``);
+    404 like a missing model when none. Every route that routes a model calls this."""
+    if may_use is None:
+        return candidates
+    kept = tuple(name for name in candidates if may_use(name))
+    if not kept:
+        raise not_found(requested)
+    return kept
 
 
 def not_found(requested: str) -> ModelNotFound:
