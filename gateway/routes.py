@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, TypeVar
 
 import orjson
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from backends.base import BackendError, GenerationRequest, InvalidRequest
 from gateway.errors import (
@@ -71,7 +71,7 @@ class GatewayASGI:
             "/v1/completions": self._completion,
         }
         # For /openapi.json (gateway.openapi): each route's wire type and summary.
-        self.documented: dict[str, tuple[type[SamplingFields], str]] = {
+        self.documented: dict[str, tuple[type[BaseModel], str]] = {
             "/v1/chat/completions": (ChatCompletionRequest, "Create a chat completion"),
             "/v1/completions": (CompletionRequest, "Create a completion"),
         }
