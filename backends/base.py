@@ -173,6 +173,7 @@ class GenerationRequest:
         return ToolChoice("auto") if self.tools else ToolChoice("none")
 
     trace_headers: tuple[tuple[str, str], ...] = ()
+    priority: int = 0  # lower is served first: the client key's high -1, normal 0, low 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from config.frontdoor import AuthConfig, LimitsConfig
 from config.tracing import TracingConfig
 
 _NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$"
@@ -26,6 +27,17 @@ class ServerConfig(_Frozen):
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0, description="Largest request body.")
     log_prompts: bool = Field(False, description="Include prompt text in request logs.")
     ui: bool = Field(True, description="Serve the web console at /ui.")
+    cors_origins: tuple[str, ...] = Field(
+        (), description="Origins a browser app may call from (`*` for any); empty: CORS off."
+    )
+    allowed_hosts: tuple[str, ...] | None = Field(
+        None,
+        description="Host headers served (`*` any, `.example.com` subdomains); default: "
+        "loopback names only when bound to a loopback address, else any.",
+    )
+    body_timeout: float = Field(
+        30.0, gt=0, description="Seconds a request body may take to arrive before 408."
+    )
 
 
 class RegistryConfig(_Frozen):
@@ -148,6 +160,8 @@ class AppConfig(_Frozen):
     responses: ResponsesConfig = Field(default_factory=ResponsesConfig)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     models: tuple[ModelConfig, ...] = Field(min_length=1)
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
     source_path: Path | None = Field(None, exclude=True)
 
     @model_validator(mode="after")

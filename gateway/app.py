@@ -25,10 +25,13 @@ from gateway import ops_routes
 from gateway.console import Console
 from gateway.console.routes import build_router as console_router
 from gateway.errors import handle_backend_error, handle_http_exception, handle_unexpected
+from gateway.frontdoor import usage
+from gateway.frontdoor.door import FrontDoor
 from gateway.metrics import GatewayMetrics
 from gateway.openai_responses import api as responses_api
 from gateway.openai_responses.endpoint import ResponsesEndpoint
 from gateway.openai_responses.store import open_store
+from gateway.openapi import document
 from gateway.registry import ConfigWatcher, ModelRegistry, RegistryMetrics
 from gateway.routes import GatewayASGI
 from gateway.service import CompletionService
@@ -51,6 +54,7 @@ def build_app(
     backend_factory: BackendFactory | None = None,
     watch_config: bool = False,
     span_exporter: SpanExporter | None = None,
+    bind_host: str | None = None,
 ) -> GatewayASGI:
     """Create the app. ``backend_factory`` replaces real backends in service tests;
     ``span_exporter`` turns tracing on with that exporter (tests: the in-memory one)."""
@@ -62,6 +66,7 @@ def build_app(
     registry = ModelRegistry(config, RegistryMetrics(prometheus), factory)
     gateway_metrics = GatewayMetrics(prometheus)
     service = CompletionService(registry, gateway_metrics, backend_metrics)
+    frontdoor = FrontDoor(config, registry, gateway_metrics, prometheus, bind_host=bind_host)
     state = AppState(
         config=config,
         prometheus=prometheus,
@@ -74,6 +79,7 @@ def build_app(
         started_at=int(time.time()),
         console=Console(backend_metrics),
         tracing=_tracing(config, span_exporter),
+        frontdoor=frontdoor,
     )
     gateway_metrics.finish_sinks.append(state.console.activity.add)
 
@@ -83,7 +89,7 @@ def build_app(
         # Preloads run in the background: /health answers at once, /ready once they are up.
         await registry.start(wait=False)
         if watch_config and config.source_path is not None:
-            watcher = ConfigWatcher(registry, config.source_path)
+            watcher = ConfigWatcher(registry, config.source_path, on_reload=frontdoor.reconfigure)
             watcher.start()
         log.info("llmso ready: %d model(s) configured", len(config.models))
         try:
@@ -96,6 +102,7 @@ def build_app(
             if state.tracing is not None:
                 # Flushes what is still queued; off the loop, export may block.
                 await asyncio.to_thread(state.tracing.shutdown)
+            await frontdoor.close()
 
     app = FastAPI(
         title="llmso",
@@ -106,12 +113,15 @@ def build_app(
     )
     app.state.llmso = state
     app.include_router(ops_routes.router)
+    app.include_router(usage.router)
     app.include_router(console_router(ui=config.server.ui))
     app.include_router(responses_api.router)
     app.add_exception_handler(BackendError, handle_backend_error)
     app.add_exception_handler(StarletteHTTPException, handle_http_exception)
     app.add_exception_handler(Exception, handle_unexpected)
-    return GatewayASGI(app, state)
+    asgi = GatewayASGI(app, state)
+    document(app, asgi.documented)
+    return asgi
 
 
 def _tracing(config: AppConfig, exporter: SpanExporter | None) -> Tracing | None:

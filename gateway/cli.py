@@ -78,7 +78,12 @@ def _serve(config: AppConfig, settings: Settings, host: str | None, port: int | 
     bind_port = port if port is not None else settings.port
     if bind_port is None:
         bind_port = config.server.port
-    app = build_app(config, admin_key=settings.admin_key, watch_config=settings.watch_config)
+    app = build_app(
+        config,
+        admin_key=settings.admin_key,
+        watch_config=settings.watch_config,
+        bind_host=bind_host,
+    )
     uvicorn.run(
         app,
         host=bind_host,

@@ -32,6 +32,7 @@ from backends.base import (
     UnsupportedFeature,
     Usage,
 )
+from gateway.frontdoor.door import admit
 from gateway.protocol import CompletionRequest
 from gateway.routes import _JSON, GenerationCall, _parse
 from gateway.service import CompletionService, Generation
@@ -184,7 +185,11 @@ class CompletionCall(GenerationCall):
             await self._serve(plan.requests[0], stream=wire.stream, include_usage=include_usage)
             return
         service = self._state.service
-        plan = replace(plan, requests=tuple(self.traced(request) for request in plan.requests))
+        # One admission for the whole list (the key's models, limits, priority); the
+        # settlement at the end counts every prompt's real usage.
+        first = await admit(self._scope, plan.requests[0])
+        requests = (first, *(replace(r, priority=first.priority) for r in plan.requests[1:]))
+        plan = replace(plan, requests=tuple(self.traced(request) for request in requests))
         async with self._watch_disconnect():
             try:
                 generation = await open_plan(service, plan, record)

@@ -19,6 +19,7 @@ from pydantic import Field
 from backends.base import BackendError, InvalidRequest, NotReady, Overloaded, Started, Usage
 from backends.embeddings import EmbeddingRequest, EmbeddingResult
 from gateway.capabilities import require_embeddings
+from gateway.frontdoor.keys import allowed_candidates
 from gateway.metrics import GatewayMetrics
 from gateway.protocol import _Wire
 from gateway.registry import ModelOverloaded, ModelRegistry, ModelUnavailable
@@ -90,6 +91,7 @@ class EmbeddingService:
         self, request: EmbeddingRequest, record: RequestRecord, encoding: str
     ) -> dict[str, Any]:
         candidates = self._registry.route(request.model).candidates
+        candidates = allowed_candidates(request.model, candidates, record.may_use)
         for position, name in enumerate(candidates):
             try:
                 result = await self._embed_on(name, request, record)

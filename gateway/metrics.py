@@ -43,7 +43,8 @@ class GatewayMetrics:
     """Families observed once per request (and per token for inter-token latency).
 
     Owned by one app; ``series`` caches children and is only called on the event loop.
-    ``finish_sinks`` are called with each finished, bound request record (on the loop):
+    ``finish_sinks`` are called with each finished request record, routed or refused
+    before routing (``record.model`` empty), on the loop:
     in-process consumers such as the console's stats window, fed without parsing text.
     """
 

@@ -51,15 +51,21 @@ async def metrics(request: Request) -> Response:
 @router.get("/v1/models")
 async def list_models(request: Request) -> Response:
     state = _state(request)
-    data = [_model_card(status, state.started_at) for status in state.registry.list_models()]
+    client = state.frontdoor.keys.identify(request.scope)  # only the key's models
+    data = [
+        _model_card(status, state.started_at)
+        for status in state.registry.list_models()
+        if client.may_use(status)
+    ]
     return _json({"object": "list", "data": data})
 
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, request: Request) -> Response:
     state = _state(request)
+    client = state.frontdoor.keys.identify(request.scope)
     for status in state.registry.list_models():
-        if model_id == status.name or model_id in status.aliases:
+        if (model_id == status.name or model_id in status.aliases) and client.may_use(status):
             return _json(_model_card(status, state.started_at))
     raise ModelNotFound(f"The model '{model_id}' does not exist", param="model")
 
@@ -84,10 +90,10 @@ def _model_card(status: ModelStatus, started_at: int) -> dict[str, Any]:
 
 def require_admin(request: Request, *, read_only: bool = False) -> AppState:
     """The app state once the caller may use this admin route. Without an admin key,
-    read-only views are open (auth is off) and mutations do not exist."""
+    read-only views are open while client auth is off, and mutations do not exist."""
     state = _state(request)
     if not state.admin_key:
-        if read_only:
+        if read_only and not state.config.auth.required:
             return state
         raise RouteNotFound(f"no route for {request.method} {request.url.path}")
     supplied = request.headers.get("authorization", "")

@@ -18,23 +18,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
-import secrets
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
 from typing import Any, TypeVar
 
 import orjson
+from pydantic import BaseModel
 
 from backends.base import BackendError, GenerationRequest, InvalidRequest
+from gateway.embeddings import EmbeddingsWire
 from gateway.endpoints import ChatPresenter, Prepare, Prepared, Presenter, parse_wire
 from gateway.errors import (
     InternalError,
-    MethodNotAllowed,
     RequestTooLarge,
     error_body,
 )
-from gateway.protocol import ChatCompletionRequest, SamplingFields
+from gateway.frontdoor.door import admit, door_record
+from gateway.frontdoor.web import request_id as _request_id
+from gateway.openai_responses.wire import ResponsesRequest
+from gateway.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from gateway.service import Generation, server_timing
 from gateway.state import AppState
 from gateway.timing import timing_header
@@ -50,7 +52,6 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-_REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:@/+=-]{1,128}$")
 _WireT = TypeVar("_WireT", bound=SamplingFields)
 _JSON = (b"content-type", b"application/json")
 _SSE_HEADERS = [
@@ -76,6 +77,13 @@ class GatewayASGI:
             "/v1/embeddings": self._embeddings,
             "/v1/responses": self._responses,
         }
+        # For /openapi.json (gateway.openapi): each route's wire type and summary.
+        self.documented: dict[str, tuple[type[BaseModel], str]] = {
+            "/v1/chat/completions": (ChatCompletionRequest, "Create a chat completion"),
+            "/v1/completions": (CompletionRequest, "Create a completion"),
+            "/v1/embeddings": (EmbeddingsWire, "Create embeddings"),
+            "/v1/responses": (ResponsesRequest, "Create a model response"),
+        }
 
     def lifespan(self) -> contextlib.AbstractAsyncContextManager[None]:
         """The app's start-up and shut-down, for tests that drive it without a server."""
@@ -84,18 +92,15 @@ class GatewayASGI:
         return context
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        handler = self._routes.get(scope["path"]) if scope["type"] == "http" else None
-        if handler is None:
+        if scope["type"] != "http":
             await self.api(scope, receive, send)
-        elif scope["method"] == "POST":
-            await handler(scope, receive, send)
+            return
+        handler = self._routes.get(scope["path"])
+        # The front door: Host, method, Content-Type, key, body deadline, accounting.
+        if handler is None:
+            await self.state.frontdoor.serve_other(scope, receive, send, self.api)
         else:
-            body, _ = error_body(
-                MethodNotAllowed(f"method {scope['method']} not allowed on {scope['path']}")
-            )
-            headers = [_JSON, (b"allow", b"POST")]
-            await send({"type": "http.response.start", "status": 405, "headers": headers})
-            await send({"type": "http.response.body", "body": body, "more_body": False})
+            await self.state.frontdoor.serve(scope, receive, send, handler)
 
     async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
         await GenerationCall(self.state, scope, receive, send).run(
@@ -141,7 +146,9 @@ class GenerationCall:
         self._started = False
         self._complete = False
         self._disconnected = False
-        self.record = RequestRecord(request_id=_request_id(scope), requested_model="")
+        self.record = door_record(scope) or RequestRecord(
+            request_id=_request_id(scope), requested_model=""
+        )
 
     async def run(
         self,
@@ -182,10 +189,8 @@ class GenerationCall:
             record.fail("server_error", "server_error")
             await self._send_error(InternalError("internal server error"))
         finally:
-            if record.model:
-                record.finish()
-            else:  # refused before a model was chosen: only the recent-requests list sees it
-                self._state.console.activity.add_refused(record)
+            if record.model or door_record(self._scope) is None:
+                record.finish()  # else the front door finishes it, after its settlement
             if record.trace is not None:
                 record.trace.end(record, record.finish_time or time.time())
 
@@ -222,6 +227,7 @@ class GenerationCall:
         include_usage: bool = False,
         presenter: Presenter | None = None,
     ) -> None:
+        request = await admit(self._scope, request)  # key's models and limits (frontdoor)
         service = self._state.service
         request = self.traced(request)
         presenter = presenter or ChatPresenter(service, include_usage)
@@ -334,13 +340,6 @@ def _header(scope: Scope, name: bytes) -> str | None:
         if key == name:
             return bytes(value).decode("latin-1")
     return None
-
-
-def _request_id(scope: Scope) -> str:
-    for key, value in scope["headers"]:
-        if key == b"x-request-id" and _REQUEST_ID.match(value):
-            return bytes(value).decode()
-    return secrets.token_hex(16)
 
 
 def _parse(model: type[_WireT], body: Any) -> _WireT:

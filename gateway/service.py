@@ -35,6 +35,7 @@ from backends.base import (
 from backends.metrics import BackendMetrics
 from gateway.capabilities import require_features
 from gateway.errors import error_payload
+from gateway.frontdoor.keys import allowed_candidates
 from gateway.metrics import GatewayMetrics
 from gateway.registry import ModelOverloaded, ModelRegistry, ModelUnavailable
 from gateway.responses import SSE_DONE, ChoiceAccumulator, ChunkWriter, full_response, new_id, sse
@@ -90,6 +91,7 @@ class CompletionService:
     async def open(self, request: GenerationRequest, record: RequestRecord) -> Generation:
         decision = self._registry.route(request.model)
         candidates = decision.candidates
+        candidates = allowed_candidates(request.model, candidates, record.may_use)
         for position, name in enumerate(candidates):
             try:
                 return await self._open_on(name, request, record)

@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 from backends.metrics import BackendMetrics
 from config.schema import AppConfig
 from gateway.console import Console
+from gateway.frontdoor.door import FrontDoor
 from gateway.metrics import GatewayMetrics
 from gateway.openai_responses.endpoint import ResponsesEndpoint
 from gateway.registry import ModelRegistry
@@ -33,6 +34,7 @@ class AppState:
     admin_key: str | None
     started_at: int
     console: Console
+    frontdoor: FrontDoor
     tracing: Tracing | None = None  # None: tracing off (gateway.tracing is never imported)
 
     @property

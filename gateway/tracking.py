@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,9 @@ if TYPE_CHECKING:
     from gateway.tracing import RequestTrace
 
 request_log = logging.getLogger("llmso.requests")
+
+UNROUTED = "unrouted"
+"""The ``model`` label of a request refused before it was routed to a model."""
 
 
 @dataclass(slots=True)
@@ -46,6 +50,9 @@ class RequestRecord:
     routed_at: float | None = None  # time.time() when the first model's lease was held
     finish_reasons: list[str] = field(default_factory=list)
     trace: RequestTrace | None = None  # set only when tracing is on (gateway.tracing)
+    key: str | None = None  # the client key's configured name, never the key
+    streamed_tokens: int = 0  # tokens seen so far, for requests cut short before Usage
+    may_use: Callable[[str], bool] | None = None  # the client key's model allow-list
     _last_token_mono: float | None = None
     _metrics: GatewayMetrics | None = None
     _series: ModelSeries | None = None
@@ -67,6 +74,8 @@ class RequestRecord:
 
     def observe(self, event: BackendEvent) -> None:
         if isinstance(event, TextDelta | ToolCallDelta):
+            if isinstance(event, TextDelta):
+                self.streamed_tokens += event.num_tokens
             self._on_text()
         elif isinstance(event, Started):
             self.queue_start_time = event.queued_at
@@ -103,6 +112,10 @@ class RequestRecord:
             return None
         return (last - first) / (self.text_events - 1)
 
+    def track(self, metrics: GatewayMetrics) -> None:
+        """Count this request even if it never reaches a model (label ``unrouted``)."""
+        self._metrics = metrics
+
     def fail(self, status: str, error_type: str | None) -> None:
         self.status, self.error_type = status, error_type
 
@@ -111,8 +124,11 @@ class RequestRecord:
             return
         self._finished = True
         self.finish_time = time.time()
-        if self._metrics is not None and self._series is not None:
-            self._observe_finish(self._metrics, self._series)
+        if self._metrics is not None:
+            if self._series is not None:
+                self._observe_finish(self._metrics, self._series)
+            else:
+                self._metrics.requests.labels(UNROUTED, "none", self.status).inc()
             for sink in self._metrics.finish_sinks:
                 sink(self)
         if request_log.isEnabledFor(logging.INFO):
@@ -135,7 +151,8 @@ class RequestRecord:
         return {
             "event": "request_finished",
             "request_id": self.request_id,
-            "model": self.model or self.requested_model,
+            "model": self.model or self.requested_model or UNROUTED,
+            "key": self.key,
             "backend": self.backend or None,
             "arrival_time": self.arrival_time,
             "queue_start_time": self.queue_start_time,

@@ -42,6 +42,7 @@ from backends.hf.loader import LoadedModel, load, threads_for
 from backends.hf.outputs import Item, Outbox
 from backends.hf.scheduler import ContinuousScheduler
 from backends.hf.static import StaticScheduler
+from backends.hf.waiting import shed_limit
 from backends.metrics import WorkerObserver
 from config.schema import HFModelConfig
 
@@ -210,7 +211,7 @@ class HFBackend:
         engine = self._engine
         if engine is None or self._failed is not None:
             raise NotReady(f"model {request.model!r} is not loaded", retry_after=1.0)
-        if self._not_started >= self._config.max_queue:
+        if self._not_started >= shed_limit(self._config.max_queue, request.priority):
             raise Overloaded("too many requests waiting for this model", retry_after=1.0)
         sink = _Sink()
         queued_at = request.arrival_time or time.time()

@@ -2,7 +2,8 @@
 
 Owner: the engine thread. Three sets:
 
-- ``waiting``: tokenized requests not yet admitted (FIFO);
+- ``waiting``: tokenized requests not yet admitted, priority first, then arrival, with
+  aging (``backends.hf.waiting``);
 - ``prefilling``: admitted requests whose prompt is still being fed, chunk by chunk, into
   one cache slot (a request with ``n`` choices reserves ``n`` slots but prefills once);
 - ``decoding``: choices generating tokens; ``decoding[i]`` always lives in cache slot
@@ -19,7 +20,6 @@ time.
 from __future__ import annotations
 
 import time
-from collections import deque
 
 import torch
 
@@ -28,6 +28,7 @@ from backends.hf.llama_runner import LlamaRunner, PrefillChunk
 from backends.hf.outputs import Outbox, accept_token, emit_started
 from backends.hf.sampler import sample
 from backends.hf.sequence import Choice, RequestState
+from backends.hf.waiting import WaitingQueue
 from backends.metrics import WorkerObserver
 
 PREFILL_CHUNK = 512
@@ -55,7 +56,7 @@ class ContinuousScheduler:
         self._observer = observer
         self._one_at_a_time = one_at_a_time
         self._chunk = prefill_chunk
-        self.waiting: deque[RequestState] = deque()
+        self.waiting = WaitingQueue()
         self.prefilling: list[RequestState] = []
         self.prefill_slot: dict[int, int] = {}  # id(state) -> its cache slot
         self.decoding: list[Choice] = []
@@ -152,7 +153,10 @@ class ContinuousScheduler:
     def _can_admit(self, state: RequestState) -> bool:
         if self._one_at_a_time and (self.decoding or self.prefilling):
             return False
-        return self._reserved() + state.n <= self._max_seqs
+        limit = self._max_seqs
+        if self.decoding or self.prefilling:  # an idle engine takes anything that fits
+            limit -= self.waiting.held_back(state, self._max_seqs)
+        return self._reserved() + state.n <= limit
 
     def _add_chunk(
         self,

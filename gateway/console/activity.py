@@ -189,7 +189,10 @@ class Activity:
         self._created = time.monotonic()
 
     def add(self, record: RequestRecord) -> None:
-        """The finish sink: O(1) amortised, called once per bound request on the loop."""
+        """The finish sink: O(1) amortised, called once per finished request on the loop."""
+        if not record.model:
+            self.add_refused(record)
+            return
         summary = RequestSummary.of(record)
         self._recent.append(summary)
         window = self._window.get(summary.model)

@@ -40,11 +40,13 @@ class ConfigWatcher:
         *,
         interval: float = 1.0,
         loader: Callable[[Path], AppConfig] = load_config,
+        on_reload: Callable[[AppConfig], None] | None = None,
     ) -> None:
         self._registry = registry
         self._path = Path(path)
         self._interval = interval
         self._loader = loader
+        self._on_reload = on_reload
         self._lock = asyncio.Lock()
         self._stamp: _Stamp = None
         self._poller: asyncio.Task[None] | None = None
@@ -89,6 +91,8 @@ class ConfigWatcher:
                 log.error("config reload (%s) rejected, keeping the old config: %s", trigger, exc)
                 return None
             diff = await self._registry.apply_config(config)
+            if self._on_reload is not None:
+                self._on_reload(config)  # client keys (gateway.frontdoor)
             self.reloads += 1
             log.info("config reload (%s) applied from %s", trigger, self._path)
             return diff

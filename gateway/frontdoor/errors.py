@@ -1,0 +1,57 @@
+"""The front door's refusals, each a ``BackendError`` so the one renderer shows them."""
+
+from __future__ import annotations
+
+from backends.base import BackendError
+
+
+class UnsupportedMediaType(BackendError):
+    status = 415
+    error_type = "invalid_request_error"
+    code = "unsupported_media_type"
+
+
+class HostNotAllowed(BackendError):
+    """The ``Host`` header names a host this gateway does not serve (DNS rebinding)."""
+
+    status = 403
+    error_type = "permission_error"
+    code = "host_not_allowed"
+
+
+class RequestTimeout(BackendError):
+    status = 408
+    error_type = "invalid_request_error"
+    code = "request_timeout"
+
+
+class _Retryable(BackendError):
+    def __init__(self, message: str, *, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class RateLimited(_Retryable):
+    """Over ``rpm`` (type ``requests``), ``tpm`` (``tokens``) or ``max_parallel``."""
+
+    status = 429
+    error_type = "requests"
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after: float, kind: str = "requests") -> None:
+        super().__init__(message, retry_after=retry_after)
+        self.error_type = kind
+
+
+class QuotaExceeded(_Retryable):
+    status = 429
+    error_type = "insufficient_quota"
+    code = "insufficient_quota"
+
+
+class StoreUnavailable(_Retryable):
+    """The limit store failed and ``limits.on_store_error`` is ``deny``."""
+
+    status = 503
+    error_type = "service_unavailable"
+    code = "limit_store_unavailable"

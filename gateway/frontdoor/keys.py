@@ -1,0 +1,139 @@
+"""Client keys: who is calling, and which models they may use.
+
+``KeyRing`` is immutable and built from ``auth:``; a config reload builds a new one and
+swaps it in whole. It keeps only SHA-256 digests: a presented key is hashed once and
+compared with EVERY stored digest by ``hmac.compare_digest`` (no early exit), so the
+time taken says nothing about which key, or how much of one, matched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from config.frontdoor import PRIORITY_RANK, AuthConfig
+from gateway.errors import Unauthorized
+from gateway.frontdoor.limits import KeyLimits
+from gateway.frontdoor.web import header
+from gateway.registry import ModelNotFound
+from gateway.registry.routing import CAPABILITY_PREFIX
+
+ANONYMOUS = "anonymous"
+UNAUTHENTICATED = "unauthenticated"
+
+
+class Named(Protocol):
+    """A model config or status: what an allow-list entry can match."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def aliases(self) -> tuple[str, ...]: ...
+    @property
+    def capabilities(self) -> tuple[str, ...]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Client:
+    """An identified caller: its name (never the key), limits, priority and models."""
+
+    name: str
+    limits: KeyLimits
+    priority: int = 0
+    models: tuple[str, ...] | None = None
+
+    @property
+    def limited(self) -> bool:
+        limits = self.limits
+        return any(
+            value is not None
+            for value in (limits.rpm, limits.tpm, limits.max_parallel, limits.tokens_per_day)
+        )
+
+    def may_use(self, model: Named) -> bool:
+        if self.models is None:
+            return True
+        for entry in self.models:
+            if entry.startswith(CAPABILITY_PREFIX):
+                if entry[len(CAPABILITY_PREFIX) :] in model.capabilities:
+                    return True
+            elif entry == model.name or entry in model.aliases:
+                return True
+        return False
+
+
+OPEN_DOOR = Client(ANONYMOUS, KeyLimits())
+
+
+class KeyRing:
+    def __init__(self, auth: AuthConfig) -> None:
+        self.required = auth.required
+        self.names = tuple(key.name for key in auth.keys)
+        self._entries = [
+            (
+                bytes.fromhex(key.key_sha256),
+                Client(
+                    key.name,
+                    KeyLimits(key.rpm, key.tpm, key.max_parallel, key.tokens_per_day),
+                    PRIORITY_RANK[key.priority],
+                    key.models,
+                ),
+            )
+            for key in auth.keys
+        ]
+
+    def clients(self) -> list[Client]:
+        return [client for _, client in self._entries]
+
+    def identify(self, scope: MutableMapping[str, Any]) -> Client:
+        """The caller of this request; raises 401 when a key is required and not valid."""
+        if not self.required:
+            return OPEN_DOOR
+        presented = presented_key(scope)
+        if not presented:
+            raise Unauthorized(
+                "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'."
+            )
+        digest = hashlib.sha256(presented).digest()
+        found: Client | None = None
+        for stored, client in self._entries:
+            if hmac.compare_digest(digest, stored):
+                found = client
+        if found is None:
+            raise Unauthorized("Incorrect API key provided.")
+        return found
+
+
+def presented_key(scope: MutableMapping[str, Any]) -> bytes | None:
+    auth = header(scope, b"authorization")
+    if auth is not None:
+        scheme, _, value = auth.partition(b" ")
+        if scheme.lower() == b"bearer":
+            return value.strip() or None
+        return None
+    azure = header(scope, b"api-key")
+    return azure.strip() if azure else None
+
+
+def allowed_candidates(
+    requested: str, candidates: tuple[str, ...], may_use: Callable[[str], bool] | None
+) -> tuple[str, ...]:
+    """The routed ``candidates`` the client key may use (``RequestRecord.may_use``);
+    404 like a missing model when none. Every route that routes a model calls this."""
+    if may_use is None:
+        return candidates
+    kept = tuple(name for name in candidates if may_use(name))
+    if not kept:
+        raise not_found(requested)
+    return kept
+
+
+def not_found(requested: str) -> ModelNotFound:
+    """The same 404 the router gives a model that does not exist (no existence leak)."""
+    if requested.startswith(CAPABILITY_PREFIX):
+        capability = requested[len(CAPABILITY_PREFIX) :]
+        return ModelNotFound(f"No model has the capability '{capability}'", param="model")
+    return ModelNotFound(f"The model '{requested}' does not exist", param="model")

@@ -1,0 +1,60 @@
+"""Per-key Prometheus families and this process's usage tallies for ``/admin/usage``.
+
+Labels are bounded: ``key`` is a configured key name, ``anonymous`` (auth off) or
+``unauthenticated`` (no valid key); ``status`` is the request outcome; ``type`` is
+``prompt`` or ``completion``. Owned by one app, used on its event loop only.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class KeyMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "llmso_key_requests_total",
+            "Requests on generation routes by client key and outcome.",
+            ("key", "status"),
+            registry=registry,
+        )
+        self.tokens = Counter(
+            "llmso_key_tokens_total",
+            "Tokens by client key: prompt or completion.",
+            ("key", "type"),
+            registry=registry,
+        )
+        self.store_errors = Counter(
+            "llmso_limit_store_errors_total",
+            "Limit store calls that failed or timed out.",
+            registry=registry,
+        )
+        self.store_up = Gauge(
+            "llmso_limit_store_up",
+            "1 while the limit store answers, 0 after a failure until it answers again.",
+            registry=registry,
+        )
+        self.store_up.set(1)
+        self.request_tally: dict[str, Tally[str]] = {}
+        self.token_tally: dict[str, Tally[str]] = {}
+        self._children: dict[tuple[int, str, str], Any] = {}  # labels() once per series
+
+    def _child(self, family: Counter, key: str, value: str) -> Any:
+        series = (id(family), key, value)
+        found = self._children.get(series)
+        if found is None:
+            found = self._children[series] = family.labels(key, value)
+        return found
+
+    def observe(self, key: str, status: str, prompt: int, completion: int) -> None:
+        self._child(self.requests, key, status).inc()
+        self.request_tally.setdefault(key, Tally())[status] += 1
+        if prompt or completion:
+            self._child(self.tokens, key, "prompt").inc(prompt)
+            self._child(self.tokens, key, "completion").inc(completion)
+            tokens = self.token_tally.setdefault(key, Tally())
+            tokens["prompt"] += prompt
+            tokens["completion"] += completion
