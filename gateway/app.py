@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from backends.base import Backend, BackendError
+from backends.base import ApiError, Backend
 from backends.factory import CrashHandler, create_backend
 from backends.metrics import BackendMetrics
 from config.schema import AppConfig, ModelConfig
@@ -83,7 +83,7 @@ def build_app(
     )
     app.state.llmso = state
     app.include_router(ops_routes.router)
-    app.add_exception_handler(BackendError, handle_backend_error)
+    app.add_exception_handler(ApiError, handle_backend_error)
     app.add_exception_handler(StarletteHTTPException, handle_http_exception)
     app.add_exception_handler(Exception, handle_unexpected)
     return GatewayASGI(app, state)

@@ -8,7 +8,7 @@ per streamed request than everything llmso itself does. The operational routes s
 FastAPI (``gateway.ops_routes``); ``GatewayASGI`` sends everything else there.
 
 Bodies are read with a size limit and parsed once with orjson + pydantic; every failure
-is a typed ``BackendError`` rendered by ``gateway.errors.error_response``. A watcher
+is a typed ``ApiError`` rendered by ``gateway.errors.error_response``. A watcher
 listens for the client leaving for the whole life of a request, and cancels the work so
 no compute is spent on a client that is gone.
 """
@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import orjson
 from pydantic import ValidationError
 
-from backends.base import BackendError, GenerationRequest, InvalidRequest
+from backends.base import ApiError, GenerationRequest, InvalidRequest
 from gateway.errors import (
     InternalError,
     MethodNotAllowed,
@@ -144,7 +144,7 @@ class GenerationCall:
             await self._serve(request, stream=wire.stream, include_usage=include_usage)
         except ClientDisconnected:
             record.fail("disconnected", None)
-        except BackendError as exc:
+        except ApiError as exc:
             record.fail("client_error" if exc.status < 500 else "server_error", exc.error_type)
             await self._send_error(exc)
         except Exception:
@@ -248,7 +248,7 @@ class GenerationCall:
         self._complete = True
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
 
-    async def _send_error(self, exc: BackendError) -> None:
+    async def _send_error(self, exc: ApiError) -> None:
         if self._started:
             return  # a stream already reported its own failure in-band
         body, extra = error_body(exc)

@@ -35,7 +35,7 @@ from backends.metrics import BackendMetrics
 from gateway.capabilities import require_features
 from gateway.errors import error_payload
 from gateway.metrics import GatewayMetrics
-from gateway.registry import ModelOverloaded, ModelRegistry, ModelUnavailable
+from gateway.registry import ModelRegistry
 from gateway.responses import SSE_DONE, ChoiceAccumulator, ChunkWriter, full_response, new_id, sse
 from gateway.tracking import RequestRecord
 
@@ -43,12 +43,7 @@ log = logging.getLogger(__name__)
 
 # Errors after which the next model of a fallback chain may answer instead: the request
 # itself was fine, this model could not take it.
-_FALLBACK_ERRORS: tuple[type[BackendError], ...] = (
-    ModelUnavailable,
-    ModelOverloaded,
-    NotReady,
-    Overloaded,
-)
+_FALLBACK_ERRORS: tuple[type[BackendError], ...] = (NotReady, Overloaded)
 
 
 @dataclass(slots=True)

@@ -33,6 +33,7 @@ from backends.base import (
     ModelInfo,
     NotReady,
 )
+from backends.errors import WorkerStartError
 from backends.metrics import WorkerObserver
 from backends.process import protocol as p
 
@@ -40,14 +41,6 @@ log = logging.getLogger(__name__)
 
 # After the channel closes, how long the process may linger before we kill it.
 EOF_GRACE_S = 2.0
-
-
-class WorkerStartError(BackendError):
-    """The worker could not load its engine: it failed, died or timed out while loading."""
-
-    status = 503
-    error_type = "service_unavailable"
-    code = "model_load_failed"
 
 
 class End:

@@ -16,10 +16,10 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from backends.base import Backend
+from backends.errors import NotReady
 from backends.factory import CrashHandler
 from config.schema import AppConfig, HFModelConfig, ModelConfig
 from gateway.registry.entry import Backoff, Entry, Instance
-from gateway.registry.errors import ModelUnavailable
 from gateway.registry.eviction import Resident, busy_victim, fits, idle_victim
 from gateway.registry.memory import estimate_memory_bytes
 from gateway.registry.metrics import RegistryMetrics
@@ -205,13 +205,13 @@ class Lifecycle:
 
     async def _make_room(self, entry: Entry, needed: int) -> None:
         """Return once ``needed`` bytes fit the budget: drain idle models (LRU first), wait
-        for drains under way, then drain busy models. Raises ``ModelUnavailable`` when
+        for drains under way, then drain busy models. Raises ``NotReady`` when
         nothing can be freed; the caller's load timeout bounds the waiting."""
         budget = self.config.registry.memory_budget_bytes
         if budget is None or needed == 0:
             return
         if needed > budget:
-            raise ModelUnavailable(f"needs {needed} bytes; the memory budget is {budget}")
+            raise NotReady(f"needs {needed} bytes; the memory budget is {budget}")
         while not fits(self.used_bytes(), needed, budget):
             residents = self._residents()
             victim = idle_victim(residents, entry.name)
@@ -235,7 +235,7 @@ class Lifecycle:
                 log.info("draining busy %s (least recently used) to load %s", victim, entry.name)
                 self.start_drain(self.entries[victim], "memory")
                 continue
-            raise ModelUnavailable(
+            raise NotReady(
                 f"not enough memory: needs {needed} bytes, {self.used_bytes()} of {budget} "
                 "held by models that cannot be evicted now"
             )

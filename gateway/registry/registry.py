@@ -22,11 +22,11 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from backends.errors import ModelNotFound, NotReady, Overloaded
 from config.schema import AppConfig, ModelConfig
 from gateway.registry import routing
 from gateway.registry.diff import diff_configs
 from gateway.registry.entry import Backoff, Entry, Instance
-from gateway.registry.errors import ModelNotFound, ModelOverloaded, ModelUnavailable
 from gateway.registry.lifecycle import BackendFactory, Lifecycle, being_cancelled, join
 from gateway.registry.memory import estimate_memory_bytes
 from gateway.registry.metrics import RegistryMetrics
@@ -153,17 +153,17 @@ class ModelRegistry:
         """Hold ``name``'s backend for one request; loads it first if needed.
 
         Waits for a load up to ``max_wait`` seconds (default: the model's ``load_timeout``).
-        Raises ``ModelNotFound``, ``ModelUnavailable`` (loading too long, draining,
-        failed, no memory) or ``ModelOverloaded`` (``max_concurrency`` reached).
+        Raises ``ModelNotFound``, ``NotReady`` (loading too long, draining,
+        failed, no memory) or ``Overloaded`` (``max_concurrency`` reached).
         """
         entry = self._lookup(name)
         wait = entry.config.load_timeout if max_wait is None else max_wait
         instance = await self._serving_instance(entry, time.monotonic() + wait)
         limit = entry.config.max_concurrency
         if limit is not None and instance.inflight >= limit:
-            raise ModelOverloaded(
+            raise Overloaded(
                 f"model '{entry.name}' is serving its limit of {limit} requests",
-                retry_after=1.0,
+                code="model_overloaded",
             )
         self._acquire(entry, instance)
         try:
@@ -175,7 +175,7 @@ class ModelRegistry:
         return [self._status(entry) for entry in self._life.entries.values()]
 
     async def load(self, name: str) -> ModelStatus:
-        """Load now, ignoring any backoff; raises ``ModelUnavailable`` if the load fails."""
+        """Load now, ignoring any backoff; raises ``NotReady`` if the load fails."""
         entry = self._lookup(name)
         for _ in range(3):
             if entry.state in SERVING_STATES:
@@ -186,7 +186,7 @@ class ModelRegistry:
             task = entry.load_task if entry.state is ModelState.LOADING else None
             await join(task or self._life.begin_load(entry))
             if entry.state is ModelState.FAILED:
-                raise ModelUnavailable(
+                raise NotReady(
                     f"model '{entry.name}' failed to load: {entry.last_error}",
                     retry_after=max(1.0, entry.retry_in()),
                 )
@@ -256,13 +256,11 @@ class ModelRegistry:
         if state in SERVING_STATES and entry.instance is not None:
             return entry.instance
         if self._life.stopping:
-            raise ModelUnavailable("the gateway is shutting down", retry_after=_BUSY_RETRY_AFTER)
+            raise NotReady("the gateway is shutting down", retry_after=_BUSY_RETRY_AFTER)
         if state is ModelState.DRAINING:
-            raise ModelUnavailable(
-                f"model '{entry.name}' is unloading", retry_after=_BUSY_RETRY_AFTER
-            )
+            raise NotReady(f"model '{entry.name}' is unloading", retry_after=_BUSY_RETRY_AFTER)
         if state is ModelState.FAILED and (entry.restart_task is not None or entry.retry_in()):
-            raise ModelUnavailable(
+            raise NotReady(
                 f"model '{entry.name}' is unavailable: {entry.last_error}",
                 retry_after=max(1.0, entry.retry_in()),
             )
@@ -271,21 +269,21 @@ class ModelRegistry:
         try:
             await asyncio.wait_for(asyncio.shield(task), max(0.0, deadline - time.monotonic()))
         except TimeoutError:
-            raise ModelUnavailable(
+            raise NotReady(
                 f"model '{entry.name}' is still loading", retry_after=_BUSY_RETRY_AFTER
             ) from None
         except asyncio.CancelledError:
             if task.cancelled() and not being_cancelled():
-                raise ModelUnavailable(f"loading '{entry.name}' was cancelled") from None
+                raise NotReady(f"loading '{entry.name}' was cancelled") from None
             raise
         if entry.state in SERVING_STATES and entry.instance is not None and not entry.removed:
             return entry.instance
         if entry.state is ModelState.FAILED:
-            raise ModelUnavailable(
+            raise NotReady(
                 f"model '{entry.name}' failed to load: {entry.last_error}",
                 retry_after=max(1.0, entry.retry_in()),
             )
-        raise ModelUnavailable(
+        raise NotReady(
             f"model '{entry.name}' is {entry.state.value}", retry_after=_BUSY_RETRY_AFTER
         )
 

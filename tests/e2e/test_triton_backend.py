@@ -27,9 +27,9 @@ from backends.base import (
     UpstreamUnavailable,
     Usage,
 )
+from backends.errors import ContractMismatch
 from backends.metrics import BackendMetrics
 from backends.triton.backend import TritonBackend
-from backends.triton.contract import ContractMismatch
 from config.schema import TritonModelConfig
 from tests.tools.triton_server import TritonServer, triton_missing
 

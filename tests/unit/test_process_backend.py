@@ -33,9 +33,9 @@ from backends.base import (
     TextDelta,
     Usage,
 )
+from backends.errors import WorkerStartError
 from backends.metrics import BackendMetrics
 from backends.process.backend import ProcessBackend
-from backends.process.connection import WorkerStartError
 from config.schema import HFModelConfig
 from tests.tools.fake_backend import FakeBackend
 
