@@ -17,7 +17,8 @@ Flags:
   --mlx-usage     label the usage chunk ``object: chat.completion``, like mlx-lm.
 
 Endpoints: POST /v1/chat/completions and /v1/completions (streaming with SSE or not;
-``n``, ``logprobs``/``top_logprobs`` and ``stream_options.include_usage`` honoured),
+``n``, ``stop``, ``logprobs``/``top_logprobs`` and ``stream_options.include_usage``
+honoured),
 GET /v1/models (with ``max_model_len``), GET /health, GET /metrics (running/aborted
 counters as text). Output is deterministic: choice text is a fixed word cycle, so a
 greedy stream equals a non-stream answer. Validation errors answer in vLLM's shape.
@@ -253,6 +254,7 @@ class _Plan:
     def of(body: dict[str, Any], options: FakeOptions, *, chat: bool) -> _Plan:
         max_tokens = body.get("max_tokens")
         tokens = options.chunks if max_tokens is None else min(options.chunks, max_tokens)
+        stopped = _words_before_stop(tokens, body.get("stop"))
         if chat:
             logprobs = int(body.get("top_logprobs") or 0) if body.get("logprobs") else None
         else:
@@ -263,8 +265,8 @@ class _Plan:
             chat=chat,
             model=body["model"],
             n=int(body.get("n") or 1),
-            tokens=tokens,
-            finish="length" if tokens < options.chunks else "stop",
+            tokens=tokens if stopped is None else stopped,
+            finish="length" if tokens < options.chunks and stopped is None else "stop",
             prompt_tokens=len(_prompt_text(body, chat=chat).split()) + 1,
             logprobs=logprobs,
             include_usage=bool(stream_options.get("include_usage")) and options.usage,
@@ -344,6 +346,20 @@ class _Plan:
             choices.append(choice)
         obj = "chat.completion" if self.chat else "text_completion"
         return {**self._base(obj), "choices": choices, "usage": self.usage()}
+
+
+def _words_before_stop(tokens: int, stop: Any) -> int | None:
+    """How many whole words come before the first stop string, or None if none occurs
+    (the fake stops at word boundaries, which is where the contract suite's stops fall)."""
+    stops = [stop] if isinstance(stop, str) else [s for s in stop or () if s]
+    text, ends = "", []
+    for t in range(tokens):
+        text += WORDS[t % len(WORDS)]
+        ends.append(len(text))
+    found = [text.index(s) for s in stops if s in text]
+    if not found:
+        return None
+    return sum(end <= min(found) for end in ends)
 
 
 async def _until_closed(request: web.Request) -> None:

@@ -1,0 +1,45 @@
+"""Reading a backend's event stream the way the contract (``backends/base.py``) says."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from backends.base import BackendEvent, Finished, Started, TextDelta, Usage
+
+
+def check_order(events: list[BackendEvent]) -> None:
+    """Zero or one Started, first; per index deltas then one Finished; Usage last, once."""
+    assert isinstance(events[-1], Usage), events[-1:]
+    assert sum(isinstance(e, Usage) for e in events) == 1
+    body = events[1:-1] if isinstance(events[0], Started) else events[:-1]
+    finished: set[int] = set()
+    for event in body:
+        assert isinstance(event, TextDelta | Finished), f"{event!r} out of place"
+        assert event.index not in finished, "event after Finished for the same index"
+        if isinstance(event, Finished):
+            finished.add(event.index)
+    assert finished == set(range(len(finished))), finished
+
+
+@dataclass
+class Result:
+    events: list[BackendEvent]
+
+    def text(self, index: int = 0) -> str:
+        return "".join(e.text for e in self.events if isinstance(e, TextDelta) and e.index == index)
+
+    def reason(self, index: int = 0) -> str:
+        return next(e.reason for e in self.events if isinstance(e, Finished) and e.index == index)
+
+    @property
+    def usage(self) -> Usage:
+        last = self.events[-1]
+        assert isinstance(last, Usage)
+        return last
+
+
+async def collect(stream: AsyncIterator[BackendEvent]) -> Result:
+    events = [event async for event in stream]
+    check_order(events)
+    return Result(events)
