@@ -118,10 +118,8 @@ class UpstreamBadResponse(BackendError):
     code = "bad_upstream_response"
 
 
-class UpstreamRejected(BackendError):
-    """The upstream answered 4xx: keep its status and message."""
-
-    error_type = "invalid_request_error"
+class UpstreamRejected(InvalidRequest):
+    """The upstream refused the request (4xx): keep its status, message, param and code."""
 
     def __init__(
         self,

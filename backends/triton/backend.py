@@ -214,7 +214,7 @@ class TritonBackend:
             status = _status_of(exc)
             if isinstance(exc, NotReady):
                 self._contract = None  # the server may come back with another model
-            if self._stopped:
+            if self._stopped and not isinstance(exc, BackendCrashed):
                 raise BackendCrashed("the Triton backend was stopped") from exc
             raise
         finally:
@@ -246,6 +246,12 @@ class TritonBackend:
                 result, error = await asyncio.wait_for(anext(iterator), timeout=max(wait, 0.0))
             except StopAsyncIteration:
                 return
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if self._stopped and task is not None and not task.cancelling():
+                    # stop() cancelled the call, not our caller: the stream ends crashed
+                    raise BackendCrashed("the Triton backend was stopped") from None
+                raise
             except TimeoutError as exc:
                 what = "first token" if first else "end of stream"
                 raise UpstreamTimeout(

@@ -183,6 +183,7 @@ class BackendContract:
             await asyncio.gather(*firsts, return_exceptions=True)
             for stream in streams:
                 await stream.aclose()  # type: ignore[attr-defined]
+            await _until_admitted(spare, self.request(1))
 
     async def test_stop_ends_open_streams(self, spare: Backend) -> None:
         """Runs last in the class: ``spare`` is stopped afterwards."""
@@ -198,3 +199,16 @@ class BackendContract:
 
 async def _first(stream: AsyncIterator[BackendEvent]) -> BackendEvent:
     return await anext(aiter(stream))
+
+
+async def _until_admitted(backend: Backend, request: GenerationRequest) -> None:
+    """Wait until ``backend`` takes work again: a remote queue (Triton's) still holds the
+    flood's cancelled requests for a while after the streams closed."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        try:
+            await collect(backend.generate(request))
+            return
+        except Overloaded:
+            assert time.monotonic() < deadline, "the backend never took work again"
+            await asyncio.sleep(0.2)
