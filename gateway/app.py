@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from backends.base import ApiError, Backend
-from backends.factory import CrashHandler, create_backend
+from backends.base import ApiError
+from backends.factory import BackendFactory, create_backend
 from backends.metrics import BackendMetrics
-from config.schema import AppConfig, ModelConfig
+from config.schema import AppConfig
 from gateway import ops_routes
 from gateway.errors import handle_backend_error, handle_http_exception, handle_unexpected
 from gateway.metrics import GatewayMetrics
@@ -28,8 +28,6 @@ from gateway.service import CompletionService
 from gateway.state import AppState
 
 log = logging.getLogger(__name__)
-
-BackendFactory = Callable[[ModelConfig, CrashHandler], Backend]
 
 
 def build_app(

@@ -76,6 +76,13 @@ def resolve_source(source: str, cache_dir: Path | None = None) -> ResolvedSource
     return ResolvedSource(source, False)
 
 
+def conversion_folder(gguf: Path, cache_dir: Path) -> Path:
+    """Where ``convert_gguf`` keeps the conversion of ``gguf`` (it may not exist yet)."""
+    stat = gguf.stat()
+    digest = hashlib.sha256(f"{gguf.name}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
+    return cache_dir / f"{gguf.stem}-{digest[:12]}"
+
+
 def convert_gguf(gguf: Path, cache_dir: Path) -> Path:
     """Dequantise ``gguf`` into a bf16 safetensors folder once; later calls reuse it.
 
@@ -83,9 +90,7 @@ def convert_gguf(gguf: Path, cache_dir: Path) -> Path:
     package version converts again. The write goes to a temporary sibling that is
     renamed into place, so an interrupted conversion never leaves a half folder.
     """
-    stat = gguf.stat()
-    digest = hashlib.sha256(f"{gguf.name}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
-    target = cache_dir / f"{gguf.stem}-{digest[:12]}"
+    target = conversion_folder(gguf, cache_dir)
     if (target / "config.json").is_file():
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)

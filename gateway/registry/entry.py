@@ -78,3 +78,21 @@ class Entry:
 
     def retry_in(self) -> float:
         return max(0.0, self.retry_at - time.monotonic())
+
+    def loaded(self, instance: Instance, reported_bytes: int | None) -> None:
+        """``instance`` serves now; a backend's own memory report replaces the estimate."""
+        if self.config.memory_bytes is None and reported_bytes:
+            instance.reserved_bytes = reported_bytes
+            self.estimated_bytes = reported_bytes
+        instance.loaded_at = time.time()
+        self.failures = 0
+        self.ever_loaded = True
+        self.touch()
+
+    def failed(self, reason: str, backoff: Backoff) -> float:
+        """Count a failure; returns the backoff delay before the next attempt."""
+        self.failures += 1
+        delay = backoff.delay(self.failures)
+        self.retry_at = time.monotonic() + delay
+        self.last_error = reason
+        return delay
