@@ -58,10 +58,6 @@ class RequestState:
     aborted: bool = False
 
     @property
-    def prefill_done(self) -> bool:
-        return self.prefilled >= len(self.prompt_ids)
-
-    @property
     def n(self) -> int:
         return self.request.sampling.n
 

@@ -24,8 +24,6 @@ class EngineProfile:
     kind: EngineKind
     health_path: str
     """Path under the server root (not under ``/v1``) probed by health checks."""
-    sends_usage: bool
-    """Whether ``stream_options.include_usage`` yields a usage chunk."""
     accepts_ignore_eos: bool
     """Whether the body may carry vLLM's ``ignore_eos`` extension."""
     hides_stream_errors: bool = False
@@ -34,10 +32,10 @@ class EngineProfile:
 
 
 _PROFILES: dict[str, EngineProfile] = {
-    "generic": EngineProfile("generic", "/v1/models", True, False),
-    "vllm": EngineProfile("vllm", "/health", True, True),
-    "llamacpp": EngineProfile("llamacpp", "/v1/models", False, False, True),
-    "mlx": EngineProfile("mlx", "/health", True, False),
+    "generic": EngineProfile("generic", "/v1/models", False),
+    "vllm": EngineProfile("vllm", "/health", True),
+    "llamacpp": EngineProfile("llamacpp", "/v1/models", False, True),
+    "mlx": EngineProfile("mlx", "/health", False),
 }
 
 
@@ -47,9 +45,7 @@ def profile_for(kind: str, health_path: str | None = None) -> EngineProfile:
     if health_path is None:
         return base
     path = health_path if health_path.startswith("/") else f"/{health_path}"
-    return EngineProfile(
-        base.kind, path, base.sends_usage, base.accepts_ignore_eos, base.hides_stream_errors
-    )
+    return EngineProfile(base.kind, path, base.accepts_ignore_eos, base.hides_stream_errors)
 
 
 def split_base_url(base_url: str) -> tuple[str, str]:

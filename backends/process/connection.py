@@ -138,10 +138,6 @@ class WorkerProcess:
     def is_ready(self) -> bool:
         return self.alive and self.was_ready
 
-    @property
-    def open_streams(self) -> int:
-        return len(self._streams)
-
     # ------------------------------------------------------------------ lifecycle
 
     async def spawn(self, config: object, factory_spec: str, env: Mapping[str, str]) -> None:

@@ -13,7 +13,7 @@ outputs  ``text_output`` BYTES (the new text of each streamed response); optiona
 
 The optional tensors are used only when the model's metadata declares them; otherwise the
 backend falls back to its tokenizer for counts and to ``max_tokens`` for the reason.
-Pure functions over plain data; the gRPC client lives in ``client.py``.
+Pure functions over plain data; the gRPC calls live in ``backend.py``.
 """
 
 from __future__ import annotations
