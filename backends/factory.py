@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from backends.base import Backend
-from backends.metrics import BackendMetrics
+from backends.hop_metrics import BackendMetrics
 from config.schema import HFModelConfig, ModelConfig, OpenAIModelConfig, TritonModelConfig
 
 CrashHandler = Callable[[str], None]

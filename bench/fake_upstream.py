@@ -2,7 +2,7 @@
 
 Run it standalone (the overhead benchmark does)::
 
-    python -m tests.tools.fake_upstream --port P [--host 127.0.0.1] [--chunks 16]
+    python -m bench.fake_upstream --port P [--host 127.0.0.1] [--chunks 16]
         [--delay-ms D] [--ttft-ms T] [--model fake-model] [--no-usage] [--mlx-usage]
 
 Flags:

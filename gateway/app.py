@@ -17,15 +17,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from backends.base import ApiError
 from backends.factory import BackendFactory, create_backend
-from backends.metrics import BackendMetrics
+from backends.hop_metrics import BackendMetrics
 from config.schema import AppConfig
 from gateway import ops_routes
+from gateway.app_state import AppState
 from gateway.errors import handle_backend_error, handle_http_exception, handle_unexpected
-from gateway.metrics import GatewayMetrics
 from gateway.registry import ConfigWatcher, ModelRegistry, RegistryMetrics
+from gateway.request_metrics import GatewayMetrics
 from gateway.routes import GatewayASGI
 from gateway.service import CompletionService
-from gateway.state import AppState
 
 log = logging.getLogger(__name__)
 

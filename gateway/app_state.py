@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
-from backends.metrics import BackendMetrics
+from backends.hop_metrics import BackendMetrics
 from config.schema import AppConfig
-from gateway.metrics import GatewayMetrics
 from gateway.registry import ModelRegistry
+from gateway.request_metrics import GatewayMetrics
 from gateway.service import CompletionService
 
 

@@ -10,9 +10,9 @@ from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
+from gateway.app_state import AppState
 from gateway.errors import RouteNotFound, Unauthorized
 from gateway.registry import ModelNotFound, ModelStatus
-from gateway.state import AppState
 
 router = APIRouter()
 

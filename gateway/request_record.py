@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from backends.base import BackendEvent, Started, TextDelta, Usage
-from gateway.metrics import GatewayMetrics, ModelSeries
+from gateway.request_metrics import GatewayMetrics, ModelSeries
 
 request_log = logging.getLogger("llmso.requests")
 

@@ -27,6 +27,7 @@ import orjson
 from pydantic import ValidationError
 
 from backends.base import ApiError, GenerationRequest, InvalidRequest
+from gateway.app_state import AppState
 from gateway.errors import (
     InternalError,
     MethodNotAllowed,
@@ -35,9 +36,8 @@ from gateway.errors import (
     from_validation_error,
 )
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from gateway.request_record import RequestRecord
 from gateway.service import Generation, server_timing
-from gateway.state import AppState
-from gateway.tracking import RequestRecord
 from gateway.translate import chat_request, completion_request, report_unknown_fields
 
 log = logging.getLogger(__name__)

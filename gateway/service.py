@@ -31,13 +31,13 @@ from backends.base import (
     UpstreamBadResponse,
     Usage,
 )
-from backends.metrics import BackendMetrics
+from backends.hop_metrics import BackendMetrics
 from gateway.capabilities import require_features
 from gateway.errors import error_payload
-from gateway.metrics import GatewayMetrics
 from gateway.registry import ModelRegistry
+from gateway.request_metrics import GatewayMetrics
+from gateway.request_record import RequestRecord
 from gateway.responses import SSE_DONE, ChoiceAccumulator, ChunkWriter, full_response, new_id, sse
-from gateway.tracking import RequestRecord
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,7 @@ from backends.base import (
     UpstreamUnavailable,
     Usage,
 )
-from backends.metrics import BackendMetrics
+from backends.hop_metrics import BackendMetrics
 from backends.openai_proxy.engines import profile_for, split_base_url
 from backends.openai_proxy.errors import from_exception, from_status, is_retryable
 from backends.openai_proxy.health import CircuitBreaker, HealthTracker

@@ -22,7 +22,7 @@ import os
 from collections.abc import AsyncIterator, Callable, Mapping
 
 from backends.base import BackendError, BackendEvent, GenerationRequest, ModelInfo, NotReady
-from backends.metrics import BackendMetrics
+from backends.hop_metrics import BackendMetrics
 from backends.process.connection import End, WorkerProcess
 from config.schema import HFModelConfig
 

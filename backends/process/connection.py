@@ -34,7 +34,7 @@ from backends.base import (
     NotReady,
 )
 from backends.errors import WorkerStartError
-from backends.metrics import WorkerObserver
+from backends.hop_metrics import WorkerObserver
 from backends.process import protocol as p
 
 log = logging.getLogger(__name__)

@@ -48,7 +48,7 @@ from backends.base import (
     UpstreamUnavailable,
     Usage,
 )
-from backends.metrics import BackendMetrics
+from backends.hop_metrics import BackendMetrics
 from backends.triton import contract
 from backends.triton.prompt import Prompter
 from config.schema import TritonModelConfig

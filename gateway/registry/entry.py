@@ -9,7 +9,7 @@ import time
 from backends.backoff import Backoff
 from backends.base import Backend
 from config.schema import ModelConfig
-from gateway.registry.state import ModelState
+from gateway.registry.values import ModelState
 
 __all__ = ["Backoff", "Entry", "Instance"]
 

@@ -17,10 +17,10 @@ from typing import Any
 from backends.factory import BackendFactory, MemoryEstimate, memory_estimate
 from config.schema import AppConfig, ModelConfig
 from gateway.registry.entry import Backoff, Entry, Instance
-from gateway.registry.metrics import RegistryMetrics
+from gateway.registry.model_metrics import RegistryMetrics
 from gateway.registry.room import make_room, reported_memory, warn_if_over_budget
-from gateway.registry.state import SERVING_STATES, ConfigDiff, ModelState
 from gateway.registry.tasks import being_cancelled, describe, join, on_this_loop
+from gateway.registry.values import SERVING_STATES, ConfigDiff, ModelState
 
 log = logging.getLogger(__name__)
 

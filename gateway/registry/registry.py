@@ -29,8 +29,9 @@ from gateway.registry import routing
 from gateway.registry.diff import diff_configs
 from gateway.registry.entry import Backoff, Entry, Instance
 from gateway.registry.lifecycle import BackendFactory, Lifecycle
-from gateway.registry.metrics import RegistryMetrics
-from gateway.registry.state import (
+from gateway.registry.model_metrics import RegistryMetrics
+from gateway.registry.tasks import being_cancelled, join
+from gateway.registry.values import (
     SERVING_STATES,
     ConfigDiff,
     Lease,
@@ -38,7 +39,6 @@ from gateway.registry.state import (
     ModelStatus,
     RouteDecision,
 )
-from gateway.registry.tasks import being_cancelled, join
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 from prometheus_client import CollectorRegistry
 
 from backends.base import BackendEvent, GenerationRequest, RequestKind, SamplingParams, TextDelta
-from backends.metrics import BackendMetrics
+from backends.hop_metrics import BackendMetrics
 from backends.process.backend import ProcessBackend
 from config.schema import HFModelConfig
 from tests.tools.fake_backend import FakeBackend

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from backends.base import Backend, GenerationRequest
-from backends.metrics import BackendMetrics
+from backends.hop_metrics import BackendMetrics
 from backends.process.backend import ProcessBackend
 from config.schema import HFModelConfig
 from tests.contract.backend_suite import BackendContract

@@ -30,7 +30,7 @@ from backends.base import (
     TextDelta,
     Usage,
 )
-from backends.metrics import BackendMetrics
+from backends.hop_metrics import BackendMetrics
 from backends.process.backend import ProcessBackend
 from config.schema import HFModelConfig
 from tests.contract.backend_suite import BackendContract

@@ -30,7 +30,7 @@ from backends.base import (
     Usage,
 )
 from backends.errors import ContractMismatch
-from backends.metrics import BackendMetrics
+from backends.hop_metrics import BackendMetrics
 from backends.triton.backend import TritonBackend
 from config.schema import TritonModelConfig
 from tests.contract.backend_suite import BackendContract

@@ -23,7 +23,7 @@ _REF = (
 
 def _fake(tag: str) -> list[str]:
     return [
-        sys.executable, "-m", "tests.service.test_bench_fakeserver",
+        sys.executable, "-m", "tests.tools.bench_fake_server",
         "--port", "{port}", "--delay", "0.001", "--tag", tag,
     ]  # fmt: skip
 

@@ -17,7 +17,8 @@ from bench.client import RequestOptions
 from bench.loadgen import LoadSpec, new_session, run_level
 from bench.prompts import builtin_prompts
 from bench.stats import Slo, summarize
-from tests.service.test_bench_fakeserver import BODIES, PEAK, build_app
+from tests.tools import bench_fake_server
+from tests.tools.bench_fake_server import BODIES, PEAK, build_app
 
 DELAY = 0.003
 
@@ -196,3 +197,9 @@ def test_cli_run_writes_outputs(tmp_path: Path) -> None:
     assert "| fake | c=3 |" in (tmp_path / "results.md").read_text()
     assert (tmp_path / "results.png").stat().st_size > 10_000
     assert doc["meta"]["cpu_count"] >= 1
+
+
+def test_fake_app_builds() -> None:
+    app = build_app(0.01)
+    assert app[bench_fake_server.DELAY] == 0.01
+    assert app[BODIES] == []

@@ -28,11 +28,11 @@ from backends.base import (
     UpstreamUnavailable,
     Usage,
 )
-from backends.metrics import BackendMetrics
+from backends.hop_metrics import BackendMetrics
 from backends.openai_proxy.backend import OpenAIProxyBackend
+from bench.fake_upstream import WORDS, FakeOptions, FakeUpstream
 from config.schema import OpenAIModelConfig
 from tests.contract.backend_suite import BackendContract
-from tests.tools.fake_upstream import WORDS, FakeOptions, FakeUpstream
 
 
 def _config(url: str, **overrides: Any) -> OpenAIModelConfig:

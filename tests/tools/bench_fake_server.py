@@ -6,7 +6,7 @@ It emits ``max_tokens`` one-token content chunks ``delay_s`` apart, then (when a
 request body is recorded in ``app[BODIES]`` and the peak number of concurrent requests in
 ``app[PEAK]`` so tests can check what the load generator really did.
 
-Run standalone: ``python -m tests.service.test_bench_fakeserver --port P``.
+Run standalone: ``python -m tests.tools.bench_fake_server --port P``.
 """
 
 from __future__ import annotations
@@ -87,12 +87,6 @@ def build_app(delay_s: float = 0.002) -> web.Application:
     app.router.add_post("/v1/completions", _generate)
     app.router.add_get("/v1/models", _models)
     return app
-
-
-def test_fake_app_builds() -> None:
-    app = build_app(0.01)
-    assert app[DELAY] == 0.01
-    assert app[BODIES] == []
 
 
 if __name__ == "__main__":

@@ -74,7 +74,7 @@ def packaged_gguf() -> str:
 @contextlib.contextmanager
 def start_fake_upstream(*flags: str) -> Iterator[RunningServer]:
     port = free_port()
-    argv = [PYTHON, "-m", "tests.tools.fake_upstream", "--port", str(port), *flags]
+    argv = [PYTHON, "-m", "bench.fake_upstream", "--port", str(port), *flags]
     server = start_process(argv, port=port, health_path="/health", timeout=30)
     try:
         yield server

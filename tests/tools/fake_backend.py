@@ -47,7 +47,7 @@ from backends.base import (
     TextDelta,
     Usage,
 )
-from backends.metrics import WorkerObserver
+from backends.hop_metrics import WorkerObserver
 
 
 def _env_float(name: str, default: float) -> float:
