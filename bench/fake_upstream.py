@@ -15,6 +15,7 @@ Flags:
   --model NAME    the served model id; other ids get 404 like vLLM (default fake-model).
   --no-usage      ignore stream_options.include_usage, like llama.cpp.
   --mlx-usage     label the usage chunk ``object: chat.completion``, like mlx-lm.
+  --tag T         ignored; lets a test find the processes it started.
 
 Endpoints: POST /v1/chat/completions and /v1/completions (streaming with SSE or not;
 ``n``, ``stop``, ``logprobs``/``top_logprobs`` and ``stream_options.include_usage``
@@ -35,7 +36,8 @@ consumed one per request with ``fake.faults.append(...)``:
 - ``"empty"``: answer 200 with an empty stream (llama.cpp's way of rejecting);
 - ``"reset"``: answer 200 headers, then drop the connection (its other way);
 
-and read its counters (``running``, ``aborted``, ``completed``, ``bodies``, ``headers``).
+and read its counters (``running``, ``peak``, ``aborted``, ``completed``, ``bodies``,
+``headers``).
 """
 
 from __future__ import annotations
@@ -84,6 +86,8 @@ class FakeUpstream:
         self.faults: deque[int | str] = deque()
         self.healthy = True
         self.running = 0
+        self.peak = 0
+        """Most streams served at once (a load generator's concurrency, as the server saw it)."""
         self.aborted = 0
         self.completed = 0
         self.bodies: list[dict[str, Any]] = []
@@ -175,6 +179,7 @@ class FakeUpstream:
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         self.running += 1
+        self.peak = max(self.peak, self.running)
         try:
             await response.prepare(request)
             if fault == "empty":  # how llama.cpp answers a streaming request it rejects
@@ -415,6 +420,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="fake-model")
     parser.add_argument("--no-usage", action="store_true")
     parser.add_argument("--mlx-usage", action="store_true")
+    parser.add_argument("--tag", default="", help="Ignored; lets a test find its processes.")
     args = parser.parse_args(argv)
     options = FakeOptions(
         chunks=args.chunks,
