@@ -17,6 +17,8 @@ from typing import Any, Literal
 import aiohttp
 import orjson
 
+from backends.base import ChatMessage, GenerationRequest, RequestKind, SamplingParams
+from backends.openai_proxy.payload import request_body
 from backends.openai_proxy.stream import DONE, SSEDecoder
 from bench.prompts import Prompt
 
@@ -119,21 +121,22 @@ def inter_token_gaps(chunk_times: tuple[float, ...]) -> tuple[float, ...]:
 
 
 def build_body(options: RequestOptions, prompt: Prompt) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "model": options.model,
-        "max_tokens": options.max_tokens,
-        "temperature": options.temperature,
-        "stream": options.stream,
-    }
-    if options.api == "chat":
-        body["messages"] = [{"role": "user", "content": prompt.text}]
-    else:
-        body["prompt"] = prompt.text
-    if options.stream:
-        body["stream_options"] = {"include_usage": True}
-    if options.ignore_eos:
-        # vLLM honours it; servers that do not know it ignore unknown fields.
-        body["ignore_eos"] = True
+    """The body every system receives, built by the gateway's own body builder."""
+    chat = options.api == "chat"
+    request = GenerationRequest(
+        request_id="bench",
+        model=options.model,
+        kind=RequestKind.CHAT if chat else RequestKind.COMPLETION,
+        sampling=SamplingParams(
+            max_tokens=options.max_tokens,
+            temperature=options.temperature,
+            ignore_eos=options.ignore_eos,
+        ),
+        messages=(ChatMessage("user", prompt.text),) if chat else (),
+        prompt="" if chat else prompt.text,
+    )
+    # vLLM honours ignore_eos; servers that do not know it ignore unknown fields.
+    body = request_body(request, options.model, stream=options.stream, send_ignore_eos=True)
     body.update(options.extra_body)
     return body
 

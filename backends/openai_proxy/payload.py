@@ -22,20 +22,32 @@ def build_body(
     request: GenerationRequest, upstream_model: str, profile: EngineProfile
 ) -> tuple[str, bytes]:
     """``(path under the API root, JSON body)`` for one request."""
-    body: dict[str, Any] = {"model": upstream_model}
+    chat = request.kind is RequestKind.CHAT
+    body = request_body(
+        request, upstream_model, stream=True, send_ignore_eos=profile.accepts_ignore_eos
+    )
+    return (CHAT_PATH if chat else COMPLETIONS_PATH), orjson.dumps(body)
+
+
+def request_body(
+    request: GenerationRequest, model: str, *, stream: bool, send_ignore_eos: bool
+) -> dict[str, Any]:
+    """The OpenAI request body for ``request`` (the proxy's and the benchmark client's)."""
+    body: dict[str, Any] = {"model": model}
     chat = request.kind is RequestKind.CHAT
     if chat:
         body["messages"] = [{"role": m.role, "content": m.content} for m in request.messages]
     else:
         body["prompt"] = request.prompt
-    _add_sampling(body, request, chat=chat, profile=profile)
-    body["stream"] = True
-    body["stream_options"] = {"include_usage": True}
-    return (CHAT_PATH if chat else COMPLETIONS_PATH), orjson.dumps(body)
+    _add_sampling(body, request, chat=chat, send_ignore_eos=send_ignore_eos)
+    body["stream"] = stream
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
 
 
 def _add_sampling(
-    body: dict[str, Any], request: GenerationRequest, *, chat: bool, profile: EngineProfile
+    body: dict[str, Any], request: GenerationRequest, *, chat: bool, send_ignore_eos: bool
 ) -> None:
     s = request.sampling
     if request.max_tokens_explicit:
@@ -61,7 +73,7 @@ def _add_sampling(
             body["top_logprobs"] = s.logprobs
         else:
             body["logprobs"] = s.logprobs
-    if s.ignore_eos and profile.accepts_ignore_eos:
+    if s.ignore_eos and send_ignore_eos:
         body["ignore_eos"] = True
     if request.user is not None:
         body["user"] = request.user
