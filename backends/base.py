@@ -3,7 +3,7 @@
 Everything here is plain data (frozen, slotted dataclasses) or a Protocol. The gateway
 translates wire types into a ``GenerationRequest`` once; a backend turns it into an
 async stream of ``BackendEvent`` values and raises ``BackendError`` subclasses when it
-cannot. Backends never see HTTP, and the gateway never sees tensors.
+cannot (``backends.errors``). Backends never see HTTP, and the gateway never sees tensors.
 
 Event order for one request: zero or one ``Started``; then per choice index any number
 of ``TextDelta`` and ``ToolCallDelta`` (interleaved in output order) followed by exactly
@@ -20,6 +20,23 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Literal, Protocol, runtime_checkable
+
+# The errors live in one module; they stay importable from the contract's home.
+from backends.errors import (
+    ApiError,
+    BackendCrashed,
+    BackendError,
+    ContextLengthExceeded,
+    InvalidRequest,
+    ModelNotFound,
+    NotReady,
+    Overloaded,
+    UnsupportedFeature,
+    UpstreamBadResponse,
+    UpstreamRejected,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
 
 FinishReason = Literal["stop", "length", "tool_calls"]
 
@@ -292,102 +309,6 @@ class ModelInfo:
     features: frozenset[Feature] = TEXT_GENERATION
 
 
-# --------------------------------------------------------------------------- errors
-
-
-class BackendError(Exception):
-    """Base of every error a backend may raise. The gateway maps each to an HTTP status.
-
-    ``code`` is the OpenAI ``error.code``; ``param`` names the offending request field.
-    """
-
-    status: int = 500
-    error_type: str = "server_error"
-    code: str | None = None
-
-    def __init__(self, message: str, *, param: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-
-
-class InvalidRequest(BackendError):
-    status = 400
-    error_type = "invalid_request_error"
-
-
-class ContextLengthExceeded(InvalidRequest):
-    code = "context_length_exceeded"
-
-
-class UnsupportedFeature(InvalidRequest):
-    """The request needs a ``Feature`` the routed backend does not declare."""
-
-    code = "unsupported_feature"
-
-
-class Overloaded(BackendError):
-    """The backend's bounded queue is full; the client should retry later."""
-
-    status = 429
-    error_type = "rate_limit_error"
-    code = "overloaded"
-
-    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class NotReady(BackendError):
-    status = 503
-    error_type = "service_unavailable"
-    code = "model_not_ready"
-
-    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class UpstreamUnavailable(NotReady):
-    code = "upstream_unavailable"
-
-
-class UpstreamTimeout(BackendError):
-    status = 504
-    error_type = "timeout"
-    code = "upstream_timeout"
-
-
-class UpstreamBadResponse(BackendError):
-    status = 502
-    error_type = "upstream_error"
-    code = "bad_upstream_response"
-
-
-class UpstreamRejected(BackendError):
-    """The upstream answered 4xx: keep its status and message."""
-
-    error_type = "invalid_request_error"
-
-    def __init__(
-        self, message: str, *, status: int, param: str | None = None, code: str | None = None
-    ) -> None:
-        super().__init__(message, param=param)
-        self.status = status
-        self.code = code
-
-
-class BackendCrashed(BackendError):
-    """The engine or its worker died while serving; in-flight requests end with this."""
-
-    status = 503
-    error_type = "service_unavailable"
-    code = "backend_crashed"
-
-
-# --------------------------------------------------------------------------- protocol
-
-
 @runtime_checkable
 class Backend(Protocol):
     """One loaded model behind one backend.
@@ -408,3 +329,36 @@ class Backend(Protocol):
     async def ready(self) -> bool: ...
 
     def info(self) -> ModelInfo: ...
+
+
+__all__ = [
+    "TEXT_GENERATION",
+    "ApiError",
+    "Backend",
+    "BackendCrashed",
+    "BackendError",
+    "BackendEvent",
+    "ChatMessage",
+    "ContextLengthExceeded",
+    "Feature",
+    "FinishReason",
+    "Finished",
+    "GenerationRequest",
+    "InvalidRequest",
+    "ModelInfo",
+    "ModelNotFound",
+    "NotReady",
+    "Overloaded",
+    "RequestKind",
+    "SamplingParams",
+    "Started",
+    "TextDelta",
+    "TokenLogprob",
+    "TopLogprob",
+    "UnsupportedFeature",
+    "UpstreamBadResponse",
+    "UpstreamRejected",
+    "UpstreamTimeout",
+    "UpstreamUnavailable",
+    "Usage",
+]

@@ -1,18 +1,44 @@
-"""Build the backend for one configured model. Imports each implementation lazily, so
-a gateway that serves only proxies never imports torch, and one without Triton models
-never imports tritonclient."""
+"""Build the backend for one configured model, and estimate its memory before loading.
+Imports each implementation lazily, so a gateway that serves only proxies never imports
+torch, and one without Triton models never imports tritonclient."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from backends.base import Backend
-from backends.metrics import BackendMetrics
+from backends.hop_metrics import BackendMetrics
 from config.schema import HFModelConfig, ModelConfig, OpenAIModelConfig, TritonModelConfig
 
 CrashHandler = Callable[[str], None]
 """Called on the event loop when a backend dies on its own (worker killed, engine thread
 crashed), with a reason. The registry uses it to mark the model failed and restart it."""
+
+
+class BackendFactory(Protocol):
+    """What the registry calls to build a model's backend (``create_backend`` with the
+    metrics bound, or a test's fake)."""
+
+    def __call__(self, config: ModelConfig, on_crash: CrashHandler, /) -> Backend: ...
+
+
+MemoryEstimate = Callable[[ModelConfig], Awaitable["int | None"]]
+"""Bytes a model will hold once loaded, or None when its backend cannot tell."""
+
+
+async def memory_estimate(config: ModelConfig) -> int | None:
+    """Configured ``memory_bytes``, else the backend's own estimate: the weights for an
+    ``hf`` model (read from file headers in a thread), None for proxies and Triton,
+    which hold no weights here."""
+    if config.memory_bytes is not None:
+        return config.memory_bytes
+    if isinstance(config, HFModelConfig):
+        from backends.hf.memory import estimate_memory_bytes
+
+        return await asyncio.to_thread(estimate_memory_bytes, config)
+    return None
 
 
 def create_backend(

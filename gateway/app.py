@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
@@ -17,25 +17,25 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from backends.base import Backend, BackendError
-from backends.factory import CrashHandler, create_backend
-from backends.metrics import BackendMetrics
-from config.schema import AppConfig, ModelConfig
+from backends.base import ApiError
+from backends.factory import BackendFactory, create_backend
+from backends.hop_metrics import BackendMetrics
+from config.schema import AppConfig
 from gateway import ops_routes
+from gateway.app_state import AppState
 from gateway.console import Console
 from gateway.console.routes import build_router as console_router
 from gateway.errors import handle_backend_error, handle_http_exception, handle_unexpected
 from gateway.frontdoor import usage
 from gateway.frontdoor.door import FrontDoor
-from gateway.metrics import GatewayMetrics
 from gateway.openai_responses import api as responses_api
 from gateway.openai_responses.endpoint import ResponsesEndpoint
 from gateway.openai_responses.store import open_store
 from gateway.openapi import document
 from gateway.registry import ConfigWatcher, ModelRegistry, RegistryMetrics
+from gateway.request_metrics import GatewayMetrics
 from gateway.routes import GatewayASGI
 from gateway.service import CompletionService
-from gateway.state import AppState
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
@@ -43,8 +43,6 @@ if TYPE_CHECKING:
     from gateway.tracing import Tracing
 
 log = logging.getLogger(__name__)
-
-BackendFactory = Callable[[ModelConfig, CrashHandler], Backend]
 
 
 def build_app(
@@ -116,7 +114,7 @@ def build_app(
     app.include_router(usage.router)
     app.include_router(console_router(ui=config.server.ui))
     app.include_router(responses_api.router)
-    app.add_exception_handler(BackendError, handle_backend_error)
+    app.add_exception_handler(ApiError, handle_backend_error)
     app.add_exception_handler(StarletteHTTPException, handle_http_exception)
     app.add_exception_handler(Exception, handle_unexpected)
     asgi = GatewayASGI(app, state)

@@ -34,9 +34,9 @@ from backends.base import (
 )
 from gateway.frontdoor.door import admit
 from gateway.protocol import CompletionRequest
+from gateway.request_record import RequestRecord
 from gateway.routes import _JSON, GenerationCall, _parse
 from gateway.service import CompletionService, Generation
-from gateway.tracking import RequestRecord
 from gateway.translate import (
     MAX_CHOICES,
     completion_prompts,

@@ -20,10 +20,10 @@ from backends.base import BackendError, InvalidRequest, NotReady, Overloaded, St
 from backends.embeddings import EmbeddingRequest, EmbeddingResult
 from gateway.capabilities import require_embeddings
 from gateway.frontdoor.keys import allowed_candidates
-from gateway.metrics import GatewayMetrics
 from gateway.protocol import _Wire
 from gateway.registry import ModelOverloaded, ModelRegistry, ModelUnavailable
-from gateway.tracking import RequestRecord
+from gateway.request_metrics import GatewayMetrics
+from gateway.request_record import RequestRecord
 
 MAX_INPUTS = 2048
 _FALLBACK_ERRORS: tuple[type[BackendError], ...] = (

@@ -46,7 +46,7 @@ class Prepared:
 
 
 Prepare = Callable[[Any], Awaitable[Prepared]]
-"""Turns the decoded JSON body into a ``Prepared``; raises ``BackendError`` on bad input."""
+"""Turns the decoded JSON body into a ``Prepared``; raises ``ApiError`` on bad input."""
 
 
 class ChatPresenter:

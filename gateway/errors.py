@@ -1,8 +1,9 @@
 """Errors at the HTTP edge and the one place that renders them as OpenAI envelopes.
 
-Every error the gateway can return is a ``BackendError`` (from the backend contract) or a
-subclass defined here, so a single handler maps ``status``, ``error_type``, ``code``,
-``param`` and ``retry_after`` to a response.
+Every error the gateway can return is an ``ApiError`` (``backends.errors``): a
+``BackendError`` of the backend contract, or one of the HTTP-only errors defined here,
+so a single handler maps ``status``, ``error_type``, ``code``, ``param`` and
+``retry_after`` to a response.
 """
 
 from __future__ import annotations
@@ -17,42 +18,49 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from backends.base import BackendError, InvalidRequest
+from backends.errors import ApiError, BackendError, InvalidRequest
 
 log = logging.getLogger(__name__)
 
 
-class RequestTooLarge(BackendError):
+class HttpError(ApiError):
+    """A client error Starlette raised with a status of its own."""
+
+    status = 400
+    error_type = "invalid_request_error"
+
+
+class RequestTooLarge(ApiError):
     status = 413
     error_type = "invalid_request_error"
     code = "request_too_large"
 
 
-class Unauthorized(BackendError):
+class Unauthorized(ApiError):
     status = 401
     error_type = "authentication_error"
     code = "invalid_api_key"
 
 
-class RouteNotFound(BackendError):
+class RouteNotFound(ApiError):
     status = 404
     error_type = "invalid_request_error"
     code = "not_found"
 
 
-class MethodNotAllowed(BackendError):
+class MethodNotAllowed(ApiError):
     status = 405
     error_type = "invalid_request_error"
     code = "method_not_allowed"
 
 
-class InternalError(BackendError):
+class InternalError(ApiError):
     status = 500
     error_type = "server_error"
     code = "internal_error"
 
 
-def error_payload(exc: BackendError) -> dict[str, Any]:
+def error_payload(exc: ApiError) -> dict[str, Any]:
     return {
         "error": {
             "message": exc.message,
@@ -63,16 +71,15 @@ def error_payload(exc: BackendError) -> dict[str, Any]:
     }
 
 
-def error_body(exc: BackendError) -> tuple[bytes, dict[str, str]]:
+def error_body(exc: ApiError) -> tuple[bytes, dict[str, str]]:
     """The envelope's bytes and the headers it needs (``Retry-After`` when known)."""
     headers: dict[str, str] = {}
-    retry_after = getattr(exc, "retry_after", None)
-    if retry_after is not None:
-        headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
+    if exc.retry_after is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
     return orjson.dumps(error_payload(exc)), headers
 
 
-def error_response(exc: BackendError, headers: dict[str, str] | None = None) -> Response:
+def error_response(exc: ApiError, headers: dict[str, str] | None = None) -> Response:
     body, extra = error_body(exc)
     return Response(
         body,
@@ -113,24 +120,43 @@ def _dotted(parts: list[str]) -> str:
 
 
 async def handle_backend_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, BackendError)
+    assert isinstance(exc, ApiError)
     return error_response(exc)
 
 
 async def handle_http_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
-    mapped: BackendError
+    mapped: ApiError
     if exc.status_code == 404:
         mapped = RouteNotFound(f"no route for {request.method} {request.url.path}")
     elif exc.status_code == 405:
         mapped = MethodNotAllowed(f"method {request.method} not allowed on {request.url.path}")
+    elif exc.status_code < 500:
+        mapped = HttpError(str(exc.detail), status=exc.status_code)
     else:
-        mapped = BackendError(str(exc.detail))
-        mapped.status = exc.status_code
-        mapped.error_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        mapped = ApiError(str(exc.detail), status=exc.status_code)
     return error_response(mapped)
 
 
 async def handle_unexpected(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
     return error_response(InternalError("internal server error"))
+
+
+__all__ = [
+    "ApiError",
+    "BackendError",
+    "HttpError",
+    "InternalError",
+    "MethodNotAllowed",
+    "RequestTooLarge",
+    "RouteNotFound",
+    "Unauthorized",
+    "error_body",
+    "error_payload",
+    "error_response",
+    "from_validation_error",
+    "handle_backend_error",
+    "handle_http_exception",
+    "handle_unexpected",
+]

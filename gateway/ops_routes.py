@@ -10,10 +10,10 @@ from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
+from gateway.app_state import AppState
 from gateway.console.gauges import NO_ENGINE_FIGURES
 from gateway.errors import RouteNotFound, Unauthorized
 from gateway.registry import ModelNotFound, ModelStatus
-from gateway.state import AppState
 
 router = APIRouter()
 

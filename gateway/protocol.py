@@ -1,7 +1,7 @@
 """OpenAI wire types for requests, mirroring the official names.
 
 Only requests are pydantic models: they are parsed once here and turned into backend
-types by ``gateway.service``. Responses are plain dicts built in ``gateway.responses``
+types by ``gateway.translate``. Responses are plain dicts built in ``gateway.responses``
 (cheaper to serialise with orjson on the streaming path, and validated against the
 official schemas in the tests). Unknown fields are allowed and reported, so clients that
 send newer fields keep working; known fields we cannot honour are rejected by name.

@@ -8,7 +8,7 @@ per streamed request than everything llmso itself does. The operational routes s
 FastAPI (``gateway.ops_routes``); ``GatewayASGI`` sends everything else there.
 
 Bodies are read with a size limit and parsed once with orjson + pydantic; every failure
-is a typed ``BackendError`` rendered by ``gateway.errors.error_response``. A watcher
+is a typed ``ApiError`` rendered by ``gateway.errors.error_response``. A watcher
 listens for the client leaving for the whole life of a request, and cancels the work so
 no compute is spent on a client that is gone.
 """
@@ -25,7 +25,8 @@ from typing import Any, TypeVar
 import orjson
 from pydantic import BaseModel
 
-from backends.base import BackendError, GenerationRequest, InvalidRequest
+from backends.base import ApiError, GenerationRequest, InvalidRequest
+from gateway.app_state import AppState
 from gateway.embeddings import EmbeddingsWire
 from gateway.endpoints import ChatPresenter, Prepare, Prepared, Presenter, parse_wire
 from gateway.errors import (
@@ -37,11 +38,10 @@ from gateway.frontdoor.door import admit, door_record
 from gateway.frontdoor.web import request_id as _request_id
 from gateway.openai_responses.wire import ResponsesRequest
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from gateway.request_record import RequestRecord
 from gateway.service import Generation, server_timing
-from gateway.state import AppState
 from gateway.timing import timing_header
 from gateway.trace_context import client_trace_headers
-from gateway.tracking import RequestRecord
 from gateway.translate import chat_request, report_unknown_fields
 
 log = logging.getLogger(__name__)
@@ -181,7 +181,7 @@ class GenerationCall:
             await work
         except ClientDisconnected:
             record.fail("disconnected", None)
-        except BackendError as exc:
+        except ApiError as exc:
             record.fail("client_error" if exc.status < 500 else "server_error", exc.error_type)
             await self._send_error(exc)
         except Exception:
@@ -206,7 +206,7 @@ class GenerationCall:
             await self._serve(
                 prepared.request, stream=prepared.stream, presenter=prepared.presenter
             )
-        except BackendError as exc:
+        except ApiError as exc:
             if exc.param and prepared.wire_param is not None and not self._started:
                 exc.param = prepared.wire_param(exc.param)
             raise
@@ -321,7 +321,7 @@ class GenerationCall:
         self._complete = True
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
 
-    async def _send_error(self, exc: BackendError) -> None:
+    async def _send_error(self, exc: ApiError) -> None:
         if self._started:
             return  # a stream already reported its own failure in-band
         body, extra = error_body(exc)

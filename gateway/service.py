@@ -32,26 +32,21 @@ from backends.base import (
     UpstreamBadResponse,
     Usage,
 )
-from backends.metrics import BackendMetrics
+from backends.hop_metrics import BackendMetrics
 from gateway.capabilities import require_features
 from gateway.errors import error_payload
 from gateway.frontdoor.keys import allowed_candidates
-from gateway.metrics import GatewayMetrics
-from gateway.registry import ModelOverloaded, ModelRegistry, ModelUnavailable
+from gateway.registry import ModelRegistry
+from gateway.request_metrics import GatewayMetrics
+from gateway.request_record import RequestRecord
 from gateway.responses import SSE_DONE, ChoiceAccumulator, ChunkWriter, full_response, new_id, sse
 from gateway.timing import timing_header
-from gateway.tracking import RequestRecord
 
 log = logging.getLogger(__name__)
 
 # Errors after which the next model of a fallback chain may answer instead: the request
 # itself was fine, this model could not take it.
-_FALLBACK_ERRORS: tuple[type[BackendError], ...] = (
-    ModelUnavailable,
-    ModelOverloaded,
-    NotReady,
-    Overloaded,
-)
+_FALLBACK_ERRORS: tuple[type[BackendError], ...] = (NotReady, Overloaded)
 
 
 @dataclass(slots=True)

@@ -13,7 +13,7 @@ Metrics (milliseconds, each present only once known when the headers go out):
 
 from __future__ import annotations
 
-from gateway.tracking import RequestRecord
+from gateway.request_record import RequestRecord
 
 
 def queue_seconds(record: RequestRecord) -> float | None:

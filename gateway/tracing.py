@@ -40,7 +40,7 @@ from gateway.timing import queue_seconds
 from gateway.trace_context import trace_carrier
 
 if TYPE_CHECKING:
-    from gateway.tracking import RequestRecord
+    from gateway.request_record import RequestRecord
 
 _OPERATION = {RequestKind.CHAT: "chat", RequestKind.COMPLETION: "text_completion"}
 

@@ -39,11 +39,11 @@ from backends.hf.detokenizer import TokenTable
 from backends.hf.engine import Engine, EngineLimits, StepPolicy, Submission
 from backends.hf.grammar import GrammarBook, grammar_spec
 from backends.hf.loader import LoadedModel, load, threads_for
-from backends.hf.outputs import Item, Outbox
+from backends.hf.outputs import Item, StepOutputs
 from backends.hf.scheduler import ContinuousScheduler
 from backends.hf.static import StaticScheduler
 from backends.hf.waiting import shed_limit
-from backends.metrics import WorkerObserver
+from backends.hop_metrics import WorkerObserver
 from config.schema import HFModelConfig
 
 log = logging.getLogger(__name__)
@@ -249,7 +249,7 @@ class HFBackend:
 
     # ------------------------------------------------------------------ engine thread -> loop
 
-    def _post(self, out: Outbox) -> None:
+    def _post(self, out: StepOutputs) -> None:
         """Called on the engine thread once per step with all of its events."""
         loop = self._loop
         if loop is None:
@@ -271,6 +271,6 @@ class HFBackend:
             self._on_crash(reason)
 
 
-def _dispatch(out: Outbox) -> None:
+def _dispatch(out: StepOutputs) -> None:
     for sink, item in out:
         sink.queue.put_nowait(item)

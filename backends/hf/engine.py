@@ -34,9 +34,9 @@ from backends.base import (
     RequestKind,
 )
 from backends.hf.detokenizer import TokenTable
-from backends.hf.outputs import Outbox
+from backends.hf.outputs import StepOutputs
 from backends.hf.sequence import RequestState, make_choices
-from backends.metrics import WorkerObserver
+from backends.hop_metrics import WorkerObserver
 from backends.tool_markup import chat_messages, tools_active, tools_json
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ class _Stop:
 class StepPolicy(Protocol):
     """What a scheduling mode implements; all calls happen on the engine thread."""
 
-    def add(self, state: RequestState, out: Outbox) -> None: ...
+    def add(self, state: RequestState, out: StepOutputs) -> None: ...
 
     def abort(self, state: RequestState) -> None: ...
 
@@ -82,7 +82,7 @@ class StepPolicy(Protocol):
         """Seconds the policy would rather wait for more submissions (static batching)."""
         ...
 
-    def step(self, out: Outbox) -> None: ...
+    def step(self, out: StepOutputs) -> None: ...
 
     def open_requests(self) -> list[RequestState]: ...
 
@@ -101,7 +101,7 @@ class Engine:
         eos_ids: frozenset[int],
         limits: EngineLimits,
         policy_factory: Callable[[TokenTable], StepPolicy],
-        post: Callable[[Outbox], None],
+        post: Callable[[StepOutputs], None],
         on_crash: Callable[[str], None],
         observer: WorkerObserver | None,
         max_queue: int,
@@ -153,7 +153,7 @@ class Engine:
 
     def _loop(self, policy: StepPolicy) -> None:
         while not self._stopping.is_set():
-            out: Outbox = []
+            out: StepOutputs = []
             self._intake(policy, out, block=not policy.has_work())
             self._apply_aborts(policy)
             if policy.has_work() and not self._stopping.is_set():
@@ -162,7 +162,7 @@ class Engine:
             if out:
                 self._post(out)
 
-    def _intake(self, policy: StepPolicy, out: Outbox, *, block: bool) -> None:
+    def _intake(self, policy: StepPolicy, out: StepOutputs, *, block: bool) -> None:
         timeout: float | None = 0.5 if block else policy.wait_hint()
         while True:
             try:
@@ -183,7 +183,7 @@ class Engine:
                 policy.add(state, out)
             timeout = policy.wait_hint()
 
-    def _admit(self, sub: Submission, out: Outbox) -> RequestState | None:
+    def _admit(self, sub: Submission, out: StepOutputs) -> RequestState | None:
         try:
             prompt_ids = self._tokenize(sub.request)
             max_tokens = self._max_tokens(sub.request, len(prompt_ids))
@@ -272,7 +272,7 @@ class Engine:
                 del self._by_sink[key]
 
     def _fail_all(self, policy: StepPolicy | None, error: BackendError) -> None:
-        out: Outbox = [(s.sink, error) for s in self._by_sink.values() if not s.done]
+        out: StepOutputs = [(s.sink, error) for s in self._by_sink.values() if not s.done]
         while True:  # submissions never taken in
             try:
                 item = self.inbox.get_nowait()

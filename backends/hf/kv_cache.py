@@ -53,10 +53,6 @@ class SlotKVCache:
         shape = (self.layers, slots, self.kv_heads, capacity, self.head_dim)
         return torch.zeros(shape, dtype=self.dtype, device=self.device)
 
-    @property
-    def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
-
     def ensure(self, slots: int, capacity: int) -> None:
         """Grow (geometrically, keeping contents) so that ``slots`` x ``capacity`` fit."""
         if slots <= self.slots and capacity <= self.capacity:
@@ -80,14 +76,6 @@ class SlotKVCache:
             return
         self.k[:, dst, :, :length] = self.k[:, src, :, :length]
         self.v[:, dst, :, :length] = self.v[:, src, :, :length]
-
-    def swap(self, a: int, b: int, length: int) -> None:
-        if a == b or length == 0:
-            return
-        for t in (self.k, self.v):
-            tmp = t[:, a, :, :length].clone()
-            t[:, a, :, :length] = t[:, b, :, :length]
-            t[:, b, :, :length] = tmp
 
     def write_index(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Row indices into a layer's ``[slots*kv_heads*capacity, head_dim]`` view for

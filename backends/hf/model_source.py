@@ -139,6 +139,11 @@ def _publish(tmp: Path, target: Path) -> None:
             raise
 
 
+def conversion_folder(gguf: Path, cache_dir: Path) -> Path:
+    """Where ``convert_gguf`` keeps the conversion of ``gguf`` (it may not exist yet)."""
+    return cache_dir / f"{gguf.stem}-{_cache_key(gguf)}"
+
+
 def convert_gguf(gguf: Path, cache_dir: Path) -> Path:
     """Dequantise ``gguf`` into a bf16 safetensors folder once; later calls reuse it.
 
@@ -146,7 +151,7 @@ def convert_gguf(gguf: Path, cache_dir: Path) -> Path:
     package version converts again. The write goes to a temporary sibling that is
     renamed into place, so an interrupted conversion never leaves a half folder.
     """
-    target = cache_dir / f"{gguf.stem}-{_cache_key(gguf)}"
+    target = conversion_folder(gguf, cache_dir)
     if (target / "config.json").is_file():
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,8 @@
 """Turn sampled tokens into events: EOS, stop strings, max_tokens, text deltas, usage.
 
 Shared by every scheduling mode, so all modes stream and finish identically.
-Owner: the engine thread; ``Outbox`` is drained once per step into one cross-thread call.
+Owner: the engine thread; ``StepOutputs`` is drained once per step into one
+cross-thread call.
 """
 
 from __future__ import annotations
@@ -24,15 +25,17 @@ from backends.base import (
 from backends.hf.sequence import Choice, RequestState
 
 Item = BackendEvent | BackendError
-Outbox = list[tuple[Any, Item]]
+StepOutputs = list[tuple[Any, Item]]
 
 
-def emit_started(state: RequestState, out: Outbox) -> None:
+def emit_started(state: RequestState, out: StepOutputs) -> None:
     state.started = True
     out.append((state.sink, Started(queued_at=state.queued_at, started_at=time.time())))
 
 
-def accept_token(choice: Choice, token: int, logprob: TokenLogprob | None, out: Outbox) -> None:
+def accept_token(
+    choice: Choice, token: int, logprob: TokenLogprob | None, out: StepOutputs
+) -> None:
     """Record ``token`` for ``choice``; append its text delta and, if it ends the choice,
     its ``Finished`` (and the request's ``Usage`` when it was the last open choice)."""
     state = choice.request
@@ -72,7 +75,10 @@ def accept_token(choice: Choice, token: int, logprob: TokenLogprob | None, out: 
 
 
 def _emit(
-    choice: Choice, pieces: list[str | ToolCallDelta], logprob: TokenLogprob | None, out: Outbox
+    choice: Choice,
+    pieces: list[str | ToolCallDelta],
+    logprob: TokenLogprob | None,
+    out: StepOutputs,
 ) -> None:
     """Content pieces become ``TextDelta`` values, calls pass as they are; the step's
     token count and logprob ride on the first event (a content delta when there is one)."""
@@ -89,7 +95,7 @@ def _emit(
         choice.unsent = 0
 
 
-def finish_choice(choice: Choice, reason: FinishReason, out: Outbox) -> None:
+def finish_choice(choice: Choice, reason: FinishReason, out: StepOutputs) -> None:
     state = choice.request
     choice.finish = reason
     choice.matcher = None  # release the grammar state as soon as the choice ends

@@ -25,11 +25,11 @@ import torch
 
 from backends.hf.detokenizer import TokenTable
 from backends.hf.llama_runner import LlamaRunner, PrefillChunk
-from backends.hf.outputs import Outbox, accept_token, emit_started
+from backends.hf.outputs import StepOutputs, accept_token, emit_started
 from backends.hf.sampler import sample
 from backends.hf.sequence import Choice, RequestState
 from backends.hf.waiting import WaitingQueue
-from backends.metrics import WorkerObserver
+from backends.hop_metrics import WorkerObserver
 
 PREFILL_CHUNK = 512
 
@@ -63,7 +63,7 @@ class ContinuousScheduler:
 
     # ------------------------------------------------------------------ policy API
 
-    def add(self, state: RequestState, out: Outbox) -> None:
+    def add(self, state: RequestState, out: StepOutputs) -> None:
         self.waiting.append(state)
 
     def abort(self, state: RequestState) -> None:
@@ -89,7 +89,7 @@ class ContinuousScheduler:
 
     # ------------------------------------------------------------------ one step
 
-    def step(self, out: Outbox) -> None:
+    def step(self, out: StepOutputs) -> None:
         began = time.perf_counter()
         decode = list(self.decoding)
         chunks, finishing = self._plan_prefill(out)
@@ -132,7 +132,7 @@ class ContinuousScheduler:
     def _reserved(self) -> int:
         return len(self.decoding) + sum(s.n for s in self.prefilling)
 
-    def _plan_prefill(self, out: Outbox) -> tuple[list[PrefillChunk], list[RequestState]]:
+    def _plan_prefill(self, out: StepOutputs) -> tuple[list[PrefillChunk], list[RequestState]]:
         budget = self._budget - len(self.decoding)
         if self.decoding:
             budget = min(budget, self._chunk)

@@ -65,10 +65,6 @@ class RequestState:
     grammar: Any = None  # compiled xgrammar grammar, or None for free text
 
     @property
-    def prefill_done(self) -> bool:
-        return self.prefilled >= len(self.prompt_ids)
-
-    @property
     def n(self) -> int:
         return self.request.sampling.n
 

@@ -22,10 +22,10 @@ import torch
 from transformers import DynamicCache
 
 from backends.hf.detokenizer import TokenTable
-from backends.hf.outputs import Outbox, accept_token, emit_started
+from backends.hf.outputs import StepOutputs, accept_token, emit_started
 from backends.hf.sampler import sample
 from backends.hf.sequence import Choice, RequestState
-from backends.metrics import WorkerObserver
+from backends.hop_metrics import WorkerObserver
 
 
 class StaticScheduler:
@@ -56,7 +56,7 @@ class StaticScheduler:
         self._positions: torch.Tensor | None = None
         self._keep_last = True
 
-    def add(self, state: RequestState, out: Outbox) -> None:
+    def add(self, state: RequestState, out: StepOutputs) -> None:
         if not self.waiting:
             self._first_wait = time.monotonic()
         self.waiting.append(state)
@@ -86,7 +86,7 @@ class StaticScheduler:
     def _batch_rows(self) -> int:
         return sum(s.n for s in self.waiting)
 
-    def step(self, out: Outbox) -> None:
+    def step(self, out: StepOutputs) -> None:
         began = time.perf_counter()
         if not self._rows:
             if self.wait_hint() is not None:
@@ -107,7 +107,7 @@ class StaticScheduler:
             }
             self._observer.on_load(len(running), len(self.waiting), 0.0)
 
-    def _prefill(self, out: Outbox) -> int:
+    def _prefill(self, out: StepOutputs) -> int:
         batch: list[RequestState] = []
         rows = 0
         while self.waiting and (not batch or rows + self.waiting[0].n <= self._max_batch):
@@ -133,7 +133,7 @@ class StaticScheduler:
         self._accept(logits, out)
         return int(mask.sum())
 
-    def _decode(self, out: Outbox) -> int:
+    def _decode(self, out: StepOutputs) -> int:
         assert self._mask is not None and self._positions is not None
         ids = torch.tensor(
             [[c.output_ids[-1]] for c in self._rows], dtype=torch.long, device=self._device
@@ -165,7 +165,7 @@ class StaticScheduler:
         logits: torch.Tensor = result.logits[:, -1, :]
         return logits.float()
 
-    def _accept(self, logits: torch.Tensor, out: Outbox) -> None:
+    def _accept(self, logits: torch.Tensor, out: StepOutputs) -> None:
         live = [i for i, c in enumerate(self._rows) if c.finish is None and not c.request.aborted]
         if not live:
             return

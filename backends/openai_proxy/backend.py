@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import random
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -30,6 +29,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from backends.backoff import Backoff
 from backends.base import (
     BackendCrashed,
     BackendError,
@@ -47,7 +47,7 @@ from backends.base import (
     Usage,
 )
 from backends.embeddings import EmbeddingRequest, EmbeddingResult
-from backends.metrics import BackendMetrics
+from backends.hop_metrics import BackendMetrics
 from backends.openai_proxy.embeddings import (
     EMBEDDINGS_PATH,
     embeddings_body,
@@ -62,8 +62,7 @@ from backends.openai_proxy.relay import EmptyStream, HopMetrics, UpstreamStream
 from backends.openai_proxy.stream import ChunkTranslator
 from config.schema import OpenAIModelConfig
 
-_BACKOFF_BASE = 0.1
-_BACKOFF_CAP = 2.0
+_RETRY_BACKOFF = Backoff(base=0.1, cap=2.0)
 
 
 class OpenAIProxyBackend:
@@ -319,8 +318,8 @@ class OpenAIProxyBackend:
     @staticmethod
     def _backoff(attempt: int, error: BackendError) -> float:
         hinted = error.retry_after if isinstance(error, Overloaded) else 0.0
-        base = min(_BACKOFF_BASE * 2.0**attempt, _BACKOFF_CAP)
-        return max(min(hinted, _BACKOFF_CAP), base * (0.5 + random.random() / 2))
+        cap = _RETRY_BACKOFF.cap
+        return max(min(hinted, cap), _RETRY_BACKOFF.jittered(attempt + 1))
 
     @contextlib.asynccontextmanager
     async def _slot(self) -> AsyncIterator[None]:

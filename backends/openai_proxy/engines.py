@@ -34,8 +34,6 @@ class EngineProfile:
     kind: EngineKind
     health_path: str
     """Path under the server root (not under ``/v1``) probed by health checks."""
-    sends_usage: bool
-    """Whether ``stream_options.include_usage`` yields a usage chunk."""
     accepts_ignore_eos: bool
     """Whether the body may carry vLLM's ``ignore_eos`` extension."""
     hides_stream_errors: bool = False
@@ -48,12 +46,10 @@ class EngineProfile:
 _JSON = frozenset({Feature.JSON_OBJECT, Feature.JSON_SCHEMA, Feature.LOGIT_BIAS})
 _OPENAI_LIKE = TEXT_GENERATION | _JSON | {Feature.TOOLS, Feature.IMAGE_INPUT, Feature.OTHER_INPUT}
 _PROFILES: dict[str, EngineProfile] = {
-    "generic": EngineProfile("generic", "/v1/models", True, False, features=_OPENAI_LIKE),
-    "vllm": EngineProfile("vllm", "/health", True, True, features=_OPENAI_LIKE),
-    "llamacpp": EngineProfile(
-        "llamacpp", "/v1/models", False, False, True, features=TEXT_GENERATION | _JSON
-    ),
-    "mlx": EngineProfile("mlx", "/health", True, False),
+    "generic": EngineProfile("generic", "/v1/models", False, features=_OPENAI_LIKE),
+    "vllm": EngineProfile("vllm", "/health", True, features=_OPENAI_LIKE),
+    "llamacpp": EngineProfile("llamacpp", "/v1/models", False, True, TEXT_GENERATION | _JSON),
+    "mlx": EngineProfile("mlx", "/health", False),
 }
 
 

@@ -24,7 +24,18 @@ def build_body(
     request: GenerationRequest, upstream_model: str, profile: EngineProfile
 ) -> tuple[str, bytes]:
     """``(path under the API root, JSON body)`` for one request."""
-    body: dict[str, Any] = {"model": upstream_model}
+    chat = request.kind is RequestKind.CHAT
+    body = request_body(
+        request, upstream_model, stream=True, send_ignore_eos=profile.accepts_ignore_eos
+    )
+    return (CHAT_PATH if chat else COMPLETIONS_PATH), orjson.dumps(body)
+
+
+def request_body(
+    request: GenerationRequest, model: str, *, stream: bool, send_ignore_eos: bool
+) -> dict[str, Any]:
+    """The OpenAI request body for ``request`` (the proxy's and the benchmark client's)."""
+    body: dict[str, Any] = {"model": model}
     chat = request.kind is RequestKind.CHAT
     if chat:
         body["messages"] = [_message(m) for m in request.messages]
@@ -33,15 +44,16 @@ def build_body(
         body["prompt"] = list(request.prompt_token_ids) or request.prompt
         if request.suffix is not None:
             body["suffix"] = request.suffix
-    _add_sampling(body, request, chat=chat, profile=profile)
+    _add_sampling(body, request, chat=chat, send_ignore_eos=send_ignore_eos)
     if request.logit_bias:
         body["logit_bias"] = dict(request.logit_bias)
     if request.passthrough:
         for key, value in orjson.loads(request.passthrough).items():
             body.setdefault(key, value)
-    body["stream"] = True
-    body["stream_options"] = {"include_usage": True}
-    return (CHAT_PATH if chat else COMPLETIONS_PATH), orjson.dumps(body)
+    body["stream"] = stream
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
 
 
 def _message(message: ChatMessage) -> dict[str, Any]:
@@ -105,7 +117,7 @@ def _response_format(fmt: ResponseFormat) -> dict[str, Any]:
 
 
 def _add_sampling(
-    body: dict[str, Any], request: GenerationRequest, *, chat: bool, profile: EngineProfile
+    body: dict[str, Any], request: GenerationRequest, *, chat: bool, send_ignore_eos: bool
 ) -> None:
     s = request.sampling
     if request.max_tokens_explicit:
@@ -131,7 +143,7 @@ def _add_sampling(
             body["top_logprobs"] = s.logprobs
         else:
             body["logprobs"] = s.logprobs
-    if s.ignore_eos and profile.accepts_ignore_eos:
+    if s.ignore_eos and send_ignore_eos:
         body["ignore_eos"] = True
     if request.user is not None:
         body["user"] = request.user

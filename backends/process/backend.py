@@ -29,7 +29,7 @@ from backends.base import (
     ModelInfo,
     NotReady,
 )
-from backends.metrics import BackendMetrics
+from backends.hop_metrics import BackendMetrics
 from backends.process.connection import End, WorkerProcess
 from config.schema import HFModelConfig
 

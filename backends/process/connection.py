@@ -33,21 +33,14 @@ from backends.base import (
     ModelInfo,
     NotReady,
 )
-from backends.metrics import WorkerObserver
+from backends.errors import WorkerStartError
+from backends.hop_metrics import WorkerObserver
 from backends.process import protocol as p
 
 log = logging.getLogger(__name__)
 
 # After the channel closes, how long the process may linger before we kill it.
 EOF_GRACE_S = 2.0
-
-
-class WorkerStartError(BackendError):
-    """The worker could not load its engine: it failed, died or timed out while loading."""
-
-    status = 503
-    error_type = "service_unavailable"
-    code = "model_load_failed"
 
 
 class End:
@@ -144,10 +137,6 @@ class WorkerProcess:
     @property
     def is_ready(self) -> bool:
         return self.alive and self.was_ready
-
-    @property
-    def open_streams(self) -> int:
-        return len(self._streams)
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -28,14 +28,12 @@ worker -> parent
 from __future__ import annotations
 
 import asyncio
-import importlib
 import pickle
 import struct
 from dataclasses import dataclass
 from typing import Any
 
 from backends.base import (
-    BackendError,
     BackendEvent,
     Finished,
     Started,
@@ -45,6 +43,7 @@ from backends.base import (
     TopLogprob,
     Usage,
 )
+from backends.errors import BACKEND_ERRORS, BackendError
 
 INIT = "init"
 GENERATE = "gen"
@@ -174,12 +173,12 @@ def decode_event(fields: tuple[Any, ...]) -> BackendEvent:
 class ErrorPayload:
     """A ``BackendError`` flattened so the parent can raise the same class again.
 
-    Exceptions do not pickle faithfully (keyword-only fields such as ``retry_after`` and
-    ``status`` are lost), so the fields travel explicitly.
+    ``name`` is the nearest class in ``BACKEND_ERRORS`` (a backend's own subclass travels
+    as its listed base); the fields are the ones every error constructor takes, so the
+    parent rebuilds the error by calling its class, never by importing a named module.
     """
 
-    module: str
-    qualname: str
+    name: str
     message: str
     param: str | None
     status: int
@@ -187,57 +186,25 @@ class ErrorPayload:
     retry_after: float | None
 
 
+_ERRORS_BY_NAME: dict[str, type[BackendError]] = {cls.__name__: cls for cls in BACKEND_ERRORS}
+
+
 def encode_error(exc: BaseException) -> ErrorPayload:
     """Flatten ``exc``; anything that is not a ``BackendError`` becomes a plain one."""
     if not isinstance(exc, BackendError):
         exc = BackendError(f"worker error: {type(exc).__name__}: {exc}")
-    cls = type(exc)
-    retry_after = getattr(exc, "retry_after", None)
-    return ErrorPayload(
-        module=cls.__module__,
-        qualname=cls.__qualname__,
-        message=exc.message,
-        param=exc.param,
-        status=exc.status,
-        code=exc.code,
-        retry_after=float(retry_after) if isinstance(retry_after, int | float) else None,
-    )
-
-
-def _error_class(module: str, qualname: str) -> type[BackendError]:
-    """The named ``BackendError`` subclass, or ``BackendError`` if it cannot be found.
-
-    Only modules under ``backends.`` are imported, so a payload cannot make the parent
-    import arbitrary code.
-    """
-    if module != "backends" and not module.startswith("backends."):
-        return BackendError
-    try:
-        found: Any = importlib.import_module(module)
-        for part in qualname.split("."):
-            found = getattr(found, part)
-    except (ImportError, AttributeError):
-        return BackendError
-    if isinstance(found, type) and issubclass(found, BackendError):
-        return found
-    return BackendError
+    known = next(cls for cls in type(exc).__mro__ if cls in BACKEND_ERRORS)
+    return ErrorPayload(name=known.__name__, message=exc.message, **exc.fields())
 
 
 def decode_error(payload: ErrorPayload) -> BackendError:
-    """Rebuild the error with the same class, message, param, status, code, retry_after.
-
-    Built without calling ``__init__`` because subclasses differ in their required
-    keyword arguments; every public field is then set explicitly.
-    """
-    cls = _error_class(payload.module, payload.qualname)
-    exc = cls.__new__(cls)
-    Exception.__init__(exc, payload.message)
-    exc.message = payload.message
-    exc.param = payload.param
-    if exc.status != payload.status:
-        exc.status = payload.status
-    if exc.code != payload.code:
-        exc.code = payload.code
-    if payload.retry_after is not None:
-        exc.retry_after = payload.retry_after  # type: ignore[attr-defined]
-    return exc
+    """The error ``payload`` describes: same class (``BackendError`` for a name this
+    side does not list), message, param, status, code and retry_after."""
+    cls = _ERRORS_BY_NAME.get(payload.name, BackendError)
+    return cls(
+        payload.message,
+        param=payload.param,
+        status=payload.status,
+        code=payload.code,
+        retry_after=payload.retry_after,
+    )

@@ -43,10 +43,12 @@ SHUTDOWN_GRACE_S = 10.0
 PARENT_POLL_S = 1.0
 _PR_SET_PDEATHSIG = 1
 
-BackendFactory = Callable[..., Backend]
+BackendClass = Callable[..., Backend]
+"""A backend class named by ``module:Class``, built in the worker as
+``Class(config, observer, on_crash)``."""
 
 
-def load_factory(spec: str) -> BackendFactory:
+def load_factory(spec: str) -> BackendClass:
     """Import ``module:attr`` and return it; raises ``ValueError`` or ``ImportError``."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:

@@ -7,8 +7,10 @@ one decoupled ``ModelStreamInfer`` call in the vLLM-backend tensor contract
 
 Ownership: the event loop owns everything here. ``start`` creates the channel (one per
 backend, closed in ``stop``), loads the tokenizer in a thread and checks the model's
-metadata against the contract; ``generate`` streams; closing its iterator early cancels
-the gRPC call, and Triton cancels the request (the model stops decoding).
+metadata against the contract; ``generate`` streams, yielding ``Started`` only once Triton
+answered (its refusals come before it); closing its iterator early cancels the gRPC call,
+and Triton cancels the request (the model stops decoding); ``stop`` ends open streams with
+``BackendCrashed``.
 
 Errors: server unreachable -> UpstreamUnavailable (503); model not loaded or not ready
 -> NotReady (503 + retry_after); no first token within ``first_token_timeout`` or no end
@@ -46,7 +48,7 @@ from backends.base import (
     UpstreamUnavailable,
     Usage,
 )
-from backends.metrics import BackendMetrics
+from backends.hop_metrics import BackendMetrics
 from backends.triton import contract
 from backends.triton.prompt import Prompter
 from config.schema import TritonModelConfig
@@ -79,6 +81,7 @@ class TritonBackend:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
+        self._stopped = False
         await asyncio.to_thread(self._prompter.load)
         self._client = triton_aio.InferenceServerClient(
             self._config.url, channel_args=_channel_args(self._config)
@@ -157,24 +160,28 @@ class TritonBackend:
     def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
         return self._generate(request)
 
-    async def _generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
-        if self._client is None or self._stopped:
+    async def _admit(self, request: GenerationRequest) -> tuple[str, dict[str, Any]]:
+        """The rendered prompt and the ``stream_infer`` payload, or the refusal."""
+        if self._stopped:
             raise BackendCrashed("the Triton backend is stopped")
+        if self._client is None:
+            raise NotReady(f"the Triton backend for {self._config.name!r} is not started")
         if request.sampling.n != 1:
             raise InvalidRequest("the triton backend returns one choice (n=1)", param="n")
         if request.sampling.logprobs is not None:
             raise InvalidRequest("the triton backend does not return logprobs", param="logprobs")
         text = await asyncio.to_thread(self._prompter.render, request)
         model_contract = self._contract or await self._check_contract()
-        payload = {
+        return text, {
             "model_name": self._config.triton_model,
             "model_version": self._config.model_version,
             "inputs": contract.build_inputs(text, request.sampling, model_contract),
             "request_id": request.request_id,
         }
-        sent_wall = time.time()
-        yield Started(queued_at=request.arrival_time or sent_wall, started_at=sent_wall)
 
+    async def _generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
+        text, payload = await self._admit(request)
+        sent_wall = time.time()
         sent = time.monotonic()
         call = self._client.stream_infer(
             _one(payload),
@@ -186,24 +193,33 @@ class TritonBackend:
         pieces: list[str] = []
         reported_out = 0
         last = contract.Chunk(text="", final=False)
+        answered = False
         try:
             async with contextlib.aclosing(self._chunks(call, sent)) as chunks:
                 async for chunk in chunks:
+                    if not answered:
+                        # Started only once Triton answered: a refusal (queue full, model
+                        # gone) is its first answer, so it is raised before Started and
+                        # the service can still answer its HTTP status or fall back.
+                        answered = True
+                        yield Started(request.arrival_time or sent_wall, sent_wall)
                     last = chunk
                     reported_out += chunk.num_output_tokens or 0
                     if chunk.text:
                         pieces.append(chunk.text)
                         yield TextDelta(0, chunk.text, num_tokens=chunk.num_output_tokens or 1)
+            if self._stopped and not last.final:  # stop() cancelled the call under us
+                raise BackendCrashed("the Triton backend was stopped")
             status = "ok"
-        except UpstreamTimeout:
-            status = "timeout"
-            raise
-        except NotReady:
-            status = "unavailable"
-            self._contract = None  # the server may come back with another model: re-check
-            raise
         except (asyncio.CancelledError, GeneratorExit):
             status = "cancelled"
+            raise
+        except BackendError as exc:
+            status = _status_of(exc)
+            if isinstance(exc, NotReady):
+                self._contract = None  # the server may come back with another model
+            if self._stopped and not isinstance(exc, BackendCrashed):
+                raise BackendCrashed("the Triton backend was stopped") from exc
             raise
         finally:
             call.cancel()  # no-op when the stream already ended
@@ -234,6 +250,12 @@ class TritonBackend:
                 result, error = await asyncio.wait_for(anext(iterator), timeout=max(wait, 0.0))
             except StopAsyncIteration:
                 return
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if self._stopped and task is not None and not task.cancelling():
+                    # stop() cancelled the call, not our caller: the stream ends crashed
+                    raise BackendCrashed("the Triton backend was stopped") from None
+                raise
             except TimeoutError as exc:
                 what = "first token" if first else "end of stream"
                 raise UpstreamTimeout(
@@ -286,6 +308,15 @@ def _channel_args(config: TritonModelConfig) -> list[tuple[str, int]]:
 async def _one(payload: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
     """The request side of the stream: one request, then half-close."""
     yield payload
+
+
+def _status_of(error: BackendError) -> str:
+    """The ``status`` label of ``llmso_upstream_requests_total`` for a failed request."""
+    if isinstance(error, UpstreamTimeout):
+        return "timeout"
+    if isinstance(error, NotReady):
+        return "unavailable"
+    return "error"
 
 
 def _map_rpc_error(exc: grpc.aio.AioRpcError, url: str) -> BackendError:

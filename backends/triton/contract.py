@@ -13,7 +13,7 @@ outputs  ``text_output`` BYTES (the new text of each streamed response); optiona
 
 The optional tensors are used only when the model's metadata declares them; otherwise the
 backend falls back to its tokenizer for counts and to ``max_tokens`` for the reason.
-Pure functions over plain data; the gRPC client lives in ``client.py``.
+Pure functions over plain data; the gRPC calls live in ``backend.py``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import InferInput, InferResult
 
-from backends.base import BackendError, FinishReason, SamplingParams
+from backends.base import FinishReason, SamplingParams
+from backends.errors import ContractMismatch
 
 TEXT_INPUT = "text_input"
 STREAM = "stream"
@@ -57,14 +58,6 @@ _ASK_FOR = {
     NUM_INPUT_TOKENS: RETURN_NUM_INPUT_TOKENS,
     NUM_OUTPUT_TOKENS: RETURN_NUM_OUTPUT_TOKENS,
 }
-
-
-class ContractMismatch(BackendError):
-    """The Triton model's tensors are not the LLM contract; the model cannot be served."""
-
-    status = 502
-    error_type = "upstream_error"
-    code = "triton_contract_mismatch"
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from prometheus_client import CollectorRegistry
 
 from backends.base import GenerationRequest, RequestKind, SamplingParams, TextDelta
-from backends.metrics import BackendMetrics
+from backends.hop_metrics import BackendMetrics
 from backends.triton.backend import TritonBackend
 from config.schema import TritonModelConfig
 

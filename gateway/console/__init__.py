@@ -8,7 +8,7 @@ live in ``gateway.console.routes``; the page itself is plain ES modules and CSS 
 
 from __future__ import annotations
 
-from backends.metrics import BackendMetrics
+from backends.hop_metrics import BackendMetrics
 from gateway.console.activity import Activity, RequestSummary
 from gateway.console.gauges import NO_ENGINE_FIGURES, EngineGauges
 

@@ -13,7 +13,7 @@ import time
 from collections import deque
 from typing import Any
 
-from backends.metrics import BackendMetrics
+from backends.hop_metrics import BackendMetrics
 
 # At most one histogram snapshot per this many seconds, however often the page polls.
 _SNAPSHOT_EVERY = 0.5

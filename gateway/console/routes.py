@@ -19,10 +19,10 @@ from fastapi import APIRouter, Request
 from starlette.responses import RedirectResponse, Response
 
 from backends.base import InvalidRequest
+from gateway.app_state import AppState
 from gateway.console.activity import RECENT_CAPACITY
 from gateway.errors import RouteNotFound
 from gateway.ops_routes import require_admin
-from gateway.state import AppState
 
 STATIC_DIR = Path(__file__).parent / "static"
 _TYPES = {

@@ -24,7 +24,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from backends.base import BackendError, GenerationRequest
+from backends.base import ApiError, GenerationRequest
 from config.schema import AppConfig
 from gateway.errors import MethodNotAllowed, error_body
 from gateway.frontdoor.errors import QuotaExceeded, RateLimited
@@ -39,9 +39,9 @@ from gateway.frontdoor.keys import (
 from gateway.frontdoor.limits import Ask, Settlement, Verdict, Window
 from gateway.frontdoor.metrics import KeyMetrics
 from gateway.frontdoor.web import BodyDeadline, WebGuard, request_id
-from gateway.metrics import GatewayMetrics
 from gateway.registry import ModelRegistry
-from gateway.tracking import RequestRecord
+from gateway.request_metrics import GatewayMetrics
+from gateway.request_record import RequestRecord
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class FrontDoor:
         origin = self.web.allowed_origin(scope)
         try:
             self.web.check_host(scope)
-        except BackendError as exc:
+        except ApiError as exc:
             cors = self.web.cors_headers(origin) if origin is not None else []
             await _send_error(send, exc, b"", cors)
             return
@@ -136,7 +136,7 @@ class FrontDoor:
             record.key = door.client.name
             record.may_use = self._model_filter(door.client)
             await handler(scope, BodyDeadline(receive, self.web.body_timeout), door.send)
-        except BackendError as exc:
+        except ApiError as exc:
             record.fail("client_error" if exc.status < 500 else "server_error", exc.error_type)
             if not door.started:  # else the handler has answered (and said so in-band)
                 extra = [(b"allow", b"POST")] if isinstance(exc, MethodNotAllowed) else []
@@ -189,7 +189,7 @@ class Pass:
     def _check_model(self, requested: str, may_use: Callable[[str], bool]) -> None:
         try:
             candidates = self._door.registry.route(requested).candidates
-        except BackendError:
+        except ApiError:
             raise not_found(requested) from None
         allowed_candidates(requested, candidates, may_use)
 
@@ -280,7 +280,7 @@ def openai_duration(seconds: float) -> str:
     return f"{round(rest, 3):g}s"
 
 
-def _refusal(verdict: Verdict, cost: int) -> BackendError:
+def _refusal(verdict: Verdict, cost: int) -> ApiError:
     reason = verdict.reason or ""
     if reason == "budget":
         return QuotaExceeded(
@@ -320,7 +320,7 @@ async def _send_empty(send: Send, status: int, headers: list[tuple[bytes, bytes]
 
 async def _send_error(
     send: Send,
-    exc: BackendError,
+    exc: ApiError,
     request_id: bytes,
     extra: list[tuple[bytes, bytes]] | None = None,
 ) -> None:

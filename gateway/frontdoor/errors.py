@@ -1,17 +1,17 @@
-"""The front door's refusals, each a ``BackendError`` so the one renderer shows them."""
+"""The front door's refusals: HTTP-only ``ApiError``s, so the one renderer shows them."""
 
 from __future__ import annotations
 
-from backends.base import BackendError
+from backends.errors import ApiError
 
 
-class UnsupportedMediaType(BackendError):
+class UnsupportedMediaType(ApiError):
     status = 415
     error_type = "invalid_request_error"
     code = "unsupported_media_type"
 
 
-class HostNotAllowed(BackendError):
+class HostNotAllowed(ApiError):
     """The ``Host`` header names a host this gateway does not serve (DNS rebinding)."""
 
     status = 403
@@ -19,16 +19,15 @@ class HostNotAllowed(BackendError):
     code = "host_not_allowed"
 
 
-class RequestTimeout(BackendError):
+class RequestTimeout(ApiError):
     status = 408
     error_type = "invalid_request_error"
     code = "request_timeout"
 
 
-class _Retryable(BackendError):
+class _Retryable(ApiError):
     def __init__(self, message: str, *, retry_after: float) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
+        super().__init__(message, retry_after=retry_after)
 
 
 class RateLimited(_Retryable):

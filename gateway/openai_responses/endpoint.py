@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from backends.base import BackendError, BackendEvent
+from backends.base import ApiError, BackendEvent
 from gateway.endpoints import Prepared, parse_wire
 from gateway.errors import InternalError
 from gateway.openai_responses.output import OutputAssembler
@@ -24,8 +24,8 @@ from gateway.openai_responses.render import EventWriter, ResponseShape, new_id, 
 from gateway.openai_responses.store import ResponseNotFound, ResponseStore, StoredResponse
 from gateway.openai_responses.translate import generation_request, input_items, wire_param
 from gateway.openai_responses.wire import ResponsesRequest
+from gateway.request_record import RequestRecord
 from gateway.service import CompletionService, Generation
-from gateway.tracking import RequestRecord
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class ResponsesPresenter:
                 yield frame
             response = shape.render(output.status, output.output, output.usage)
             await self._keep_response(response)
-        except BackendError as exc:
+        except ApiError as exc:
             yield self._failed(emit, generation, output, exc)
             return
         except Exception as exc:
@@ -131,7 +131,7 @@ class ResponsesPresenter:
         self._endpoint.service.observe_overhead(generation)
 
     def _failed(
-        self, emit: EventWriter, generation: Generation, output: OutputAssembler, exc: BackendError
+        self, emit: EventWriter, generation: Generation, output: OutputAssembler, exc: ApiError
     ) -> bytes:
         generation.record.fail("error", exc.error_type)
         log.warning("response %s failed mid-stream: %s", self._shape.id, exc.message)

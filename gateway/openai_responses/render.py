@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import orjson
 
-from backends.base import BackendError, TokenLogprob, Usage
+from backends.base import ApiError, TokenLogprob, Usage
 from gateway.openai_responses.wire import ResponsesRequest
 from gateway.responses import chat_logprobs
 
@@ -106,7 +106,7 @@ def usage_object(usage: Usage) -> dict[str, Any]:
     }
 
 
-def error_object(exc: BackendError) -> dict[str, str]:
+def error_object(exc: ApiError) -> dict[str, str]:
     """The Responses ``error`` field: its ``code`` comes from a closed list."""
     if exc.status == 429:
         code = "rate_limit_exceeded"
@@ -135,7 +135,7 @@ class ResponseShape:
         status: Status,
         output: Sequence[dict[str, Any]],
         usage: Usage | None = None,
-        error: BackendError | None = None,
+        error: ApiError | None = None,
     ) -> dict[str, Any]:
         done = status in ("completed", "incomplete", "failed")
         incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None

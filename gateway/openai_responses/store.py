@@ -19,17 +19,17 @@ from typing import Any, Protocol
 
 import orjson
 
-from backends.base import BackendError
+from backends.errors import ApiError
 from config.schema import ResponsesConfig
 
 
-class ResponseNotFound(BackendError):
+class ResponseNotFound(ApiError):
     status = 404
     error_type = "invalid_request_error"
     code = "response_not_found"
 
 
-class StoreUnavailable(BackendError):
+class StoreUnavailable(ApiError):
     """The shared response store did not answer in time."""
 
     status = 503

@@ -8,11 +8,11 @@ from backends.factory import CrashHandler
 from gateway.registry.entry import Backoff
 from gateway.registry.errors import ModelNotFound, ModelOverloaded, ModelUnavailable
 from gateway.registry.lifecycle import BackendFactory
-from gateway.registry.metrics import RegistryMetrics
+from gateway.registry.model_metrics import RegistryMetrics
 from gateway.registry.registry import ModelRegistry
 from gateway.registry.reload import ConfigWatcher
 from gateway.registry.routing import CAPABILITY_PREFIX
-from gateway.registry.state import (
+from gateway.registry.values import (
     ConfigDiff,
     Lease,
     ModelState,

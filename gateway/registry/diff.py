@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from config.schema import AppConfig, ModelConfig
-from gateway.registry.state import ConfigDiff
+from gateway.registry.values import ConfigDiff
 
 # Fields the registry applies in place: they change routing or lifecycle policy, not
 # what the backend was started with, so the running backend can stay.

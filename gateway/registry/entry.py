@@ -1,28 +1,17 @@
-"""Mutable per-model bookkeeping. Owned by the event loop: only ``ModelRegistry`` methods,
-which all run on that loop, read or write these objects."""
+"""Mutable per-model bookkeeping. Owned by the event loop: only ``Lifecycle`` (the table's
+owner) and ``ModelRegistry`` (leases) change these objects, on that loop."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 
+from backends.backoff import Backoff
 from backends.base import Backend
 from config.schema import ModelConfig
-from gateway.registry.state import ModelState
+from gateway.registry.values import ModelState
 
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Exponential delay before retrying a failed or crashed model: base * 2**(n-1), capped."""
-
-    base: float = 1.0
-    cap: float = 60.0
-
-    def delay(self, failures: int) -> float:
-        if failures <= 0:
-            return 0.0
-        return min(self.cap, self.base * 2.0 ** min(failures - 1, 30))
+__all__ = ["Backoff", "Entry", "Instance"]
 
 
 class Instance:
@@ -78,3 +67,21 @@ class Entry:
 
     def retry_in(self) -> float:
         return max(0.0, self.retry_at - time.monotonic())
+
+    def loaded(self, instance: Instance, reported_bytes: int | None) -> None:
+        """``instance`` serves now; a backend's own memory report replaces the estimate."""
+        if self.config.memory_bytes is None and reported_bytes:
+            instance.reserved_bytes = reported_bytes
+            self.estimated_bytes = reported_bytes
+        instance.loaded_at = time.time()
+        self.failures = 0
+        self.ever_loaded = True
+        self.touch()
+
+    def failed(self, reason: str, backoff: Backoff) -> float:
+        """Count a failure; returns the backoff delay before the next attempt."""
+        self.failures += 1
+        delay = backoff.delay(self.failures)
+        self.retry_at = time.monotonic() + delay
+        self.last_error = reason
+        return delay

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gateway.registry.state import ModelState
+from gateway.registry.values import ModelState
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,39 +1,37 @@
-"""The per-model lifecycle machinery behind ``ModelRegistry``: loading (single-flight,
-memory budget, timeout), failure backoff and restarts, crash handling, draining and
-retiring backends.
+"""The model table and what moves its models between states: loading (single-flight,
+memory budget, timeout), backoff and restarts, crashes, drains, retiring, reloads, shutdown.
 
-Owned by the event loop, like the registry that holds it: every method and every task
-here runs on that loop, so state changes between two ``await`` points are atomic.
+``Lifecycle`` is the one owner of the table (entries, retired instances, background
+tasks); ``ModelRegistry`` reads it and asks it to change. Owned by the event loop: every
+method and task runs on it, so state changes between two ``await`` points are atomic.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
-from backends.base import Backend
-from backends.factory import CrashHandler
-from config.schema import AppConfig, HFModelConfig, ModelConfig
+from backends.factory import BackendFactory, MemoryEstimate, memory_estimate
+from config.schema import AppConfig, ModelConfig
 from gateway.registry.entry import Backoff, Entry, Instance
-from gateway.registry.errors import ModelUnavailable
-from gateway.registry.eviction import Resident, busy_victim, fits, idle_victim
-from gateway.registry.memory import estimate_memory_bytes
-from gateway.registry.metrics import RegistryMetrics
-from gateway.registry.state import SERVING_STATES, ModelState
+from gateway.registry.model_metrics import RegistryMetrics
+from gateway.registry.room import make_room, reported_memory, warn_if_over_budget
+from gateway.registry.tasks import being_cancelled, describe, join, on_this_loop
+from gateway.registry.values import SERVING_STATES, ConfigDiff, ModelState
 
 log = logging.getLogger(__name__)
 
-BackendFactory = Callable[[ModelConfig, CrashHandler], Backend]
+__all__ = ["BackendFactory", "Lifecycle", "being_cancelled", "join"]
 
 
 class Lifecycle:
     """Entries (by name, in config order), retired instances still draining, and the
-    background tasks that move them between states. ``config`` is the current config
-    (its memory budget applies to the next load)."""
+    background tasks that move them between states; the current config (its memory
+    budget applies to the next load). All private: read through ``entry``, ``entries``
+    and the properties, change through the methods."""
 
     def __init__(
         self,
@@ -42,25 +40,121 @@ class Lifecycle:
         factory: BackendFactory,
         backoff: Backoff,
         stop_timeout: float,
+        *,
+        estimate: MemoryEstimate = memory_estimate,
     ) -> None:
-        self.config = config
+        self._config = config
         self._metrics = metrics
         self._factory = factory
+        self._estimate = estimate
         self._backoff = backoff
         self._stop_timeout = stop_timeout
-        self.entries: dict[str, Entry] = {}
-        self.retired: dict[Instance, asyncio.Task[None]] = {}
-        self.tasks: set[asyncio.Task[Any]] = set()
-        self.started = False
-        self.stopping = False
+        self._entries: dict[str, Entry] = {}
+        self._retired: dict[Instance, asyncio.Task[None]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._started = False
+        self._stopping = False
+        for model in config.models:
+            self.add(model)
+
+    @property
+    def config(self) -> AppConfig:
+        return self._config
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def entry(self, name: str) -> Entry | None:
+        return self._entries.get(name)
+
+    def entries(self) -> list[Entry]:
+        """Every configured model's entry, in config order."""
+        return list(self._entries.values())
+
+    def retired_inflight(self, name: str) -> int:
+        """Requests still running on ``name``'s retired (replaced or removed) backends."""
+        return sum(instance.inflight for instance in self._retired if instance.name == name)
+
+    async def estimate_all(self) -> None:
+        """Estimate every model's memory (for the preload budget warning)."""
+        entries = self.entries()
+        estimates = await asyncio.gather(*(self._estimate(e.config) for e in entries))
+        for entry, estimate in zip(entries, estimates, strict=True):
+            entry.estimated_bytes = estimate or 0
+
+    def start(self) -> list[asyncio.Task[None]]:
+        """Mark the table started and begin loading every ``preload`` model."""
+        self._started = True
+        return [self.begin_load(e) for e in self._entries.values() if e.config.preload]
+
+    def add(self, config: ModelConfig) -> Entry:
+        entry = Entry(config)
+        entry.estimated_bytes = config.memory_bytes or 0
+        self._entries[config.name] = entry
+        self._metrics.set_state(config.name, entry.state)
+        self._metrics.inflight.labels(config.name).set(0)
+        return entry
+
+    def remove(self, name: str) -> None:
+        """Take ``name`` out of the table; its backend drains and stops in the background."""
+        entry = self._entries.pop(name)
+        entry.removed = True
+        self._spawn(self._retire_entry(entry), f"remove:{name}")
+
+    def apply(self, diff: ConfigDiff, config: AppConfig) -> None:
+        """Move the table onto ``config``: ``diff`` says what changed (``diff_configs``)."""
+        after = {model.name: model for model in config.models}
+        self._config = config
+        for name in diff.updated:
+            self._entries[name].config = after[name]
+        for name in diff.removed:
+            self.remove(name)
+        for name in diff.reloaded:
+            entry = self._entries[name]
+            was_loaded = entry.instance is not None or entry.state is ModelState.LOADING
+            entry.config = after[name]
+            self._spawn(self._reload_entry(entry, was_loaded), f"reload:{name}")
+        for name in diff.added:
+            added = self.add(after[name])
+            if added.config.preload and self._started:
+                self.begin_load(added)
+        self._entries = {name: self._entries[name] for name in after}
+
+    async def stop_all(self, drain_timeout: float) -> None:
+        """Refuse new work, let in-flight leases finish (up to ``drain_timeout``), then stop
+        every backend (a stream still open after that ends with ``BackendCrashed``)."""
+        self._stopping = True
+        entries = list(self._entries.values())
+        loading = [e.load_task for e in entries if e.load_task is not None]
+        for entry in entries:
+            _cancel_restart(entry)
+            if entry.load_task is not None:
+                entry.load_task.cancel()
+        await asyncio.gather(*loading, return_exceptions=True)
+        drains = [self.start_drain(e, "shutdown") for e in entries if e.state in SERVING_STATES]
+        drains += [e.drain_task for e in entries if e.drain_task is not None]
+        pending = {*drains, *self._retired.values()}
+        if pending:
+            await asyncio.wait(pending, timeout=drain_timeout)
+        leftovers = [e.instance for e in entries if e.instance is not None]
+        leftovers += list(self._retired)
+        await asyncio.gather(*(self.stop_instance(inst) for inst in leftovers))
+        # Whatever still waits for a lease to end has nothing left to stop.
+        stragglers = {*pending, *self._tasks}
+        for task in stragglers:
+            task.cancel()
+        await asyncio.gather(*stragglers, return_exceptions=True)
 
     def begin_load(self, entry: Entry, *, after_crash: bool = False) -> asyncio.Task[None]:
         """Start loading unless a load already runs (single-flight); returns that task."""
         if entry.load_task is not None and not entry.load_task.done():
             return entry.load_task
-        if entry.restart_task is not None:
-            entry.restart_task.cancel()
-            entry.restart_task = None
+        _cancel_restart(entry)
         self.set_state(entry, ModelState.LOADING)
         task = asyncio.create_task(
             self._load(entry, after_crash=after_crash), name=f"load:{entry.name}"
@@ -75,22 +169,18 @@ class Lifecycle:
         begun = time.monotonic()
         instance: Instance | None = None
 
-        loop = asyncio.get_running_loop()
-        loop_thread = threading.get_ident()
-
-        def on_crash(reason: str) -> None:
-            # The contract says backends call this on the loop; hop over if one does not.
-            if threading.get_ident() != loop_thread:
-                loop.call_soon_threadsafe(on_crash, reason)
-            elif instance is not None:
+        def crashed(reason: str) -> None:
+            if instance is not None:
                 self.on_crash(entry, instance, reason)
+
+        on_crash = on_this_loop(crashed)
 
         deadline = asyncio.timeout(config.load_timeout)
         log.info("model %s: loading (%s backend)", entry.name, config.backend)
         try:
             async with deadline:
                 needed = await self._memory_needed(entry, config)
-                await self._make_room(entry, needed)
+                await make_room(self, entry, needed)
                 instance = Instance(entry.name, config, self._factory(config, on_crash), needed)
                 entry.instance = instance
                 await instance.backend.start()
@@ -103,7 +193,7 @@ class Lifecycle:
         except Exception as exc:
             timed_out = isinstance(exc, TimeoutError) and deadline.expired()
             reason = (
-                f"load timed out after {config.load_timeout:g}s" if timed_out else _describe(exc)
+                f"load timed out after {config.load_timeout:g}s" if timed_out else describe(exc)
             )
             await self._discard(entry, instance)
             self._metrics.loads.labels(entry.name, "timeout" if timed_out else "failure").inc()
@@ -113,14 +203,7 @@ class Lifecycle:
         self._loaded(entry, instance, time.monotonic() - begun)
 
     def _loaded(self, entry: Entry, instance: Instance, seconds: float) -> None:
-        reported = _safe_info_memory(instance.backend)
-        if entry.config.memory_bytes is None and reported:
-            instance.reserved_bytes = reported
-            entry.estimated_bytes = reported
-        instance.loaded_at = time.time()
-        entry.failures = 0
-        entry.ever_loaded = True
-        entry.touch()
+        entry.loaded(instance, reported_memory(instance.backend))
         self._metrics.loads.labels(entry.name, "success").inc()
         self._metrics.load_seconds.labels(entry.name).observe(seconds)
         self.set_state(entry, ModelState.READY)
@@ -130,21 +213,12 @@ class Lifecycle:
             seconds,
             instance.reserved_bytes,
         )
-        budget = self.config.registry.memory_budget_bytes
-        if budget is not None and self.used_bytes() > budget:
-            log.warning(
-                "memory budget exceeded after loading %s: the model reports "
-                "more than estimated; later loads will evict",
-                entry.name,
-            )
+        warn_if_over_budget(self, entry.name)
 
     def _fail(self, entry: Entry, reason: str, *, restart: bool, after_crash: bool) -> None:
-        entry.failures += 1
-        delay = self._backoff.delay(entry.failures)
-        entry.retry_at = time.monotonic() + delay
-        entry.last_error = reason
+        delay = entry.failed(reason, self._backoff)
         self.set_state(entry, ModelState.FAILED)
-        auto = restart and not self.stopping and not entry.removed
+        auto = restart and not self._stopping and not entry.removed
         log.warning(
             "model %s: failed (%s); %s in %.1fs",
             entry.name,
@@ -161,7 +235,7 @@ class Lifecycle:
     async def _restart_after(self, entry: Entry, delay: float, *, after_crash: bool) -> None:
         await asyncio.sleep(delay)
         entry.restart_task = None
-        if entry.removed or self.stopping or entry.state is not ModelState.FAILED:
+        if entry.removed or self._stopping or entry.state is not ModelState.FAILED:
             return
         if after_crash:
             entry.restarts += 1
@@ -195,59 +269,19 @@ class Lifecycle:
     async def _memory_needed(self, entry: Entry, config: ModelConfig) -> int:
         if config.memory_bytes is not None:
             return config.memory_bytes
-        if isinstance(config, HFModelConfig):
-            entry.estimated_bytes = await asyncio.to_thread(estimate_memory_bytes, config)
+        estimate = await self._estimate(config)
+        if estimate is not None:  # else keep what the backend reported when last loaded
+            entry.estimated_bytes = estimate
         return entry.estimated_bytes
 
     def used_bytes(self) -> int:
-        current = sum(e.instance.reserved_bytes for e in self.entries.values() if e.instance)
-        return current + sum(inst.reserved_bytes for inst in self.retired)
+        current = sum(e.instance.reserved_bytes for e in self._entries.values() if e.instance)
+        return current + sum(inst.reserved_bytes for inst in self._retired)
 
-    async def _make_room(self, entry: Entry, needed: int) -> None:
-        """Return once ``needed`` bytes fit the budget: drain idle models (LRU first), wait
-        for drains under way, then drain busy models. Raises ``ModelUnavailable`` when
-        nothing can be freed; the caller's load timeout bounds the waiting."""
-        budget = self.config.registry.memory_budget_bytes
-        if budget is None or needed == 0:
-            return
-        if needed > budget:
-            raise ModelUnavailable(f"needs {needed} bytes; the memory budget is {budget}")
-        while not fits(self.used_bytes(), needed, budget):
-            residents = self._residents()
-            victim = idle_victim(residents, entry.name)
-            if victim is not None:
-                log.info("evicting idle %s (least recently used) to load %s", victim, entry.name)
-                await join(self.start_drain(self.entries[victim], "memory"))
-                continue
-            pending = [
-                task
-                for task in (
-                    *(e.drain_task for e in self.entries.values()),
-                    *self.retired.values(),
-                )
-                if task is not None and not task.done()
-            ]
-            if pending:
-                await asyncio.wait(set(pending), return_when=asyncio.FIRST_COMPLETED)
-                continue
-            victim = busy_victim(residents, entry.name)
-            if victim is not None:
-                log.info("draining busy %s (least recently used) to load %s", victim, entry.name)
-                self.start_drain(self.entries[victim], "memory")
-                continue
-            raise ModelUnavailable(
-                f"not enough memory: needs {needed} bytes, {self.used_bytes()} of {budget} "
-                "held by models that cannot be evicted now"
-            )
-
-    def _residents(self) -> list[Resident]:
-        return [
-            Resident(
-                e.name, e.state, e.instance.reserved_bytes, e.instance.inflight, e.last_used_mono
-            )
-            for e in self.entries.values()
-            if e.instance is not None
-        ]
+    def pending_drains(self) -> list[asyncio.Task[None]]:
+        """Drains and retirements still under way (each frees memory when done)."""
+        tasks = [*(e.drain_task for e in self._entries.values()), *self._retired.values()]
+        return [task for task in tasks if task is not None and not task.done()]
 
     def start_drain(self, entry: Entry, reason: str) -> asyncio.Task[None]:
         """Refuse new leases, wait for in-flight ones, stop the backend (single-flight)."""
@@ -275,15 +309,10 @@ class Lifecycle:
         log.info("model %s: unloaded (%s)", entry.name, reason)
 
     async def unload_entry(self, entry: Entry, reason: str) -> None:
-        if entry.load_task is not None and not entry.load_task.done():
-            await join(entry.load_task)
-        if entry.restart_task is not None:
-            entry.restart_task.cancel()
-            entry.restart_task = None
+        await self._settle(entry)
+        _cancel_restart(entry)  # the load it waited for may have failed and scheduled one
         if entry.state in SERVING_STATES:
-            self.start_drain(entry, reason)
-        if entry.drain_task is not None and not entry.drain_task.done():
-            await join(entry.drain_task)
+            await join(self.start_drain(entry, reason))
         if entry.state is ModelState.FAILED:
             self.set_state(entry, ModelState.UNLOADED)
 
@@ -292,7 +321,7 @@ class Lifecycle:
         task = asyncio.create_task(
             self._stop_retired(instance, wait_idle, reason), name=f"retire:{instance.name}"
         )
-        self.retired[instance] = task
+        self._retired[instance] = task
 
     async def _stop_retired(self, instance: Instance, wait_idle: bool, reason: str | None) -> None:
         if wait_idle:
@@ -310,12 +339,12 @@ class Lifecycle:
             async with asyncio.timeout(self._stop_timeout):
                 await instance.backend.stop()
         except Exception as exc:
-            log.warning("model %s: stopping the backend failed: %s", instance.name, _describe(exc))
+            log.warning("model %s: stopping the backend failed: %s", instance.name, describe(exc))
         finally:
             instance.reserved_bytes = 0
-            self.retired.pop(instance, None)
+            self._retired.pop(instance, None)
 
-    async def reload_entry(self, entry: Entry, was_loaded: bool) -> None:
+    async def _reload_entry(self, entry: Entry, was_loaded: bool) -> None:
         """Move a changed model onto ``entry.config``: the old instance retires (its
         leases finish on it) and, if it was loaded or preloads, a new one loads."""
         await self._settle(entry)
@@ -330,10 +359,10 @@ class Lifecycle:
         self.set_state(entry, ModelState.UNLOADED)
         entry.failures = 0
         entry.retry_at = 0.0
-        if (was_loaded or entry.config.preload) and self.started and not self.stopping:
+        if (was_loaded or entry.config.preload) and self._started and not self._stopping:
             self.begin_load(entry)
 
-    async def retire_entry(self, entry: Entry) -> None:
+    async def _retire_entry(self, entry: Entry) -> None:
         await self._settle(entry)
         if entry.instance is not None:
             self.retire(entry.instance, wait_idle=True, reason="config_removed")
@@ -343,9 +372,7 @@ class Lifecycle:
 
     async def _settle(self, entry: Entry) -> None:
         """Wait for a load or drain in progress, and stop pending restarts."""
-        if entry.restart_task is not None:
-            entry.restart_task.cancel()
-            entry.restart_task = None
+        _cancel_restart(entry)
         for task in (entry.load_task, entry.drain_task):
             if task is not None and not task.done():
                 await join(task)
@@ -358,36 +385,13 @@ class Lifecycle:
         if not entry.removed:
             self._metrics.set_state(entry.name, state)
 
-    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coro, name=name)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
 
-async def join(task: asyncio.Task[None]) -> None:
-    """Wait for a shared task without cancelling it when we are cancelled, and without
-    turning its cancellation (or failure) into ours."""
-    try:
-        await asyncio.shield(task)
-    except asyncio.CancelledError:
-        if being_cancelled() or not task.cancelled():
-            raise
-    except Exception as exc:
-        log.debug("joined task %s failed: %s", task.get_name(), _describe(exc))
-
-
-def being_cancelled() -> bool:
-    current = asyncio.current_task()
-    return current is not None and current.cancelling() > 0
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _safe_info_memory(backend: Backend) -> int | None:
-    try:
-        return backend.info().memory_bytes
-    except Exception:
-        return None
+def _cancel_restart(entry: Entry) -> None:
+    if entry.restart_task is not None:
+        entry.restart_task.cancel()
+        entry.restart_task = None

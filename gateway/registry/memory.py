@@ -1,98 +1,20 @@
-"""Estimate a model's memory before loading it, from its weight files' headers.
-
-Only the in-process ``hf`` backend holds weights in this process; proxies and Triton
-models count 0 unless their config says ``memory_bytes``. The estimate covers weights
-only (parameters x bytes of the dtype the engine will use), not the KV cache or
-activations: set ``memory_bytes`` in the config for a real budget. Blocking file I/O:
-call from a worker thread.
-"""
+"""Kept so imports from before the move still work: memory estimates are the backend's
+(``backends.factory.memory_estimate``; the hf weights estimate is ``backends.hf.memory``)."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-import logging
-import math
-import struct
-from pathlib import Path
-
 from config.schema import HFModelConfig, ModelConfig
-
-log = logging.getLogger(__name__)
-
-_SAFETENSORS_BYTES = {
-    "F64": 8,
-    "I64": 8,
-    "U64": 8,
-    "F32": 4,
-    "I32": 4,
-    "U32": 4,
-    "F16": 2,
-    "BF16": 2,
-    "I16": 2,
-    "U16": 2,
-}
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-_MAX_HEADER = 100 * 1024 * 1024
 
 
 def estimate_memory_bytes(config: ModelConfig) -> int:
-    """Configured ``memory_bytes``, else the weights' size for local hf models, else 0."""
+    """Configured ``memory_bytes``, else the hf weights' size, else 0 (blocking I/O)."""
     if config.memory_bytes is not None:
         return config.memory_bytes
     if not isinstance(config, HFModelConfig):
         return 0
-    try:
-        folder = _local_folder(config.source)
-        return weights_bytes(folder, config.dtype) if folder is not None else 0
-    except (OSError, ValueError) as exc:
-        log.info("model %s: cannot estimate memory (%s); counting 0", config.name, exc)
-        return 0
+    from backends.hf.memory import estimate_memory_bytes as hf_estimate
+
+    return hf_estimate(config)
 
 
-def weights_bytes(folder: Path, dtype: str = "auto") -> int:
-    """Sum over ``*.safetensors`` headers (exact element counts), else ``*.bin`` sizes."""
-    target = _DTYPE_BYTES.get(dtype)
-    files = sorted(folder.glob("*.safetensors"))
-    if files:
-        return sum(_safetensors_bytes(path, target) for path in files)
-    return sum(path.stat().st_size for path in folder.glob("*.bin"))
-
-
-def _safetensors_bytes(path: Path, target: int | None) -> int:
-    with path.open("rb") as handle:
-        (length,) = struct.unpack("<Q", handle.read(8))
-        if length > _MAX_HEADER:
-            raise ValueError(f"{path.name}: implausible header length {length}")
-        header = json.loads(handle.read(length))
-    total = 0
-    for name, tensor in header.items():
-        if name == "__metadata__":
-            continue
-        count = math.prod(tensor["shape"])
-        total += count * (target or _SAFETENSORS_BYTES.get(tensor["dtype"], 1))
-    return total
-
-
-def _local_folder(source: str) -> Path | None:
-    """The folder ``resolve_source`` would load, without converting anything."""
-    from backends.hf import model_source
-
-    if source.startswith(model_source.PACKAGE_PREFIX):
-        try:
-            gguf = model_source.find_package_gguf(source[len(model_source.PACKAGE_PREFIX) :])
-        except model_source.ModelSourceError:
-            return None
-        return _converted_folder(gguf, model_source.default_cache_dir())
-    path = Path(source).expanduser()
-    if path.suffix == ".gguf":
-        return _converted_folder(path, model_source.default_cache_dir()) if path.is_file() else None
-    return path if path.is_dir() else None
-
-
-def _converted_folder(gguf: Path, cache_dir: Path) -> Path | None:
-    # Mirrors model_source.convert_gguf's cache naming; None until the conversion ran.
-    stat = gguf.stat()
-    digest = hashlib.sha256(f"{gguf.name}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
-    target = cache_dir / f"{gguf.stem}-{digest[:12]}"
-    return target if (target / "config.json").is_file() else None
+__all__ = ["estimate_memory_bytes"]

@@ -22,15 +22,16 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from config.schema import AppConfig, ModelConfig
+from backends.errors import ModelNotFound, NotReady, Overloaded
+from backends.factory import MemoryEstimate, memory_estimate
+from config.schema import AppConfig
 from gateway.registry import routing
 from gateway.registry.diff import diff_configs
 from gateway.registry.entry import Backoff, Entry, Instance
-from gateway.registry.errors import ModelNotFound, ModelOverloaded, ModelUnavailable
-from gateway.registry.lifecycle import BackendFactory, Lifecycle, being_cancelled, join
-from gateway.registry.memory import estimate_memory_bytes
-from gateway.registry.metrics import RegistryMetrics
-from gateway.registry.state import (
+from gateway.registry.lifecycle import BackendFactory, Lifecycle
+from gateway.registry.model_metrics import RegistryMetrics
+from gateway.registry.tasks import being_cancelled, join
+from gateway.registry.values import (
     SERVING_STATES,
     ConfigDiff,
     Lease,
@@ -63,17 +64,21 @@ class ModelRegistry:
         sweep_interval: float | None = None,
         stop_timeout: float = 30.0,
         drain_timeout: float = 30.0,
+        memory_estimate: MemoryEstimate = memory_estimate,
     ) -> None:
         self._metrics = metrics
-        self._life = Lifecycle(config, metrics, backend_factory, backoff or Backoff(), stop_timeout)
+        self._life = Lifecycle(
+            config,
+            metrics,
+            backend_factory,
+            backoff or Backoff(),
+            stop_timeout,
+            estimate=memory_estimate,
+        )
         self._sweep_interval = sweep_interval
         self._drain_timeout = drain_timeout
         self._index = routing.build_index(config.models)
         self._sweeper: asyncio.Task[None] | None = None
-        for model in config.models:
-            self._add_entry(model)
-
-    # ------------------------------------------------------------------ public API
 
     @property
     def config(self) -> AppConfig:
@@ -83,47 +88,21 @@ class ModelRegistry:
         """Estimate memory, start the idle-TTL sweeper and load every ``preload`` model
         concurrently. With ``wait`` (default) return once each preload succeeded or
         failed; a failed preload does not raise (it retries with backoff)."""
-        await asyncio.to_thread(self._estimate_all, list(self._life.entries.values()))
+        await self._life.estimate_all()
         self._warn_if_preloads_exceed_budget()
-        self._life.started = True
+        loads = self._life.start()
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="registry-ttl-sweeper")
-        loads = [self._life.begin_load(e) for e in self._life.entries.values() if e.config.preload]
         if wait and loads:
             await asyncio.wait(loads)
 
     async def stop(self) -> None:
         """Refuse new work, let in-flight leases finish (up to ``drain_timeout``), then
         stop every backend (a stream still open after that ends with ``BackendCrashed``)."""
-        self._life.stopping = True
         if self._sweeper is not None:
             self._sweeper.cancel()
-        for entry in self._life.entries.values():
-            if entry.restart_task is not None:
-                entry.restart_task.cancel()
-            if entry.load_task is not None and not entry.load_task.done():
-                entry.load_task.cancel()
-        loading = [e.load_task for e in self._life.entries.values() if e.load_task is not None]
-        await asyncio.gather(*loading, return_exceptions=True)
-        drains = [
-            self._life.start_drain(entry, "shutdown")
-            for entry in self._life.entries.values()
-            if entry.state in SERVING_STATES
-        ]
-        drains += [e.drain_task for e in self._life.entries.values() if e.drain_task is not None]
-        pending = {*drains, *self._life.retired.values()}
-        if pending:
-            await asyncio.wait(pending, timeout=self._drain_timeout)
-        leftovers = [e.instance for e in self._life.entries.values() if e.instance is not None]
-        leftovers += list(self._life.retired)
-        await asyncio.gather(*(self._life.stop_instance(inst) for inst in leftovers))
-        # Whatever still waits for a lease to end has nothing left to stop.
-        stragglers = {*pending, *self._life.tasks}
-        stragglers |= {e.restart_task for e in self._life.entries.values() if e.restart_task}
+        await self._life.stop_all(self._drain_timeout)
         if self._sweeper is not None:
-            stragglers.add(self._sweeper)
-        for task in stragglers:
-            task.cancel()
-        await asyncio.gather(*stragglers, return_exceptions=True)
+            await asyncio.gather(self._sweeper, return_exceptions=True)
         log.info("registry stopped")
 
     def is_ready(self) -> bool:
@@ -131,13 +110,13 @@ class ModelRegistry:
         unloaded for idleness or by an operator loads again on demand)."""
         return self._life.started and all(
             entry.ever_loaded and entry.state is not ModelState.FAILED
-            for entry in self._life.entries.values()
+            for entry in self._life.entries()
             if entry.config.preload
         )
 
     def route(self, requested: str) -> RouteDecision:
         """Candidates for a requested model name, alias or ``capability:<name>``."""
-        models = {name: entry.config for name, entry in self._life.entries.items()}
+        models = {entry.name: entry.config for entry in self._life.entries()}
         try:
             decision = routing.route(requested, models, self._index, self._state_of)
         except ModelNotFound:
@@ -153,17 +132,17 @@ class ModelRegistry:
         """Hold ``name``'s backend for one request; loads it first if needed.
 
         Waits for a load up to ``max_wait`` seconds (default: the model's ``load_timeout``).
-        Raises ``ModelNotFound``, ``ModelUnavailable`` (loading too long, draining,
-        failed, no memory) or ``ModelOverloaded`` (``max_concurrency`` reached).
+        Raises ``ModelNotFound``, ``NotReady`` (loading too long, draining,
+        failed, no memory) or ``Overloaded`` (``max_concurrency`` reached).
         """
         entry = self._lookup(name)
         wait = entry.config.load_timeout if max_wait is None else max_wait
         instance = await self._serving_instance(entry, time.monotonic() + wait)
         limit = entry.config.max_concurrency
         if limit is not None and instance.inflight >= limit:
-            raise ModelOverloaded(
+            raise Overloaded(
                 f"model '{entry.name}' is serving its limit of {limit} requests",
-                retry_after=1.0,
+                code="model_overloaded",
             )
         self._acquire(entry, instance)
         try:
@@ -172,10 +151,10 @@ class ModelRegistry:
             self._release(entry, instance)
 
     def list_models(self) -> list[ModelStatus]:
-        return [self._status(entry) for entry in self._life.entries.values()]
+        return [self._status(entry) for entry in self._life.entries()]
 
     async def load(self, name: str) -> ModelStatus:
-        """Load now, ignoring any backoff; raises ``ModelUnavailable`` if the load fails."""
+        """Load now, ignoring any backoff; raises ``NotReady`` if the load fails."""
         entry = self._lookup(name)
         for _ in range(3):
             if entry.state in SERVING_STATES:
@@ -186,7 +165,7 @@ class ModelRegistry:
             task = entry.load_task if entry.state is ModelState.LOADING else None
             await join(task or self._life.begin_load(entry))
             if entry.state is ModelState.FAILED:
-                raise ModelUnavailable(
+                raise NotReady(
                     f"model '{entry.name}' failed to load: {entry.last_error}",
                     retry_after=max(1.0, entry.retry_in()),
                 )
@@ -212,25 +191,8 @@ class ModelRegistry:
         loading; removed and changed models drain in the background, so leases taken
         before the reload finish on the backend they started on."""
         diff = diff_configs(self._life.config, new)
-        after = {model.name: model for model in new.models}
-        self._life.config = new
         self._index = routing.build_index(new.models)
-        for name in diff.updated:
-            self._life.entries[name].config = after[name]
-        for name in diff.removed:
-            entry = self._life.entries.pop(name)
-            entry.removed = True
-            self._life.spawn(self._life.retire_entry(entry), f"remove:{name}")
-        for name in diff.reloaded:
-            entry = self._life.entries[name]
-            was_loaded = entry.instance is not None or entry.state is ModelState.LOADING
-            entry.config = after[name]
-            self._life.spawn(self._life.reload_entry(entry, was_loaded), f"reload:{name}")
-        for name in diff.added:
-            added = self._add_entry(after[name])
-            if added.config.preload and self._life.started:
-                self._life.begin_load(added)
-        self._life.entries = {name: self._life.entries[name] for name in after}
+        self._life.apply(diff, new)
         if diff.server_changed:
             log.warning("config reload: the server section changed; it applies on restart")
         log.info(
@@ -250,13 +212,15 @@ class ModelRegistry:
 
     def _lookup(self, name: str) -> Entry:
         canonical = self._index.get(name)
-        entry = self._life.entries.get(canonical) if canonical is not None else None
+        entry = self._life.entry(canonical) if canonical is not None else None
         if entry is None:
             raise ModelNotFound(f"The model '{name}' does not exist", param="model")
         return entry
 
     def _state_of(self, name: str) -> ModelState:
-        return self._life.entries[name].state
+        entry = self._life.entry(name)
+        assert entry is not None, f"routing named {name}, which is not in the table"
+        return entry.state
 
     async def _serving_instance(self, entry: Entry, deadline: float) -> Instance:
         """The current instance once it serves, starting or joining its load."""
@@ -264,13 +228,11 @@ class ModelRegistry:
         if state in SERVING_STATES and entry.instance is not None:
             return entry.instance
         if self._life.stopping:
-            raise ModelUnavailable("the gateway is shutting down", retry_after=_BUSY_RETRY_AFTER)
+            raise NotReady("the gateway is shutting down", retry_after=_BUSY_RETRY_AFTER)
         if state is ModelState.DRAINING:
-            raise ModelUnavailable(
-                f"model '{entry.name}' is unloading", retry_after=_BUSY_RETRY_AFTER
-            )
+            raise NotReady(f"model '{entry.name}' is unloading", retry_after=_BUSY_RETRY_AFTER)
         if state is ModelState.FAILED and (entry.restart_task is not None or entry.retry_in()):
-            raise ModelUnavailable(
+            raise NotReady(
                 f"model '{entry.name}' is unavailable: {entry.last_error}",
                 retry_after=max(1.0, entry.retry_in()),
             )
@@ -279,21 +241,21 @@ class ModelRegistry:
         try:
             await asyncio.wait_for(asyncio.shield(task), max(0.0, deadline - time.monotonic()))
         except TimeoutError:
-            raise ModelUnavailable(
+            raise NotReady(
                 f"model '{entry.name}' is still loading", retry_after=_BUSY_RETRY_AFTER
             ) from None
         except asyncio.CancelledError:
             if task.cancelled() and not being_cancelled():
-                raise ModelUnavailable(f"loading '{entry.name}' was cancelled") from None
+                raise NotReady(f"loading '{entry.name}' was cancelled") from None
             raise
         if entry.state in SERVING_STATES and entry.instance is not None and not entry.removed:
             return entry.instance
         if entry.state is ModelState.FAILED:
-            raise ModelUnavailable(
+            raise NotReady(
                 f"model '{entry.name}' failed to load: {entry.last_error}",
                 retry_after=max(1.0, entry.retry_in()),
             )
-        raise ModelUnavailable(
+        raise NotReady(
             f"model '{entry.name}' is {entry.state.value}", retry_after=_BUSY_RETRY_AFTER
         )
 
@@ -314,32 +276,11 @@ class ModelRegistry:
             if entry.instance is instance and entry.state is ModelState.ACTIVE:
                 self._life.set_state(entry, ModelState.READY)
 
-    # ------------------------------------------------------------------ loading
-
-    # ------------------------------------------------------------------ memory
-
-    # ------------------------------------------------------------------ unloading
-
-    # ------------------------------------------------------------------ hot reload
-
     # ------------------------------------------------------------------ bookkeeping
-
-    def _add_entry(self, config: ModelConfig) -> Entry:
-        entry = Entry(config)
-        entry.estimated_bytes = config.memory_bytes or 0
-        self._life.entries[config.name] = entry
-        self._metrics.set_state(config.name, entry.state)
-        self._metrics.inflight.labels(config.name).set(0)
-        return entry
-
-    @staticmethod
-    def _estimate_all(entries: list[Entry]) -> None:
-        for entry in entries:
-            entry.estimated_bytes = estimate_memory_bytes(entry.config)
 
     def _warn_if_preloads_exceed_budget(self) -> None:
         budget = self._life.config.registry.memory_budget_bytes
-        total = sum(e.estimated_bytes for e in self._life.entries.values() if e.config.preload)
+        total = sum(e.estimated_bytes for e in self._life.entries() if e.config.preload)
         if budget is not None and total > budget:
             log.warning(
                 "preloaded models need %d bytes, over the %d budget: some will "
@@ -358,7 +299,7 @@ class ModelRegistry:
 
     def _unload_idle(self) -> None:
         now = time.monotonic()
-        for entry in list(self._life.entries.values()):
+        for entry in list(self._life.entries()):
             ttl = entry.config.idle_ttl
             idle = now - entry.last_used_mono
             if ttl is not None and entry.state is ModelState.READY and idle >= ttl:
@@ -368,7 +309,7 @@ class ModelRegistry:
     def _sweep_every(self) -> float:
         if self._sweep_interval is not None:
             return self._sweep_interval
-        ttls = [e.config.idle_ttl for e in self._life.entries.values() if e.config.idle_ttl]
+        ttls = [e.config.idle_ttl for e in self._life.entries() if e.config.idle_ttl]
         return min([1.0, *(ttl / 4 for ttl in ttls)])
 
     def _status(self, entry: Entry) -> ModelStatus:
@@ -380,7 +321,7 @@ class ModelRegistry:
             except Exception:  # a dying backend must not break /v1/models
                 info = None
         pid_text = info.extra.get("pid") if info is not None else None
-        retired_inflight = sum(i.inflight for i in self._life.retired if i.name == entry.name)
+        retired_inflight = self._life.retired_inflight(entry.name)
         config = entry.config
         return ModelStatus(
             name=entry.name,

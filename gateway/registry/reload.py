@@ -18,7 +18,7 @@ from pathlib import Path
 from config.loader import ConfigError, load_config
 from config.schema import AppConfig
 from gateway.registry.registry import ModelRegistry
-from gateway.registry.state import ConfigDiff
+from gateway.registry.values import ConfigDiff
 
 log = logging.getLogger(__name__)
 

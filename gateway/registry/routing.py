@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from config.schema import ModelConfig
 from gateway.registry.errors import ModelNotFound
-from gateway.registry.state import ModelState, RouteDecision
+from gateway.registry.values import ModelState, RouteDecision
 
 CAPABILITY_PREFIX = "capability:"
 

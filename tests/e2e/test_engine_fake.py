@@ -9,7 +9,8 @@ import httpx
 import openai
 import pytest
 
-from tests.tools.engines import EngineSuite, proxy_config, start_fake_upstream
+from tests.contract.sdk_suite import EngineSuite
+from tests.tools.engines import proxy_config, start_fake_upstream
 from tests.tools.servers import RunningServer, gateway
 
 pytestmark = pytest.mark.e2e

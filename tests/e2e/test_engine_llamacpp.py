@@ -12,7 +12,8 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from tests.tools.engines import EngineSuite, proxy_config, require_engine, start_llamacpp
+from tests.contract.sdk_suite import EngineSuite
+from tests.tools.engines import proxy_config, require_engine, start_llamacpp
 from tests.tools.servers import RunningServer, gateway
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine("llamacpp"), pytest.mark.slow]

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import openai
 import pytest
 
+from tests.contract.sdk_suite import EngineSuite
 from tests.tools.engines import (
-    EngineSuite,
     model_folder,
     proxy_config,
     require_engine,

@@ -13,7 +13,8 @@ import httpx
 import openai
 import pytest
 
-from tests.tools.engines import EngineSuite, proxy_config, require_engine, start_vllm
+from tests.contract.sdk_suite import EngineSuite
+from tests.tools.engines import proxy_config, require_engine, start_vllm
 from tests.tools.servers import RunningServer, gateway
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine("vllm"), pytest.mark.slow]

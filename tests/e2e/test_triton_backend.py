@@ -1,7 +1,8 @@
 """TritonBackend against a real Triton Inference Server running the repository's models.
 
 One server per module (the llm model loads in ~15 s on CPU). The crash/recovery test
-restarts it and runs last. Token budgets stay small: every token is a CPU forward pass.
+restarts it and runs last; the shared backend contract (``TestTritonContract``) runs
+just before it. Token budgets stay small: every token is a CPU forward pass.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from backends.base import (
+    Backend,
     BackendError,
     BackendEvent,
     ChatMessage,
@@ -27,10 +29,11 @@ from backends.base import (
     UpstreamUnavailable,
     Usage,
 )
-from backends.metrics import BackendMetrics
+from backends.errors import ContractMismatch
+from backends.hop_metrics import BackendMetrics
 from backends.triton.backend import TritonBackend
-from backends.triton.contract import ContractMismatch
 from config.schema import TritonModelConfig
+from tests.contract.backend_suite import BackendContract
 from tests.tools.triton_server import TritonServer, triton_missing
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine("triton")]
@@ -221,6 +224,47 @@ async def test_client_disconnect_cancels_generation(
         {"model": "triton-llm", "backend": "triton", "status": "cancelled"},
     )
     assert cancelled == 1
+
+
+class TestTritonContract(BackendContract):
+    """The shared backend contract on a real Triton (defined before the crash test, which
+    restarts the server). Its own backends and metrics, so the counts the tests above
+    assert on stay theirs."""
+
+    model = "triton-llm"
+    choices = 1
+    flood = 80  # one decoding + the llm model's queue of 64 + some it must refuse
+
+    def invalid_request(self) -> GenerationRequest:
+        return self.request(4, logprobs=2)
+
+    async def aborted(self, backend: Backend) -> float:
+        return await asyncio.to_thread(self._triton.metric, "llmso_triton_cancelled_requests_total")
+
+    async def _started(self, triton: TritonServer) -> TritonBackend:
+        instance = TritonBackend(make_config(triton), BackendMetrics(CollectorRegistry()))
+        await instance.start()
+        return instance
+
+    @pytest.fixture(scope="class")
+    async def backend(self, triton: TritonServer) -> AsyncIterator[TritonBackend]:
+        instance = await self._started(triton)
+        yield instance
+        await instance.stop()
+
+    @pytest.fixture(autouse=True)
+    def _keep_server(self, triton: TritonServer) -> None:
+        self._triton = triton
+
+    @pytest.fixture
+    def unstarted(self, triton: TritonServer) -> TritonBackend:
+        return TritonBackend(make_config(triton), BackendMetrics(CollectorRegistry()))
+
+    @pytest.fixture(scope="class")
+    async def spare(self, triton: TritonServer) -> AsyncIterator[TritonBackend]:
+        instance = await self._started(triton)
+        yield instance
+        await instance.stop()
 
 
 async def test_crash_mid_stream_then_recovery(backend: TritonBackend, triton: TritonServer) -> None:

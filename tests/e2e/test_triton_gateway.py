@@ -9,6 +9,7 @@ import httpx
 import openai
 import pytest
 
+from tests.contract.sdk_suite import EngineSuite
 from tests.tools.servers import RunningServer, gateway
 from tests.tools.triton_server import TritonServer, triton_missing
 
@@ -57,50 +58,23 @@ def client(server: RunningServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
-def test_chat_non_stream(client: openai.OpenAI) -> None:
-    reply = client.chat.completions.create(
-        model=MODEL,
-        messages=QUESTION,
-        temperature=0,
-        max_tokens=16,  # type: ignore[arg-type]
-    )
-    choice = reply.choices[0]
-    assert "Paris" in (choice.message.content or "")
-    assert choice.finish_reason in ("stop", "length")
-    assert reply.usage is not None
-    assert reply.usage.prompt_tokens > 10 and 0 < reply.usage.completion_tokens <= 16
+class TestTritonGateway(EngineSuite):
+    """The SDK suite every engine passes, on the triton backend."""
 
+    model_name = MODEL
+    max_tokens = 16
+    answer_snippet = "Paris"
+    min_prompt_tokens = 11
+    stream_usage_matches = True
+    rejected_snippet = "one choice"
 
-def test_chat_stream_equals_non_stream(client: openai.OpenAI) -> None:
-    whole = client.chat.completions.create(
-        model=MODEL,
-        messages=QUESTION,
-        temperature=0,
-        max_tokens=8,  # type: ignore[arg-type]
-    )
-    stream = client.chat.completions.create(
-        model=MODEL,
-        messages=QUESTION,  # type: ignore[arg-type]
-        temperature=0,
-        max_tokens=8,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    pieces: list[str] = []
-    reasons: list[str] = []
-    usage = None
-    for chunk in stream:
-        if chunk.usage is not None:
-            usage = chunk.usage
-        for choice in chunk.choices:
-            pieces.append(choice.delta.content or "")
-            if choice.finish_reason:
-                reasons.append(choice.finish_reason)
-    assert len([p for p in pieces if p]) >= 2, "text should arrive in several chunks"
-    assert "".join(pieces) == whole.choices[0].message.content
-    assert reasons == [whole.choices[0].finish_reason]
-    assert usage is not None and whole.usage is not None
-    assert usage.completion_tokens == whole.usage.completion_tokens
+    def rejected_call(self, client: openai.OpenAI, model: str) -> object:
+        return client.chat.completions.create(
+            model=model,
+            messages=QUESTION,
+            max_tokens=4,
+            n=2,  # type: ignore[arg-type]
+        )
 
 
 def test_triton_hop_metrics(server: RunningServer, client: openai.OpenAI) -> None:

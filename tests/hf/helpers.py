@@ -1,27 +1,19 @@
-"""Shared helpers for the hf engine tests: model path, configs, event collection."""
+"""Shared helpers for the hf engine tests: model path, configs, requests, an observer
+(event collection lives in ``tests.contract.events``)."""
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backends.base import (
-    BackendEvent,
-    ChatMessage,
-    Finished,
-    GenerationRequest,
-    RequestKind,
-    SamplingParams,
-    Started,
-    TextDelta,
-    ToolCallDelta,
-    Usage,
-)
+from backends.base import ChatMessage, GenerationRequest, RequestKind, SamplingParams
 from config.schema import HFModelConfig
+from tests.contract.events import Result, check_order, collect
+
+__all__ = ["RecordingObserver", "Result", "chat", "check_order", "collect", "completion", "config"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -64,53 +56,6 @@ def chat(text: str, max_tokens: int = 12, **sampling: Any) -> GenerationRequest:
         sampling=params,
         messages=(ChatMessage(role="user", content=text),),
     )
-
-
-@dataclass
-class Result:
-    events: list[BackendEvent]
-
-    def text(self, index: int = 0) -> str:
-        return "".join(e.text for e in self.events if isinstance(e, TextDelta) and e.index == index)
-
-    def calls(self, index: int = 0) -> list[tuple[str, str]]:
-        """(name, arguments) of each tool call of choice ``index``, from its deltas."""
-        calls: dict[int, list[str]] = {}
-        for e in self.events:
-            if isinstance(e, ToolCallDelta) and e.index == index:
-                entry = calls.setdefault(e.call_index, ["", ""])
-                entry[0] = e.name or entry[0]
-                entry[1] += e.arguments_fragment
-        return [(name, args) for name, args in calls.values()]
-
-    def reason(self, index: int = 0) -> str:
-        return next(e.reason for e in self.events if isinstance(e, Finished) and e.index == index)
-
-    @property
-    def usage(self) -> Usage:
-        last = self.events[-1]
-        assert isinstance(last, Usage)
-        return last
-
-
-async def collect(stream: AsyncIterator[BackendEvent]) -> Result:
-    events = [event async for event in stream]
-    check_order(events)
-    return Result(events)
-
-
-def check_order(events: list[BackendEvent]) -> None:
-    """Started first, per index deltas then one Finished, Usage last and once."""
-    assert isinstance(events[0], Started)
-    assert isinstance(events[-1], Usage)
-    assert sum(isinstance(e, Usage | Started) for e in events) == 2
-    finished: set[int] = set()
-    for event in events[1:-1]:
-        assert isinstance(event, TextDelta | ToolCallDelta | Finished)
-        assert event.index not in finished, "event after Finished for the same index"
-        if isinstance(event, Finished):
-            finished.add(event.index)
-    assert finished == set(range(len(finished)))
 
 
 @dataclass

@@ -1,6 +1,8 @@
-"""Continuous batching with the real SmolLM2: equivalence, cancellation, sampling, errors.
+"""Continuous batching with the real SmolLM2: equivalence, cancellation, sampling, errors,
+and the shared backend contract (``TestHFContract``).
 
-One fp32 backend is loaded for the module; every test uses few tokens.
+One fp32 backend is loaded for the module (plus one small-queue spare for the contract's
+overload and stop checks); every test uses few tokens.
 """
 
 from __future__ import annotations
@@ -11,14 +13,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from backends.base import (
-    ContextLengthExceeded,
-    InvalidRequest,
-    NotReady,
-    Overloaded,
-    TextDelta,
-)
+from backends.base import Backend, ContextLengthExceeded, GenerationRequest, TextDelta
 from backends.hf.backend import HFBackend
+from tests.contract.backend_suite import BackendContract
 from tests.hf.helpers import RecordingObserver, chat, collect, completion, config
 
 PROMPTS = [
@@ -59,13 +56,6 @@ async def backend(observer: RecordingObserver) -> AsyncIterator[HFBackend]:
 async def alone(backend: HFBackend) -> list[str]:
     """Each prompt's greedy output with nothing else running."""
     return [(await collect(backend.generate(completion(p, TOKENS)))).text() for p in PROMPTS]
-
-
-async def test_not_ready_before_start() -> None:
-    b = HFBackend(config())
-    with pytest.raises(NotReady):
-        await anext(b.generate(completion("hi")))
-    assert not await b.ready()
 
 
 async def test_info_reports_context_and_memory(backend: HFBackend) -> None:
@@ -186,20 +176,6 @@ async def test_context_length_checked_before_first_event(backend: HFBackend) -> 
     await stream.aclose()  # type: ignore[attr-defined]
 
 
-async def test_overloaded_when_queue_full() -> None:
-    b = HFBackend(config(scheduling="sequential", max_queue=2))
-    await b.start()
-    try:
-        streams = [b.generate(completion(p, 4)) for p in PROMPTS[:5]]
-        firsts = await asyncio.gather(*(anext(s) for s in streams), return_exceptions=True)
-        assert sum(isinstance(f, Overloaded) for f in firsts) == 3
-        for stream, first in zip(streams, firsts, strict=True):
-            if not isinstance(first, Exception):
-                await stream.aclose()  # type: ignore[attr-defined]
-    finally:
-        await b.stop()
-
-
 async def test_chunked_prefill_under_a_small_token_budget(alone: list[str]) -> None:
     observer = RecordingObserver()
     b = HFBackend(config(max_num_seqs=4, max_num_batched_tokens=12), observer)
@@ -217,6 +193,29 @@ async def test_chunked_prefill_under_a_small_token_budget(alone: list[str]) -> N
         await b.stop()
 
 
-async def test_too_many_choices_is_invalid(backend: HFBackend) -> None:
-    with pytest.raises(InvalidRequest):
-        await anext(backend.generate(completion(PROMPTS[0], 4, n=25, temperature=1.0)))
+class TestHFContract(BackendContract):
+    """The shared backend contract on the in-process engine (thread)."""
+
+    flood = 5
+    min_refused = 3  # max_queue=2: two wait, three are refused
+
+    def invalid_request(self) -> GenerationRequest:
+        return self.request(4, n=25, temperature=1.0)  # more choices than max_num_seqs
+
+    async def aborted(self, backend: Backend) -> float:
+        return float(self._observer.aborts)
+
+    @pytest.fixture(autouse=True)
+    def _keep_observer(self, observer: RecordingObserver) -> None:
+        self._observer = observer
+
+    @pytest.fixture
+    def unstarted(self) -> HFBackend:
+        return HFBackend(config())
+
+    @pytest.fixture(scope="class")
+    async def spare(self) -> AsyncIterator[HFBackend]:
+        spare = HFBackend(config(scheduling="static", batch_window_ms=0, max_queue=2))
+        await spare.start()
+        yield spare
+        await spare.stop()

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from bench.bare_passthrough import build
-from tests.tools.fake_upstream import FakeUpstream
+from bench.fake_upstream import FakeUpstream
 
 
 @pytest.fixture

@@ -23,8 +23,8 @@ _REF = (
 
 def _fake(tag: str) -> list[str]:
     return [
-        sys.executable, "-m", "tests.service.test_bench_fakeserver",
-        "--port", "{port}", "--delay", "0.001", "--tag", tag,
+        sys.executable, "-m", "bench.fake_upstream", "--port", "{port}", "--model", "fake",
+        "--chunks", "100000", "--delay-ms", "1", "--ttft-ms", "1", "--tag", tag,
     ]  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""The load generator against an in-process fake server: counts and timings must add up."""
+"""The load generator against the in-process fake upstream: counts and timings must add up."""
 
 from __future__ import annotations
 
@@ -9,57 +9,61 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from bench.cli import main
 from bench.client import RequestOptions
+from bench.fake_upstream import FakeOptions, FakeUpstream
 from bench.loadgen import LoadSpec, new_session, run_level
 from bench.prompts import builtin_prompts
 from bench.stats import Slo, summarize
-from tests.service.test_bench_fakeserver import BODIES, PEAK, build_app
 
 DELAY = 0.003
 
 
+def _fake_options(delay_s: float) -> FakeOptions:
+    # A token every delay_s, the first one too; as many as the request asks for.
+    ms = delay_s * 1000
+    return FakeOptions(chunks=100_000, delay_ms=ms, ttft_ms=ms, model="fake")
+
+
 @pytest.fixture(scope="module")
-async def server() -> AsyncIterator[TestServer]:
-    srv = TestServer(build_app(DELAY), host="127.0.0.1")
-    await srv.start_server()
-    yield srv
-    await srv.close()
+async def server() -> AsyncIterator[FakeUpstream]:
+    fake = FakeUpstream(_fake_options(DELAY))
+    await fake.start()
+    yield fake
+    await fake.stop()
 
 
-def _reset(server: TestServer) -> web.Application:
-    app = server.app
-    assert app is not None
-    app[BODIES].clear()
-    app[PEAK][:] = [0, 0]
-    return app
+def _reset(server: FakeUpstream) -> FakeUpstream:
+    server.bodies.clear()
+    server.faults.clear()
+    server.peak = 0
+    server.options.usage = True
+    return server
 
 
-def _options(server: TestServer, **kw: object) -> RequestOptions:
-    base = f"http://127.0.0.1:{server.port}/v1"
-    return RequestOptions(base_url=base, model=str(kw.pop("model", "fake")), **kw)  # type: ignore[arg-type]
+def _options(server: FakeUpstream, **kw: object) -> RequestOptions:
+    return RequestOptions(base_url=server.url + "/v1", model=str(kw.pop("model", "fake")), **kw)  # type: ignore[arg-type]
 
 
-async def _run(server: TestServer, load: LoadSpec, **kw: object):  # type: ignore[no-untyped-def]
+async def _run(server: FakeUpstream, load: LoadSpec, **kw: object):  # type: ignore[no-untyped-def]
     async with new_session(64) as session:
         return await run_level(session, _options(server, **kw), builtin_prompts(32), load)
 
 
-async def test_closed_loop_streaming_counts_add_up(server: TestServer) -> None:
+async def test_closed_loop_streaming_counts_add_up(server: FakeUpstream) -> None:
     app = _reset(server)
     load = LoadSpec(concurrency=4, num_requests=10, warmup=2)
     run = await _run(server, load, max_tokens=6)
     assert len(run.results) == 12
     assert len(run.measured) == 10
     assert sum(r.warmup for r in run.results) == 2
-    assert app[PEAK][1] == 4  # closed loop keeps exactly c requests in flight
+    assert app.peak == 4  # closed loop keeps exactly c requests in flight
     for r in run.measured:
         assert r.ok, r.error
         assert r.output_tokens == 6 and r.tokens_from_usage
-        assert r.prompt_tokens == 7
+        # the fake counts one token per prompt word, plus one
+        assert r.prompt_tokens == len(builtin_prompts(32)[r.prompt_index].text.split()) + 1
         assert len(r.chunk_times) == 6
         assert len(r.itls) == r.output_tokens - 1
         # The server sleeps before every chunk; gaps may bunch up client-side under load.
@@ -75,7 +79,7 @@ async def test_closed_loop_streaming_counts_add_up(server: TestServer) -> None:
     assert s.output_tokens_per_s == pytest.approx(60 / run.wall_s)
     assert s.tokens_from_usage
     # What went over the wire: greedy, ignore_eos, usage requested, the built-in prompts.
-    body = app[BODIES][0]
+    body = app.bodies[0]
     assert body["temperature"] == 0.0 and body["ignore_eos"] is True
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
     assert body["messages"][0]["content"] == builtin_prompts(1)[0].text
@@ -83,17 +87,15 @@ async def test_closed_loop_streaming_counts_add_up(server: TestServer) -> None:
     assert run.client_cpu_s / 10 < 0.05
 
 
-async def test_chunk_counting_without_usage(server: TestServer) -> None:
-    _reset(server)
-    run = await _run(
-        server, LoadSpec(concurrency=2, num_requests=4), model="no-usage", max_tokens=5
-    )
+async def test_chunk_counting_without_usage(server: FakeUpstream) -> None:
+    _reset(server).options.usage = False
+    run = await _run(server, LoadSpec(concurrency=2, num_requests=4), max_tokens=5)
     for r in run.measured:
         assert r.ok and not r.tokens_from_usage
         assert r.output_tokens == 5 == len(r.itls) + 1
 
 
-async def test_non_streaming_and_completions(server: TestServer) -> None:
+async def test_non_streaming_and_completions(server: FakeUpstream) -> None:
     app = _reset(server)
     run = await _run(
         server,
@@ -106,30 +108,31 @@ async def test_non_streaming_and_completions(server: TestServer) -> None:
         assert r.ok, r.error
         assert r.output_tokens == 3 and r.chunk_times == () and r.itls == ()
         assert r.ttft == r.e2e  # the client sees the first token with the whole answer
-    assert "prompt" in app[BODIES][0] and "stream_options" not in app[BODIES][0]
+    assert "prompt" in app.bodies[0] and "stream_options" not in app.bodies[0]
 
 
-async def test_errors_and_timeouts_are_results(server: TestServer) -> None:
-    _reset(server)
-    run = await _run(server, LoadSpec(concurrency=2, num_requests=3), model="broken")
-    assert all(not r.ok and r.status == 500 and "boom" in (r.error or "") for r in run.results)
+async def test_errors_and_timeouts_are_results(server: FakeUpstream) -> None:
+    _reset(server).faults.extend([500] * 3)
+    run = await _run(server, LoadSpec(concurrency=2, num_requests=3))
+    assert all(not r.ok and r.status == 500 and "injected" in (r.error or "") for r in run.results)
     s = summarize(run.results, Slo(ttft_ms=1000), wall_s=run.wall_s)
     assert s.errors == 3 and s.goodput_fraction == 0.0
-    run = await _run(server, LoadSpec(concurrency=1, num_requests=1), model="hang", timeout_s=0.3)
+    server.faults.append("stall")
+    run = await _run(server, LoadSpec(concurrency=1, num_requests=1), timeout_s=0.3)
     assert run.results[0].error == "timeout after 0.3s"
     assert 0.3 <= run.results[0].e2e < 2.0
 
 
-async def test_open_loop_poisson(server: TestServer) -> None:
+async def test_open_loop_poisson(server: FakeUpstream) -> None:
     app = _reset(server)
     run = await _run(server, LoadSpec(rate=200.0, num_requests=12, seed=1), max_tokens=2)
     assert len(run.measured) == 12 and all(r.ok for r in run.measured)
     starts = sorted(r.start for r in run.measured)
     assert starts[-1] - starts[0] < 2.0  # ~12/200 s of arrivals plus scheduling slack
-    assert len(app[BODIES]) == 12
+    assert len(app.bodies) == 12
 
 
-async def test_duration_bounds_a_level(server: TestServer) -> None:
+async def test_duration_bounds_a_level(server: FakeUpstream) -> None:
     _reset(server)
     run = await _run(server, LoadSpec(concurrency=2, duration_s=0.2), max_tokens=4)
     assert 0.2 <= run.wall_s < 2.0
@@ -144,15 +147,13 @@ def test_cli_run_writes_outputs(tmp_path: Path) -> None:
 
     def serve() -> None:
         loop = asyncio.new_event_loop()
-        runner = web.AppRunner(build_app(0.001))
-        loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        loop.run_until_complete(site.start())
-        port_box.append(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+        fake = FakeUpstream(_fake_options(0.001))
+        loop.run_until_complete(fake.start())
+        port_box.append(int(fake.url.rsplit(":", 1)[1]))
         stop.append(loop)
         ready.set()
         loop.run_forever()
-        loop.run_until_complete(runner.cleanup())
+        loop.run_until_complete(fake.stop())
         loop.close()
 
     thread = threading.Thread(target=serve, daemon=True)

@@ -341,7 +341,7 @@ async def test_models_catalogue(client: httpx.AsyncClient) -> None:
 async def test_health_ready_and_metrics(client: httpx.AsyncClient) -> None:
     assert (await client.get("/health")).json() == {"status": "ok"}
     ready = await client.get("/ready")
-    assert ready.status_code == 200 and ready.json()["status"] == "ready"
+    assert ready.status_code == 200 and ready.json()["status"] == "ready", ready.text
     await client.post("/v1/chat/completions", json=chat_body(stream=True))
     await client.post("/v1/chat/completions", json=chat_body(model="nope"))
     text = (await client.get("/metrics")).text

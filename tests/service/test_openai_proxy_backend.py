@@ -1,5 +1,5 @@
 """OpenAIProxyBackend against the in-process fake upstream: events, errors, retries,
-limits, aborts, health and metrics."""
+limits, aborts, health and metrics, and the shared backend contract."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from backends.base import (
+    Backend,
     BackendCrashed,
     BackendEvent,
     ChatMessage,
@@ -27,10 +28,11 @@ from backends.base import (
     UpstreamUnavailable,
     Usage,
 )
-from backends.metrics import BackendMetrics
+from backends.hop_metrics import BackendMetrics
 from backends.openai_proxy.backend import OpenAIProxyBackend
+from bench.fake_upstream import WORDS, FakeOptions, FakeUpstream
 from config.schema import OpenAIModelConfig
-from tests.tools.fake_upstream import WORDS, FakeOptions, FakeUpstream
+from tests.contract.backend_suite import BackendContract
 
 
 def _config(url: str, **overrides: Any) -> OpenAIModelConfig:
@@ -366,3 +368,41 @@ async def _until(predicate: Any, within: float = 3.0) -> None:
     while not predicate():
         assert asyncio.get_running_loop().time() < deadline, "condition not reached"
         await asyncio.sleep(0.02)
+
+
+class TestOpenAIContract(BackendContract):
+    """The shared backend contract on the proxy in front of the fake upstream."""
+
+    model = "proxy"
+
+    def invalid_request(self) -> GenerationRequest:
+        return self.request(4, temperature=-1.0)  # the upstream answers 400
+
+    async def aborted(self, backend: Backend) -> float:
+        return float(self._fake.aborted)
+
+    @pytest.fixture(scope="class")
+    async def shared(self) -> AsyncIterator[Harness]:
+        harness = await _harness(FakeOptions(chunks=400, delay_ms=2))
+        yield harness
+        await harness.backend.stop()
+        await harness.fake.stop()
+
+    @pytest.fixture
+    def backend(self, shared: Harness) -> OpenAIProxyBackend:
+        self._fake = shared.fake
+        return shared.backend
+
+    @pytest.fixture
+    def unstarted(self) -> OpenAIProxyBackend:
+        return OpenAIProxyBackend(
+            _config("http://127.0.0.1:9"), BackendMetrics(CollectorRegistry())
+        )
+
+    @pytest.fixture(scope="class")
+    async def spare(self) -> AsyncIterator[OpenAIProxyBackend]:
+        options = FakeOptions(chunks=400, delay_ms=2)
+        harness = await _harness(options, max_concurrency=1, max_queue=1)
+        yield harness.backend
+        await harness.backend.stop()
+        await harness.fake.stop()

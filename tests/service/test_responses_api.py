@@ -12,9 +12,9 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
+from bench.fake_upstream import FakeUpstream
 from config.schema import AppConfig
 from gateway.app import build_app
-from tests.tools.fake_upstream import FakeUpstream
 from tests.tools.schemas import validate
 from tests.tools.scripted_responses import ScriptedBackend, scripted_factory
 

@@ -20,13 +20,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from backends.base import BackendEvent, GenerationRequest, Overloaded
+from bench.fake_upstream import FakeUpstream
 from config.schema import AppConfig, ModelConfig
 from config.tracing import TracingConfig
 from gateway.app import build_app
 from gateway.routes import GatewayASGI
 from gateway.tracing import build_exporter
 from tests.tools.fake_backend import FakeBackend
-from tests.tools.fake_upstream import FakeUpstream
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"

@@ -21,7 +21,7 @@ from backends.base import (
     SamplingParams,
     UpstreamBadResponse,
 )
-from backends.metrics import BackendMetrics
+from backends.hop_metrics import BackendMetrics
 from backends.triton.backend import TritonBackend
 from config.schema import TritonModelConfig
 

@@ -1,12 +1,9 @@
-"""Engine servers for the ``openai`` backend's end-to-end tests, and the SDK suite they
-all pass through the gateway.
+"""Engine servers for the ``openai`` backend's end-to-end tests.
 
 Each ``start_*`` context manager launches one OpenAI-compatible server from its own
 virtualenv (``make vllm`` / ``make llamacpp`` / ``make mlx``) on a free port, waits for
-it to answer, and kills its process group at the end. ``EngineSuite`` holds the checks
-that every engine must pass with ``llmso serve`` in front of it, driven by the official
-``openai`` SDK; a test module subclasses it and provides ``client`` and ``model``
-fixtures.
+it to answer, and kills its process group at the end. The SDK checks every engine passes
+through the gateway are ``tests.contract.sdk_suite.EngineSuite`` (re-exported here).
 """
 
 from __future__ import annotations
@@ -18,9 +15,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 
+from tests.contract.sdk_suite import EngineSuite
 from tests.tools.servers import (
     PYTHON,
     REPO,
@@ -30,6 +27,19 @@ from tests.tools.servers import (
     start_process,
     stop_process,
 )
+
+__all__ = [
+    "ENGINE_VENVS",
+    "EngineSuite",
+    "model_folder",
+    "packaged_gguf",
+    "proxy_config",
+    "require_engine",
+    "start_fake_upstream",
+    "start_llamacpp",
+    "start_mlx",
+    "start_vllm",
+]
 
 ENGINE_VENVS = {name: REPO / f".venv-{name}" for name in ("vllm", "llamacpp", "mlx")}
 
@@ -64,7 +74,7 @@ def packaged_gguf() -> str:
 @contextlib.contextmanager
 def start_fake_upstream(*flags: str) -> Iterator[RunningServer]:
     port = free_port()
-    argv = [PYTHON, "-m", "tests.tools.fake_upstream", "--port", str(port), *flags]
+    argv = [PYTHON, "-m", "bench.fake_upstream", "--port", str(port), *flags]
     server = start_process(argv, port=port, health_path="/health", timeout=30)
     try:
         yield server
@@ -152,88 +162,3 @@ def proxy_config(
         **extra,
     }
     return {"models": [dict(entry)]}
-
-
-class EngineSuite:
-    """SDK checks through the gateway; subclasses set ``model_name`` and ``max_tokens``,
-    implement ``rejected_call`` (a call the engine answers with a 4xx), and their module
-    provides a ``server`` fixture (the gateway in front of the engine)."""
-
-    model_name = ""
-    client_timeout = 120.0
-    max_tokens = 8
-    rejected_status = 400
-    rejected_snippet = "context"
-    """Lower-case text the upstream's own error message contains (proves it was relayed)."""
-
-    @pytest.fixture(scope="class")
-    def client(self, server: RunningServer) -> openai.OpenAI:
-        return openai.OpenAI(
-            base_url=server.url + "/v1",
-            api_key="unused",
-            max_retries=0,
-            timeout=self.client_timeout,
-        )
-
-    @pytest.fixture(scope="class")
-    def model(self) -> str:
-        return self.model_name
-
-    def rejected_call(self, client: openai.OpenAI, model: str) -> object:
-        raise NotImplementedError
-
-    def _chat(self, client: openai.OpenAI, model: str, **kw: Any) -> Any:
-        return client.chat.completions.create(
-            model=model,
-            messages=[{"role": "user", "content": "What is the capital of France?"}],
-            max_tokens=self.max_tokens,
-            temperature=0,
-            **kw,
-        )
-
-    def test_chat_non_stream(self, client: openai.OpenAI, model: str) -> None:
-        reply = self._chat(client, model)
-        assert reply.model == model
-        assert reply.choices[0].message.content
-        assert reply.choices[0].finish_reason in ("stop", "length")
-        assert reply.usage is not None
-        assert reply.usage.prompt_tokens > 0
-        assert 0 < reply.usage.completion_tokens <= self.max_tokens
-
-    def test_chat_stream_with_usage(self, client: openai.OpenAI, model: str) -> None:
-        chunks = list(
-            self._chat(client, model, stream=True, stream_options={"include_usage": True})
-        )
-        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        assert text
-        finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
-        assert finishes[-1] in ("stop", "length")
-        usage = chunks[-1].usage
-        assert usage is not None and 0 < usage.completion_tokens <= self.max_tokens
-        assert usage.prompt_tokens > 0
-
-    def test_completions(self, client: openai.OpenAI, model: str) -> None:
-        reply = client.completions.create(
-            model=model, prompt="The capital of France is", max_tokens=self.max_tokens,
-            temperature=0,
-        )  # fmt: skip
-        assert reply.choices[0].text
-        assert reply.usage is not None and 0 < reply.usage.completion_tokens <= self.max_tokens
-
-    def test_greedy_stream_equals_non_stream(self, client: openai.OpenAI, model: str) -> None:
-        whole = self._chat(client, model).choices[0].message.content
-        streamed = "".join(
-            c.choices[0].delta.content or "" for c in self._chat(client, model, stream=True)
-            if c.choices
-        )  # fmt: skip
-        assert streamed == whole
-
-    def test_upstream_rejection_is_mapped(self, client: openai.OpenAI, model: str) -> None:
-        with pytest.raises(openai.APIStatusError) as info:
-            self.rejected_call(client, model)
-        assert info.value.status_code == self.rejected_status, info.value.body
-        body = info.value.body
-        assert isinstance(body, dict), body
-        error = body.get("error", body)
-        assert isinstance(error, dict) and error.get("message"), body
-        assert self.rejected_snippet in str(error["message"]).lower(), error

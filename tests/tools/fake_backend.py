@@ -3,7 +3,8 @@
 ``FakeBackend(config, observer=None, on_crash=None)`` echoes the words of the prompt
 (or of the last chat message) back as tokens, one ``TextDelta`` per word, ``delay``
 seconds apart, for each of ``sampling.n`` choices; ``max_tokens`` cuts it short with
-finish reason ``length``. It reports every step, load change and abort to ``observer``.
+finish reason ``length``; a stop string cuts the text before it (finish reason ``stop``).
+It reports every step, load change and abort to ``observer``.
 
 Knobs, as keyword arguments or (so a worker process can be configured) environment
 variables read once in the constructor:
@@ -13,12 +14,14 @@ variables read once in the constructor:
 - ``load_error`` / ``LLMSO_FAKE_LOAD_ERROR``: ``start()`` raises ``RuntimeError`` with it;
 - ``stop_delay`` / ``LLMSO_FAKE_STOP_DELAY``: seconds ``stop()`` takes (default 0);
 - ``yield_each`` / ``LLMSO_FAKE_YIELD_EACH=1``: with no delay, still give the event loop
-  a turn after every token (so a relay sees one token at a time, like a real engine).
+  a turn after every token (so a relay sees one token at a time, like a real engine);
+- ``max_running`` / ``LLMSO_FAKE_MAX_RUNNING``: more requests at once are refused with
+  ``Overloaded`` before ``Started`` (default: no limit).
 
 Directives in the prompt make a request misbehave on purpose:
 
 - ``!error <ErrorClass> <param|-> <message...>``: raise that ``backends.base`` error
-  (``Overloaded``/``NotReady`` get ``retry_after=7.5``) before the first delta;
+  (``Overloaded``/``NotReady`` get ``retry_after=7.5``) at admission, before ``Started``;
 - ``!error-after <n> <ErrorClass> <param|-> <message...>``: the same after ``n`` deltas;
 - ``!bug``: raise a ``ZeroDivisionError`` (a programming error, not a ``BackendError``);
 - ``!crash``: call ``on_crash`` as if the engine thread died, then stall.
@@ -44,7 +47,7 @@ from backends.base import (
     TextDelta,
     Usage,
 )
-from backends.metrics import WorkerObserver
+from backends.hop_metrics import WorkerObserver
 
 
 def _env_float(name: str, default: float) -> float:
@@ -66,6 +69,7 @@ class FakeBackend:
         load_error: str | None = None,
         stop_delay: float | None = None,
         yield_each: bool | None = None,
+        max_running: int | None = None,
     ) -> None:
         self.config = config
         self.observer = observer
@@ -80,6 +84,11 @@ class FakeBackend:
         )
         self.yield_each = (
             os.environ.get("LLMSO_FAKE_YIELD_EACH") == "1" if yield_each is None else yield_each
+        )
+        self.max_running = (
+            int(_env_float("LLMSO_FAKE_MAX_RUNNING", 0)) or None
+            if max_running is None
+            else max_running
         )
         self.started = False
         self.running = 0
@@ -114,6 +123,11 @@ class FakeBackend:
             text = request.messages[-1].content
         words = text.split()
         fail_after = self._check_directives(words)
+        if fail_after is not None and fail_after[0] < 0:
+            raise fail_after[1]
+        if self.max_running is not None and self.running >= self.max_running:
+            raise base.Overloaded(f"fake backend runs {self.running} requests already")
+        pieces = _cut_at_stop(words, request.sampling.stop)
         queued = time.time()
         self.running += 1
         self._report_load()
@@ -122,17 +136,19 @@ class FakeBackend:
             yield Started(queued_at=queued, started_at=time.time())
             total = 0
             for index in range(request.sampling.n):
-                budget = min(len(words), request.sampling.max_tokens)
-                for position, word in enumerate(words[:budget]):
+                budget = min(len(pieces), request.sampling.max_tokens)
+                for piece in pieces[:budget]:
                     if fail_after is not None and total >= fail_after[0]:
                         raise fail_after[1]
                     if self.delay or self.yield_each:
                         await asyncio.sleep(self.delay)
+                    if not self.started:
+                        raise base.BackendCrashed("fake backend was stopped")
                     total += 1
                     if self.observer is not None:
                         self.observer.on_step(1, 1, self.delay)
-                    yield TextDelta(index=index, text=word if position == 0 else " " + word)
-                yield Finished(index=index, reason="length" if budget < len(words) else "stop")
+                    yield TextDelta(index=index, text=piece)
+                yield Finished(index=index, reason="length" if budget < len(pieces) else "stop")
             yield Usage(prompt_tokens=len(words), completion_tokens=total)
             completed = True
         finally:
@@ -148,6 +164,7 @@ class FakeBackend:
             self.observer.on_load(self.running, 0, self.running / 100)
 
     def _check_directives(self, words: list[str]) -> tuple[int, base.BackendError] | None:
+        """The error a directive asks for and after how many deltas (-1: at admission)."""
         if not words or not words[0].startswith("!"):
             return None
         head = words[0]
@@ -158,10 +175,28 @@ class FakeBackend:
                 self.on_crash("fake engine thread died")
             return (0, base.BackendCrashed("fake engine thread died"))
         if head == "!error":
-            return (0, _build_error(words[1:]))
+            return (-1, _build_error(words[1:]))
         if head == "!error-after":
             return (int(words[1]), _build_error(words[2:]))
         return None
+
+
+def _cut_at_stop(words: list[str], stops: tuple[str, ...]) -> list[str]:
+    """The text pieces (one per word, with its leading space) before the first stop."""
+    pieces = [word if i == 0 else " " + word for i, word in enumerate(words)]
+    text = "".join(pieces)
+    found = [text.index(stop) for stop in stops if stop in text]
+    if not found:
+        return pieces
+    end, kept, out = min(found), 0, []
+    for piece in pieces:
+        if kept + len(piece) > end:
+            if end > kept:
+                out.append(piece[: end - kept])
+            break
+        out.append(piece)
+        kept += len(piece)
+    return out
 
 
 def _build_error(words: list[str]) -> base.BackendError:

@@ -52,9 +52,7 @@ def test_overhead_suite_points_the_gateway_at_the_fake() -> None:
     spec = overhead_suite(ROOT)
     assert spec.baseline == "direct" and spec.streams == (True, False)
     assert spec.concurrency == (1, 16, 64)
-    assert (
-        spec.services[0].name == "fake" and "tests.tools.fake_upstream" in spec.services[0].command
-    )
+    assert spec.services[0].name == "fake" and "bench.fake_upstream" in spec.services[0].command
     model = _configs(spec)["gateway"].models[0]
     assert isinstance(model, OpenAIModelConfig)
     assert model.base_url == "http://127.0.0.1:18001/v1" and model.name == spec.model

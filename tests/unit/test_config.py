@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
 from config.loader import DEFAULT_CONFIG, ConfigError, load_config
 from config.schema import HFModelConfig
-from tests.tools.servers import VENV_BIN
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -72,16 +71,29 @@ def test_env_expansion(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert load_config(path).server.port == 8123
 
 
-def test_cli_exits_2_on_bad_config(tmp_path: Path) -> None:
-    path = tmp_path / "bad.yaml"
-    path.write_text("models: []\n")
-    result = subprocess.run(
-        [str(VENV_BIN / "llmso"), "serve", "--config", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 2
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and str(path) in lines[0] and "models" in lines[0]
+def _config_models() -> list[type[BaseModel]]:
+    from config import schema
+
+    return [
+        value
+        for value in vars(schema).values()
+        if isinstance(value, type) and issubclass(value, BaseModel) and value is not BaseModel
+    ]
+
+
+@pytest.mark.parametrize("model", _config_models(), ids=lambda m: m.__name__)
+def test_every_config_field_is_described(model: type[BaseModel]) -> None:
+    missing = [name for name, field in model.model_fields.items() if not field.description]
+    assert not missing, f"{model.__name__}: {missing} have no description"
+
+
+def test_shared_fields_are_declared_once() -> None:
+    from config import schema
+
+    for name in ("preload", "connect_timeout", "first_token_timeout", "total_timeout"):
+        owners = [
+            m.__name__ for m in _config_models() if name in vars(m).get("__annotations__", {})
+        ]
+        assert len(owners) == 1, (name, owners)
+    assert issubclass(schema.OpenAIModelConfig, schema.RemoteTimeouts)
+    assert issubclass(schema.TritonModelConfig, schema.RemoteTimeouts)

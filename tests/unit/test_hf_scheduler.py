@@ -15,7 +15,7 @@ import torch
 from backends.base import GenerationRequest, RequestKind, SamplingParams, TextDelta
 from backends.hf.detokenizer import TokenTable
 from backends.hf.llama_runner import PrefillChunk
-from backends.hf.outputs import Outbox
+from backends.hf.outputs import StepOutputs
 from backends.hf.scheduler import ContinuousScheduler
 from backends.hf.sequence import RequestState, make_choices
 
@@ -102,7 +102,7 @@ def _scheduler(max_seqs: int, budget: int) -> ContinuousScheduler:
     )
 
 
-def _texts(out: Outbox, states: list[RequestState]) -> list[list[str]]:
+def _texts(out: StepOutputs, states: list[RequestState]) -> list[list[str]]:
     by_sink: dict[int, dict[int, str]] = {id(s.sink): {} for s in states}
     for sink, item in out:
         if isinstance(item, TextDelta):
@@ -111,8 +111,8 @@ def _texts(out: Outbox, states: list[RequestState]) -> list[list[str]]:
     return [[by_sink[id(s.sink)].get(i, "") for i in range(s.n)] for s in states]
 
 
-def _run(sched: ContinuousScheduler, arrivals: dict[int, list[RequestState]]) -> Outbox:
-    out: Outbox = []
+def _run(sched: ContinuousScheduler, arrivals: dict[int, list[RequestState]]) -> StepOutputs:
+    out: StepOutputs = []
     step = 0
     while sched.has_work() or any(k >= step for k in arrivals):
         for state in arrivals.get(step, []):
@@ -157,7 +157,7 @@ def test_aborts_free_slots_and_leave_others_intact() -> None:
         alone.append(_texts(_run(_scheduler(8, 64), {0: [state]}), [state])[0])
     states = [_state(p, 12) for p in prompts]
     sched = _scheduler(8, 64)
-    out: Outbox = []
+    out: StepOutputs = []
     for state in states:
         sched.add(state, out)
     for _ in range(4):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from backends.hf.outputs import Outbox
+from backends.hf.outputs import StepOutputs
 from backends.hf.sequence import RequestState
 from backends.hf.waiting import AGING, WaitingQueue, shed_limit
 from tests.unit.test_hf_scheduler import _scheduler, _state
@@ -52,7 +52,7 @@ def test_low_priority_is_shed_first() -> None:
 
 def test_continuous_scheduler_admits_high_first() -> None:
     sched = _scheduler(1, 64)
-    out: Outbox = []
+    out: StepOutputs = []
     low, high = state(1, 0.0, [5, 6]), state(-1, 1.0, [7, 8])
     sched.add(low, out)
     sched.add(high, out)
@@ -63,7 +63,7 @@ def test_continuous_scheduler_admits_high_first() -> None:
 
 def test_a_slot_is_held_back_for_high_priority_while_it_is_about() -> None:
     sched = _scheduler(2, 64)
-    out: Outbox = []
+    out: StepOutputs = []
     first, second = state(1, 0.0, [5, 6]), state(1, 0.1, [7, 8])
     sched.add(first, out)
     sched.add(second, out)

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from backends import base
+from backends import base, errors
 from backends.base import SamplingParams, TextDelta, Usage
 from backends.process import protocol as p
 
@@ -72,6 +72,44 @@ def test_errors_keep_class_and_fields(error: base.BackendError) -> None:
     assert getattr(back, "retry_after", None) == getattr(error, "retry_after", None)
 
 
+def _instances(cls: type[base.BackendError]) -> list[base.BackendError]:
+    """``cls`` with its defaults, and with every field set to something unusual."""
+    if cls is errors.UpstreamRejected:
+        return [
+            errors.UpstreamRejected("nope", status=422),
+            errors.UpstreamRejected("no", status=409, param="n", code="c", retry_after=4.0),
+        ]
+    odd = cls("odd", param="top_k", code="odd_code", retry_after=2.5, status=418)
+    return [cls("plain"), odd]
+
+
+@pytest.mark.parametrize("cls", errors.BACKEND_ERRORS, ids=lambda c: c.__name__)
+def test_every_backend_error_round_trips(cls: type[base.BackendError]) -> None:
+    for error in _instances(cls):
+        back = p.decode_error(p.encode_error(error))
+        assert type(back) is cls
+        assert (str(back), back.message) == (str(error), error.message)
+        assert back.fields() == error.fields() and back.error_type == error.error_type
+
+
+def test_every_backend_error_class_is_listed_for_the_wire() -> None:
+    defined = {
+        value
+        for value in vars(errors).values()
+        if isinstance(value, type) and issubclass(value, base.BackendError)
+    }
+    assert defined == set(errors.BACKEND_ERRORS)
+
+
+def test_an_unlisted_subclass_travels_as_its_listed_base() -> None:
+    class Mine(base.Overloaded):
+        code = "mine"
+
+    back = p.decode_error(p.encode_error(Mine("busy", retry_after=3.0)))
+    assert type(back) is base.Overloaded
+    assert (back.code, back.retry_after, back.status) == ("mine", 3.0, 429)
+
+
 def test_non_backend_errors_become_backend_errors() -> None:
     back = p.decode_error(p.encode_error(ZeroDivisionError("division by zero")))
     assert type(back) is base.BackendError
@@ -79,15 +117,10 @@ def test_non_backend_errors_become_backend_errors() -> None:
     assert back.message == "worker error: ZeroDivisionError: division by zero"
 
 
-def test_unknown_or_foreign_classes_fall_back_to_backend_error() -> None:
+def test_unknown_names_fall_back_to_backend_error() -> None:
     fields = {"message": "m", "param": "x", "status": 418, "code": "teapot", "retry_after": None}
-    for module, qualname in [
-        ("os", "PathLike"),
-        ("backends.base", "NoSuchError"),
-        ("backends.base", "ModelInfo"),
-        ("backends.nowhere", "Error"),
-    ]:
-        back = p.decode_error(p.ErrorPayload(module=module, qualname=qualname, **fields))  # type: ignore[arg-type]
+    for name in ["PathLike", "NoSuchError", "ModelInfo", "ApiError"]:
+        back = p.decode_error(p.ErrorPayload(name=name, **fields))  # type: ignore[arg-type]
         assert type(back) is base.BackendError
         assert (back.message, back.param, back.status, back.code) == ("m", "x", 418, "teapot")
 

@@ -463,7 +463,7 @@ async def test_errors_are_backend_errors() -> None:
     for error, status, code in [
         (ModelNotFound("x"), 404, "model_not_found"),
         (ModelUnavailable("x", retry_after=3), 503, "model_not_ready"),
-        (ModelOverloaded("x", retry_after=3), 429, "model_overloaded"),
+        (ModelOverloaded("x", retry_after=3, code="model_overloaded"), 429, "model_overloaded"),
     ]:
         assert isinstance(error, BackendError)
         assert (error.status, error.code) == (status, code)

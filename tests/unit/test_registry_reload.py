@@ -3,20 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 from collections.abc import AsyncIterator
-from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 from prometheus_client import CollectorRegistry
 
-from config.loader import load_config
 from gateway.registry import (
     Backoff,
-    ConfigWatcher,
     ModelNotFound,
     ModelRegistry,
     ModelState,
@@ -121,39 +114,3 @@ async def test_back_to_back_reloads_leave_one_backend(
     async with registry.lease("swap") as lease:
         assert lease.backend is live[0]
         assert lease.config.base_url.endswith(":13/v1")  # type: ignore[union-attr]
-
-
-def _write(path: Path, models: list[dict[str, Any]]) -> None:
-    path.write_text(yaml.safe_dump({"models": models}))
-
-
-async def test_watcher_reloads_on_change_rejects_bad_config_and_sighup(tmp_path: Path) -> None:
-    path = tmp_path / "llmso.yaml"
-    _write(path, [fake_model("a")])
-    factory = FakeFactory()
-    registry = ModelRegistry(load_config(path), RegistryMetrics(CollectorRegistry()), factory)
-    await registry.start()
-    watcher = ConfigWatcher(registry, path, interval=0.02)
-    watcher.start()
-    try:
-        _write(path, [fake_model("a"), fake_model("b")])
-        await wait_until(lambda: "b" in {s.name for s in registry.list_models()})
-        path.write_text("models: [{name: c, backend: nosuch}]\n")
-        await wait_until(lambda: watcher.rejected == 1)
-        assert [s.name for s in registry.list_models()] == ["a", "b"]  # old config serves
-        assert registry.route("b").candidates == ("b",)
-    finally:
-        await watcher.stop()
-    # SIGHUP alone (no polling to race with): the loop runs in pytest's main thread.
-    watcher = ConfigWatcher(registry, path, interval=3600)
-    watcher.start()
-    try:
-        assert watcher.signal_installed
-        _write(path, [fake_model("c")])
-        os.kill(os.getpid(), signal.SIGHUP)
-        await wait_until(lambda: watcher.reloads == 1)
-        assert [s.name for s in registry.list_models()] == ["c"]
-    finally:
-        await watcher.stop()
-        await registry.stop()
-    assert not watcher.signal_installed

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from backends.hf.memory import weights_bytes
 from config.schema import HFModelConfig
 from gateway.registry import ModelNotFound, ModelState
 from gateway.registry.diff import diff_configs
 from gateway.registry.eviction import Resident, busy_victim, idle_victim
-from gateway.registry.memory import estimate_memory_bytes, weights_bytes
+from gateway.registry.memory import estimate_memory_bytes
 from gateway.registry.routing import build_index, route
 from tests.tools.registry_fakes import app_config, fake_model
 

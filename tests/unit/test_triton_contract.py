@@ -25,7 +25,7 @@ from backends.base import (
     UpstreamUnavailable,
     Usage,
 )
-from backends.metrics import BackendMetrics
+from backends.hop_metrics import BackendMetrics
 from backends.triton import contract
 from backends.triton.backend import TritonBackend, _map_stream_error
 from config.schema import TritonModelConfig

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from backends.metrics import LATENCY_BUCKETS
+from backends.hop_metrics import LATENCY_BUCKETS
 
 if TYPE_CHECKING:
-    from gateway.tracking import RequestRecord
+    from gateway.request_record import RequestRecord
 
 TOKEN_BUCKETS = (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 

@@ -2,7 +2,7 @@
 
 Run it standalone (the overhead benchmark does)::
 
-    python -m tests.tools.fake_upstream --port P [--host 127.0.0.1] [--chunks 16]
+    python -m bench.fake_upstream --port P [--host 127.0.0.1] [--chunks 16]
         [--delay-ms D] [--ttft-ms T] [--model fake-model] [--no-usage] [--mlx-usage]
 
 Flags:
@@ -15,9 +15,11 @@ Flags:
   --model NAME    the served model id; other ids get 404 like vLLM (default fake-model).
   --no-usage      ignore stream_options.include_usage, like llama.cpp.
   --mlx-usage     label the usage chunk ``object: chat.completion``, like mlx-lm.
+  --tag T         ignored; lets a test find the processes it started.
 
 Endpoints: POST /v1/chat/completions and /v1/completions (streaming with SSE or not;
-``n``, ``logprobs``/``top_logprobs`` and ``stream_options.include_usage`` honoured),
+``n``, ``stop``, ``logprobs``/``top_logprobs`` and ``stream_options.include_usage``
+honoured),
 GET /v1/models (with ``max_model_len``), GET /health, GET /metrics (running/aborted
 counters as text), POST /v1/traces (an OTLP/HTTP sink that drops what it gets).
 Output is deterministic: choice text is a fixed word cycle, so a
@@ -35,7 +37,8 @@ consumed one per request with ``fake.faults.append(...)``:
 - ``"empty"``: answer 200 with an empty stream (llama.cpp's way of rejecting);
 - ``"reset"``: answer 200 headers, then drop the connection (its other way);
 
-and read its counters (``running``, ``aborted``, ``completed``, ``bodies``, ``headers``).
+and read its counters (``running``, ``peak``, ``aborted``, ``completed``, ``bodies``,
+``headers``).
 """
 
 from __future__ import annotations
@@ -84,6 +87,8 @@ class FakeUpstream:
         self.faults: deque[int | str] = deque()
         self.healthy = True
         self.running = 0
+        self.peak = 0
+        """Most streams served at once (a load generator's concurrency, as the server saw it)."""
         self.aborted = 0
         self.completed = 0
         self.bodies: list[dict[str, Any]] = []
@@ -184,6 +189,7 @@ class FakeUpstream:
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         self.running += 1
+        self.peak = max(self.peak, self.running)
         try:
             await response.prepare(request)
             if fault == "empty":  # how llama.cpp answers a streaming request it rejects
@@ -263,6 +269,7 @@ class _Plan:
     def of(body: dict[str, Any], options: FakeOptions, *, chat: bool) -> _Plan:
         max_tokens = body.get("max_tokens")
         tokens = options.chunks if max_tokens is None else min(options.chunks, max_tokens)
+        stopped = _words_before_stop(tokens, body.get("stop"))
         if chat:
             logprobs = int(body.get("top_logprobs") or 0) if body.get("logprobs") else None
         else:
@@ -273,8 +280,8 @@ class _Plan:
             chat=chat,
             model=body["model"],
             n=int(body.get("n") or 1),
-            tokens=tokens,
-            finish="length" if tokens < options.chunks else "stop",
+            tokens=tokens if stopped is None else stopped,
+            finish="length" if tokens < options.chunks and stopped is None else "stop",
             prompt_tokens=len(_prompt_text(body, chat=chat).split()) + 1,
             logprobs=logprobs,
             include_usage=bool(stream_options.get("include_usage")) and options.usage,
@@ -356,6 +363,20 @@ class _Plan:
         return {**self._base(obj), "choices": choices, "usage": self.usage()}
 
 
+def _words_before_stop(tokens: int, stop: Any) -> int | None:
+    """How many whole words come before the first stop string, or None if none occurs
+    (the fake stops at word boundaries, which is where the contract suite's stops fall)."""
+    stops = [stop] if isinstance(stop, str) else [s for s in stop or () if s]
+    text, ends = "", []
+    for t in range(tokens):
+        text += WORDS[t % len(WORDS)]
+        ends.append(len(text))
+    found = [text.index(s) for s in stops if s in text]
+    if not found:
+        return None
+    return sum(end <= min(found) for end in ends)
+
+
 async def _until_closed(request: web.Request) -> None:
     """Wait until the client drops the connection (aiohttp does not cancel handlers)."""
     transport = request.transport
@@ -409,6 +430,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="fake-model")
     parser.add_argument("--no-usage", action="store_true")
     parser.add_argument("--mlx-usage", action="store_true")
+    parser.add_argument("--tag", default="", help="Ignored; lets a test find its processes.")
     args = parser.parse_args(argv)
     options = FakeOptions(
         chunks=args.chunks,

@@ -10,7 +10,7 @@ import contextlib
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gateway.registry.state import ModelState
+from gateway.registry.values import ModelState
 
 # Loads range from a proxy health check (milliseconds) to large weights (minutes).
 LOAD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)

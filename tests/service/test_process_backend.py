@@ -33,9 +33,9 @@ from backends.base import (
     TextDelta,
     Usage,
 )
-from backends.metrics import BackendMetrics
+from backends.errors import WorkerStartError
+from backends.hop_metrics import BackendMetrics
 from backends.process.backend import ProcessBackend
-from backends.process.connection import WorkerStartError
 from config.schema import HFModelConfig
 from tests.tools.fake_backend import FakeBackend
 
@@ -373,7 +373,7 @@ _ORPHAN_PARENT = textwrap.dedent(
     """
     import asyncio, sys
     from prometheus_client import CollectorRegistry
-    from backends.metrics import BackendMetrics
+    from backends.hop_metrics import BackendMetrics
     from backends.process.backend import ProcessBackend
     from config.schema import HFModelConfig
 

@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
-from backends.metrics import BackendMetrics
+from backends.hop_metrics import BackendMetrics
 from config.schema import AppConfig
 from gateway.console import Console
 from gateway.frontdoor.door import FrontDoor
-from gateway.metrics import GatewayMetrics
 from gateway.openai_responses.endpoint import ResponsesEndpoint
 from gateway.registry import ModelRegistry
+from gateway.request_metrics import GatewayMetrics
 from gateway.service import CompletionService
 
 if TYPE_CHECKING:

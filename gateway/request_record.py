@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from backends.base import BackendEvent, Finished, Started, TextDelta, ToolCallDelta, Usage
-from gateway.metrics import GatewayMetrics, ModelSeries
+from gateway.request_metrics import GatewayMetrics, ModelSeries
 
 if TYPE_CHECKING:
     from gateway.tracing import RequestTrace

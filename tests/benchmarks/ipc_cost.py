@@ -1,29 +1,33 @@
-"""The per-token cost of relaying through the worker process, measured and bounded.
+"""Benchmark: the per-token cost of relaying through the worker process.
 
-Budget: 0.2 ms per token. Two cases, each against the same FakeBackend run in-process:
+Budget: 0.2 ms per token (docs/process_isolation.md). Two cases, each against the same
+FakeBackend run in-process:
 - burst: tokens produced back to back (the worker batches them into few frames);
 - per-frame: the engine gives the loop a turn after each token, so every token travels
   in its own frame and wakes the parent's reader once (the worst case of a real engine
   that emits one token per step).
-Run with ``-s`` to see the numbers.
+
+A measurement, not a test (timings on a shared machine are not pass/fail):
+``python -m tests.benchmarks.ipc_cost`` prints both cases and whether each is inside
+the budget, as JSON on the last line.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 
 from prometheus_client import CollectorRegistry
 
 from backends.base import BackendEvent, GenerationRequest, RequestKind, SamplingParams, TextDelta
-from backends.metrics import BackendMetrics
+from backends.hop_metrics import BackendMetrics
 from backends.process.backend import ProcessBackend
 from config.schema import HFModelConfig
 from tests.tools.fake_backend import FakeBackend
 
 BUDGET_S = 0.2e-3
-# Assert with a 2x margin: the budget must hold on a loaded machine, not just on average.
-LIMIT_S = BUDGET_S / 2
 
 
 def _config() -> HFModelConfig:
@@ -85,9 +89,19 @@ async def _per_token_overhead(yield_each: bool, tokens: int, rounds: int = 3) ->
     return overhead
 
 
-async def test_burst_relay_costs_well_under_the_budget() -> None:
-    assert await _per_token_overhead(yield_each=False, tokens=20_000) < LIMIT_S
+async def measure() -> dict[str, float]:
+    """Overhead per token (seconds) of both cases."""
+    return {
+        "burst": await _per_token_overhead(yield_each=False, tokens=20_000),
+        "per_frame": await _per_token_overhead(yield_each=True, tokens=3_000),
+    }
 
 
-async def test_one_frame_per_token_costs_under_the_budget() -> None:
-    assert await _per_token_overhead(yield_each=True, tokens=3_000) < LIMIT_S
+def main() -> None:
+    results = asyncio.run(measure())
+    verdict = {case: seconds <= BUDGET_S for case, seconds in results.items()}
+    print(json.dumps({"overhead_s_per_token": results, "within_budget": verdict}))
+
+
+if __name__ == "__main__":
+    main()
