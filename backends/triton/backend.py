@@ -30,9 +30,11 @@ from tritonclient.grpc import aio as triton_aio
 from tritonclient.utils import InferenceServerException
 
 from backends.base import (
+    TEXT_GENERATION,
     BackendCrashed,
     BackendError,
     BackendEvent,
+    Feature,
     Finished,
     GenerationRequest,
     InvalidRequest,
@@ -40,13 +42,19 @@ from backends.base import (
     NotReady,
     Overloaded,
     Started,
-    TextDelta,
     UpstreamBadResponse,
     UpstreamTimeout,
     UpstreamUnavailable,
     Usage,
 )
 from backends.metrics import BackendMetrics
+from backends.tool_markup import (
+    ToolCallParser,
+    closing_events,
+    content_events,
+    structured_outputs,
+    tools_active,
+)
 from backends.triton import contract
 from backends.triton.prompt import Prompter
 from config.schema import TritonModelConfig
@@ -109,7 +117,10 @@ class TritonBackend:
         return True
 
     def info(self) -> ModelInfo:
+        # Constraints travel as vLLM's structured_outputs (Triton's vLLM backend and the
+        # CPU demo model in deploy/triton both honour them); tool calls as Hermes markup.
         return ModelInfo(
+            features=TEXT_GENERATION | {Feature.TOOLS, Feature.JSON_OBJECT, Feature.JSON_SCHEMA},
             max_context=self._config.max_context,
             memory_bytes=self._config.memory_bytes,
             owned_by="triton",
@@ -160,16 +171,15 @@ class TritonBackend:
     async def _generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
         if self._client is None or self._stopped:
             raise BackendCrashed("the Triton backend is stopped")
-        if request.sampling.n != 1:
-            raise InvalidRequest("the triton backend returns one choice (n=1)", param="n")
-        if request.sampling.logprobs is not None:
-            raise InvalidRequest("the triton backend does not return logprobs", param="logprobs")
+        _refuse_unsupported(request)
         text = await asyncio.to_thread(self._prompter.render, request)
         model_contract = self._contract or await self._check_contract()
         payload = {
             "model_name": self._config.triton_model,
             "model_version": self._config.model_version,
-            "inputs": contract.build_inputs(text, request.sampling, model_contract),
+            "inputs": contract.build_inputs(
+                text, request.sampling, model_contract, structured_outputs(request)
+            ),
             "request_id": request.request_id,
         }
         sent_wall = time.time()
@@ -180,6 +190,7 @@ class TritonBackend:
         self._streams.add(call)
         status = "error"
         pieces: list[str] = []
+        parser = ToolCallParser(0) if tools_active(request) else None
         reported_out = 0
         last = contract.Chunk(text="", final=False)
         try:
@@ -189,7 +200,9 @@ class TritonBackend:
                     reported_out += chunk.num_output_tokens or 0
                     if chunk.text:
                         pieces.append(chunk.text)
-                        yield TextDelta(0, chunk.text, num_tokens=chunk.num_output_tokens or 1)
+                        tokens = chunk.num_output_tokens or 1
+                        for event in content_events(parser, chunk.text, tokens):
+                            yield event
             status = "ok"
         except UpstreamTimeout:
             status = "timeout"
@@ -213,6 +226,9 @@ class TritonBackend:
         reason = contract.finish_reason(
             last.finish_reason, completion_tokens, request.sampling.max_tokens
         )
+        tail, reason = closing_events(parser, reason)
+        for event in tail:
+            yield event
         yield Finished(0, reason)
         yield Usage(prompt_tokens, completion_tokens, upstream_seconds=upstream_seconds)
 
@@ -318,3 +334,10 @@ def _map_stream_error(message: str, model: str) -> BackendError:
     if "unavailable" in lowered:
         return UpstreamUnavailable(f"Triton model {model!r}: {message}", retry_after=RETRY_AFTER)
     return UpstreamBadResponse(f"Triton model {model!r} failed: {message}")
+
+
+def _refuse_unsupported(request: GenerationRequest) -> None:
+    if request.sampling.n != 1:
+        raise InvalidRequest("the triton backend returns one choice (n=1)", param="n")
+    if request.sampling.logprobs is not None:
+        raise InvalidRequest("the triton backend does not return logprobs", param="logprobs")
