@@ -70,6 +70,8 @@ async def _level(backend: HFBackend, concurrency: int, tokens: int, constrained:
     counts = await asyncio.gather(
         *(_one(backend, _request(i, tokens, constrained)) for i in range(concurrency))
     )
+    if any(count != tokens for count in counts):  # like for like, or the rate means nothing
+        raise RuntimeError(f"expected {tokens} tokens per request, got {counts}")
     return sum(counts) / (time.perf_counter() - began)
 
 
