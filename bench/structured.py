@@ -6,7 +6,8 @@ each concurrency with and without ``json_schema``, and grammar compile times.
 
 Both kinds of request produce exactly ``--tokens`` tokens (free ones ignore EOS; the
 schema asks for a long integer array, so ``max_tokens`` ends it), so tokens/s compare
-like for like. Modes alternate within each round so slow drift of the machine hits both.
+like for like. Modes alternate within each round, and which goes first flips every round,
+so slow drift of the machine hits both alike.
 Compile times: 50 distinct generated schemas through the engine's ``GrammarBook``.
 """
 
@@ -109,9 +110,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     rates: dict[str, list[float]] = {}
     try:
         await _level(backend, 1, 8, True)  # warm-up: first forward, first compile
-        for _ in range(args.rounds):
+        for round_index in range(args.rounds):
+            # Which mode goes first flips every round: drift must not favour one.
+            order = (False, True) if round_index % 2 == 0 else (True, False)
             for concurrency in args.concurrency:
-                for constrained in (False, True):
+                for constrained in order:
                     key = f"c={concurrency} {'json_schema' if constrained else 'free'}"
                     rate = await _level(backend, concurrency, args.tokens, constrained)
                     rates.setdefault(key, []).append(rate)
