@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
+import httpx
 import openai
 import pytest
 
+from tests.tools.schemas import validate
 from tests.tools.servers import RunningServer, gateway
 from tests.tools.tool_cases import WEATHER, City, parse_city, round_trip, stream_forced_call
 
@@ -132,3 +134,34 @@ async def test_agents_sdk_invokes_the_function_tool(server: RunningServer) -> No
     result = await Runner.run(agent, "What is the weather in Oslo?", max_turns=2)
     assert len(seen) == 1 and isinstance(seen[0], str)
     assert result.final_output == "sunny"
+
+
+def test_raw_tool_call_chunks_match_openai(server: RunningServer) -> None:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "What is the weather in Oslo?"}],
+        "tools": [WEATHER],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "max_tokens": TOKENS,
+        "temperature": 0,
+        "stream": True,
+    }
+    response = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120)
+    chunks = [
+        json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")
+    ]
+    calls = []
+    for chunk in chunks:
+        validate("CreateChatCompletionStreamResponse", chunk)
+        for choice in chunk["choices"]:
+            assert "<tool_call>" not in (choice["delta"].get("content") or "")
+            calls += choice["delta"].get("tool_calls") or []
+    first, *rest = calls
+    assert set(first) == {"index", "id", "type", "function"} and first["id"].startswith("call_")
+    assert first["function"]["name"] == "get_weather"
+    assert all(
+        set(c) == {"index", "function"} and set(c["function"]) == {"arguments"} for c in rest
+    )
+    arguments = first["function"]["arguments"] + "".join(c["function"]["arguments"] for c in rest)
+    assert isinstance(json.loads(arguments)["city"], str)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
