@@ -175,9 +175,11 @@ async def test_constrained_batched_with_free_matches_alone(backend: HFBackend) -
     constrained = [
         with_schema(chat("Describe a person.", 16), PERSON),
         with_tools(chat("Weather in Oslo?", 16), ToolChoice("required")),
+        with_tools(chat("Weather in Oslo?", 16), ToolChoice("auto")),
     ]
     free = [chat("Tell me a story.", 16), chat("What is 2+2?", 16)]
     alone = [await run(backend, request) for request in constrained]
     together = await asyncio.gather(*(run(backend, r) for r in [*constrained, *free]))
     for single, batched in zip(alone, together, strict=False):
         assert batched.text() == single.text() and batched.calls() == single.calls()
+    assert "<tool_call" not in alone[2].text()  # auto: markup never reaches the content
