@@ -13,10 +13,18 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from backends.base import ChatMessage, GenerationRequest, ToolCall, ToolCallDelta, ToolSpec
+from backends.base import (
+    ChatMessage,
+    FinishReason,
+    GenerationRequest,
+    TextDelta,
+    ToolCall,
+    ToolCallDelta,
+    ToolSpec,
+)
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
@@ -77,6 +85,65 @@ def chat_messages(request: GenerationRequest, template_takes_tools: bool) -> lis
         else:
             messages.insert(0, {"role": "system", "content": prompt})
     return messages
+
+
+def template_takes_tools(tokenizer: Any) -> bool:
+    """Whether the chat template renders a ``tools`` list itself (Hermes, Qwen, Llama 3)."""
+    template = getattr(tokenizer, "chat_template", None)
+    return isinstance(template, str) and "tools" in template
+
+
+def render_chat(tokenizer: Any, request: GenerationRequest) -> str:
+    """The prompt text of a chat request, tools and past calls included."""
+    takes_tools = template_takes_tools(tokenizer)
+    extra: dict[str, Any] = {}
+    if takes_tools and tools_active(request):
+        extra["tools"] = tools_json(request)
+    text = tokenizer.apply_chat_template(
+        chat_messages(request, takes_tools), tokenize=False, add_generation_prompt=True, **extra
+    )
+    return str(text)
+
+
+def structured_outputs(request: GenerationRequest) -> dict[str, Any] | None:
+    """The request's constraint as vLLM's ``structured_outputs`` parameters (what Triton's
+    vLLM backend takes in ``sampling_parameters``), or ``None`` for free text. Tool calls
+    use an xgrammar structural tag with the Hermes markup above."""
+    if tools_active(request):
+        return {"structural_tag": json.dumps(_tool_tag(request))}
+    fmt = request.response_format
+    if fmt.type == "json_object":
+        return {"json_object": True}
+    if fmt.type == "json_schema":
+        return {"json": json.loads(fmt.schema or "{}")}
+    return None
+
+
+def _tool_tag(request: GenerationRequest) -> dict[str, Any]:
+    choice = request.effective_tool_choice
+    single = request.parallel_tool_calls is not True or choice.mode == "named"
+    tags = [
+        {
+            "type": "tag",
+            "begin": f'{OPEN}\n{{"name": {json.dumps(tool.name)}, "arguments": ',
+            "content": {"type": "json_schema", "json_schema": json.loads(tool.parameters)},
+            "end": f"}}\n{CLOSE}",
+        }
+        for tool in request.tools
+        if choice.mode != "named" or tool.name == choice.name
+    ]
+    body: dict[str, Any] = (
+        {"type": "triggered_tags", "triggers": [OPEN], "tags": tags, "stop_after_first": single}
+        if choice.mode == "auto"
+        else {
+            "type": "tags_with_separator",
+            "tags": tags,
+            "separator": "\n",
+            "at_least_one": True,
+            "stop_after_first": single,
+        }
+    )
+    return {"type": "structural_tag", "format": body}
 
 
 def _message(message: ChatMessage, template_takes_tools: bool) -> dict[str, Any]:
@@ -242,6 +309,40 @@ class ToolCallParser:
     def _emit_arguments(self, fragment: str) -> None:
         if fragment:
             self._out.append(ToolCallDelta(self.index, self.calls, arguments_fragment=fragment))
+
+
+def as_events(
+    pieces: list[str | ToolCallDelta], index: int, num_tokens: int
+) -> list[TextDelta | ToolCallDelta]:
+    """A parser's output as events; the tokens behind them ride on the first."""
+    events: list[TextDelta | ToolCallDelta] = []
+    for piece in pieces:
+        tokens = 0 if events else num_tokens
+        if isinstance(piece, str):
+            events.append(TextDelta(index, piece, num_tokens=tokens))
+        else:
+            events.append(replace(piece, num_tokens=tokens))
+    return events
+
+
+def content_events(
+    parser: ToolCallParser | None, text: str, num_tokens: int
+) -> list[TextDelta | ToolCallDelta]:
+    """Events for a piece of streamed choice-0 text: as is without a parser."""
+    if parser is None:
+        return [TextDelta(0, text, num_tokens=num_tokens)]
+    return as_events(parser.feed(text), parser.index, num_tokens)
+
+
+def closing_events(
+    parser: ToolCallParser | None, reason: FinishReason
+) -> tuple[list[TextDelta | ToolCallDelta], FinishReason]:
+    """What the parser still holds at the end, and the finish reason (``tool_calls``
+    when the choice made calls and ended on its own)."""
+    if parser is None:
+        return [], reason
+    events = as_events(parser.flush(cut=reason == "length"), parser.index, 0)
+    return events, "tool_calls" if parser.calls and reason == "stop" else reason
 
 
 def _partial_suffix(text: str, marker: str) -> int:

@@ -3,7 +3,7 @@
 # Python-backend models run in. The stub embeds libpython and is built against numpy 1.x,
 # so the model environment pins numpy<2 and lives apart from .venv.
 #   .engines/triton/wheel/pytriton/tritonserver   bin/, backends/python/ (+ stub), caches/
-#   .venv-triton-model                            torch CPU, transformers, numpy<2
+#   .venv-triton-model                            torch CPU, transformers, numpy<2, xgrammar
 # deploy/triton/run.sh starts the server with the right LD_LIBRARY_PATH and PYTHONPATH.
 
 TRITON_DIR := .engines/triton
@@ -31,5 +31,7 @@ $(TRITON_DIR)/.stamp: mk/triton.mk | $(VENV)/.stamp
 $(TRITON_VENV)/.stamp: mk/triton.mk
 	@test -x $(TRITON_VENV)/bin/python || $(PYTHON) -m venv $(TRITON_VENV)
 	$(TRITON_VENV)/bin/python -m pip install $(PIP_FLAGS) -q \
-	  'torch==2.13.0+cpu' 'transformers==5.19.0' 'numpy<2'
+	  'torch==2.13.0+cpu' 'transformers==5.19.0' 'numpy<2' 'apache-tvm-ffi==0.1.15.post2'
+	@# xgrammar without its `triton` (GPU compiler) dependency; see requirements-nodeps.txt.
+	$(TRITON_VENV)/bin/python -m pip install $(PIP_FLAGS) -q --no-deps 'xgrammar==0.2.9'
 	@touch $@

@@ -187,6 +187,11 @@ class HFBackend:
             )
         self._loaded = None
 
+    @property
+    def grammars(self) -> GrammarBook | None:
+        """The compiled-grammar cache (None before ``start``); for tools and benchmarks."""
+        return self._grammars
+
     async def ready(self) -> bool:
         return self._engine is not None and self._failed is None and self._engine.thread.is_alive()
 

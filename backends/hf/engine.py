@@ -37,7 +37,7 @@ from backends.hf.detokenizer import TokenTable
 from backends.hf.outputs import StepOutputs
 from backends.hf.sequence import RequestState, make_choices
 from backends.hop_metrics import WorkerObserver
-from backends.tool_markup import chat_messages, tools_active, tools_json
+from backends.tool_markup import render_chat
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +57,6 @@ class EngineLimits:
     max_num_batched_tokens: int
     max_batch_size: int
     batch_window_s: float
-
-
-def template_takes_tools(tokenizer: Any) -> bool:
-    """Whether the chat template renders a ``tools`` list itself (Hermes, Qwen, Llama 3)."""
-    template = getattr(tokenizer, "chat_template", None)
-    return isinstance(template, str) and "tools" in template
 
 
 class _Stop:
@@ -212,14 +206,7 @@ class Engine:
 
     def _tokenize(self, request: GenerationRequest) -> list[int]:
         if request.kind is RequestKind.CHAT:
-            takes_tools = template_takes_tools(self._tok)
-            messages = chat_messages(request, takes_tools)
-            extra: dict[str, Any] = {}
-            if takes_tools and tools_active(request):
-                extra["tools"] = tools_json(request)
-            text = self._tok.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True, **extra
-            )
+            text = render_chat(self._tok, request)
             ids = list(self._tok(text, add_special_tokens=False)["input_ids"])
         elif request.prompt_token_ids:
             ids = list(request.prompt_token_ids)

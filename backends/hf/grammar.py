@@ -23,10 +23,9 @@ from typing import Any
 
 import torch
 import xgrammar as xgr
-from xgrammar import structural_tag as st
 
 from backends.base import GenerationRequest, InvalidRequest
-from backends.tool_markup import CLOSE, OPEN, tools_active
+from backends.tool_markup import structured_outputs
 
 
 class GrammarBook:
@@ -83,7 +82,7 @@ class GrammarBook:
             )
         if kind == "json_schema":
             return self._compiler.compile_json_schema(payload, any_whitespace=False)
-        return self._compiler.compile_structural_tag(tool_call_tag(json.loads(payload)))
+        return self._compiler.compile_structural_tag(json.dumps(compact_tag(json.loads(payload))))
 
     def __len__(self) -> int:
         return len(self._cache)
@@ -92,53 +91,28 @@ class GrammarBook:
 def grammar_spec(request: GenerationRequest) -> tuple[str, str, str] | None:
     """(kind, text to compile, param to blame) for a constrained request, else ``None``.
 
-    Cheap (no compilation); tools take precedence over ``response_format``.
+    Cheap (no compilation): the same constraint the Triton path sends to vLLM
+    (``tool_markup.structured_outputs``); tools take precedence over ``response_format``.
     """
-    if tools_active(request):
-        choice = request.effective_tool_choice
-        chosen = [t for t in request.tools if choice.mode != "named" or t.name == choice.name]
-        spec = {
-            "auto": choice.mode == "auto",
-            # Several calls only when asked for and no single tool is named: left to
-            # choose, small models keep calling until max_tokens cuts them off.
-            "single": request.parallel_tool_calls is not True or choice.mode == "named",
-            "tools": [[t.name, json.loads(t.parameters)] for t in chosen],
-        }
-        return "tools", json.dumps(spec), "tools"
-    fmt = request.response_format
-    if fmt.type == "json_object":
+    structured = structured_outputs(request)
+    if structured is None:
+        return None
+    if "structural_tag" in structured:
+        return "tools", structured["structural_tag"], "tools"
+    if "json_object" in structured:
         return "json_object", json.dumps({"type": "object"}), "response_format"
-    if fmt.type == "json_schema":
-        return "json_schema", fmt.schema or "{}", "response_format.json_schema.schema"
-    return None
+    return "json_schema", json.dumps(structured["json"]), "response_format.json_schema.schema"
 
 
-def tool_call_tag(spec: dict[str, Any]) -> st.StructuralTag:
-    """The structural tag for Hermes-style calls (``backends.tool_markup``).
-
-    ``required`` / named: the output is nothing but calls, each ``<tool_call>`` JSON
-    whose ``arguments`` match that tool's schema, compact (no free whitespace: every
-    token counts against ``max_tokens``). ``auto``: free text, but once the model
-    writes ``<tool_call>`` the rest of the call is held to the grammar.
-    """
-    tags = [
-        st.TagFormat(
-            begin=f'{OPEN}\n{{"name": {json.dumps(name)}, "arguments": ',
-            content=st.GrammarFormat(
-                grammar=str(xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False))
-            ),
-            end=f"}}\n{CLOSE}",
-        )
-        for name, schema in spec["tools"]
-    ]
-    body: st.Format
-    if spec["auto"]:
-        body = st.TriggeredTagsFormat(triggers=[OPEN], tags=tags, stop_after_first=spec["single"])
-    else:
-        body = st.TagsWithSeparatorFormat(
-            tags=tags, separator="\n", at_least_one=True, stop_after_first=spec["single"]
-        )
-    return st.StructuralTag(format=body)
+def compact_tag(tag: dict[str, Any]) -> dict[str, Any]:
+    """The Hermes structural tag with every call's arguments held to compact JSON: no
+    free whitespace, since every token counts against ``max_tokens`` (and a small
+    model can emit whitespace forever inside a valid prefix)."""
+    for call in tag["format"]["tags"]:
+        schema = json.dumps(call["content"]["json_schema"])
+        ebnf = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False))
+        call["content"] = {"type": "grammar", "grammar": ebnf}
+    return tag
 
 
 def new_matcher(compiled: xgr.CompiledGrammar) -> xgr.GrammarMatcher:

@@ -32,9 +32,11 @@ from tritonclient.grpc import aio as triton_aio
 from tritonclient.utils import InferenceServerException
 
 from backends.base import (
+    TEXT_GENERATION,
     BackendCrashed,
     BackendError,
     BackendEvent,
+    Feature,
     Finished,
     GenerationRequest,
     InvalidRequest,
@@ -42,13 +44,19 @@ from backends.base import (
     NotReady,
     Overloaded,
     Started,
-    TextDelta,
     UpstreamBadResponse,
     UpstreamTimeout,
     UpstreamUnavailable,
     Usage,
 )
 from backends.hop_metrics import BackendMetrics
+from backends.tool_markup import (
+    ToolCallParser,
+    closing_events,
+    content_events,
+    structured_outputs,
+    tools_active,
+)
 from backends.triton import contract
 from backends.triton.prompt import Prompter
 from config.schema import TritonModelConfig
@@ -112,7 +120,10 @@ class TritonBackend:
         return True
 
     def info(self) -> ModelInfo:
+        # Constraints travel as vLLM's structured_outputs (Triton's vLLM backend and the
+        # CPU demo model in deploy/triton both honour them); tool calls as Hermes markup.
         return ModelInfo(
+            features=TEXT_GENERATION | {Feature.TOOLS, Feature.JSON_OBJECT, Feature.JSON_SCHEMA},
             max_context=self._config.max_context,
             memory_bytes=self._config.memory_bytes,
             owned_by="triton",
@@ -166,16 +177,15 @@ class TritonBackend:
             raise BackendCrashed("the Triton backend is stopped")
         if self._client is None:
             raise NotReady(f"the Triton backend for {self._config.name!r} is not started")
-        if request.sampling.n != 1:
-            raise InvalidRequest("the triton backend returns one choice (n=1)", param="n")
-        if request.sampling.logprobs is not None:
-            raise InvalidRequest("the triton backend does not return logprobs", param="logprobs")
+        _refuse_unsupported(request)
         text = await asyncio.to_thread(self._prompter.render, request)
         model_contract = self._contract or await self._check_contract()
         return text, {
             "model_name": self._config.triton_model,
             "model_version": self._config.model_version,
-            "inputs": contract.build_inputs(text, request.sampling, model_contract),
+            "inputs": contract.build_inputs(
+                text, request.sampling, model_contract, structured_outputs(request)
+            ),
             "request_id": request.request_id,
         }
 
@@ -191,6 +201,7 @@ class TritonBackend:
         self._streams.add(call)
         status = "error"
         pieces: list[str] = []
+        parser = ToolCallParser(0) if tools_active(request) else None
         reported_out = 0
         last = contract.Chunk(text="", final=False)
         answered = False
@@ -207,7 +218,9 @@ class TritonBackend:
                     reported_out += chunk.num_output_tokens or 0
                     if chunk.text:
                         pieces.append(chunk.text)
-                        yield TextDelta(0, chunk.text, num_tokens=chunk.num_output_tokens or 1)
+                        tokens = chunk.num_output_tokens or 1
+                        for event in content_events(parser, chunk.text, tokens):
+                            yield event
             if self._stopped and not last.final:  # stop() cancelled the call under us
                 raise BackendCrashed("the Triton backend was stopped")
             status = "ok"
@@ -233,6 +246,9 @@ class TritonBackend:
         reason = contract.finish_reason(
             last.finish_reason, completion_tokens, request.sampling.max_tokens
         )
+        tail, reason = closing_events(parser, reason)
+        for event in tail:
+            yield event
         yield Finished(0, reason)
         yield Usage(prompt_tokens, completion_tokens, upstream_seconds=upstream_seconds)
 
@@ -353,3 +369,10 @@ def _map_stream_error(message: str, model: str) -> BackendError:
     if "unavailable" in lowered:
         return UpstreamUnavailable(f"Triton model {model!r}: {message}", retry_after=RETRY_AFTER)
     return UpstreamBadResponse(f"Triton model {model!r} failed: {message}")
+
+
+def _refuse_unsupported(request: GenerationRequest) -> None:
+    if request.sampling.n != 1:
+        raise InvalidRequest("the triton backend returns one choice (n=1)", param="n")
+    if request.sampling.logprobs is not None:
+        raise InvalidRequest("the triton backend does not return logprobs", param="logprobs")

@@ -5,7 +5,8 @@ It is the contract of Triton's own vLLM backend (triton-inference-server/vllm_ba
 model, Triton + vLLM, or any model that speaks the same tensors:
 
 inputs   ``text_input`` BYTES[1]; ``stream`` BOOL[1]; ``sampling_parameters`` BYTES[1]
-         (JSON: max_tokens, temperature, top_p, top_k, seed, stop, ...); optional
+         (JSON: max_tokens, temperature, top_p, top_k, seed, stop, ...,
+         ``structured_outputs``: json / json_object / structural_tag); optional
          ``exclude_input_in_output``, ``return_finish_reason``, ``return_num_input_tokens``,
          ``return_num_output_tokens`` BOOL[1]
 outputs  ``text_output`` BYTES (the new text of each streamed response); optional
@@ -130,8 +131,11 @@ def _describe(tensors: Mapping[str, str]) -> str:
     return "[" + ", ".join(f"{n}:{t}" for n, t in tensors.items()) + "]"
 
 
-def sampling_json(sampling: SamplingParams) -> str:
-    """``sampling_parameters`` in vLLM's names. top_k off is -1, which every vLLM takes."""
+def sampling_json(sampling: SamplingParams, structured: Mapping[str, Any] | None = None) -> str:
+    """``sampling_parameters`` in vLLM's names. top_k off is -1, which every vLLM takes.
+
+    ``structured`` (``tool_markup.structured_outputs``) travels as vLLM's
+    ``structured_outputs`` key, a JSON string as Triton's vLLM backend expects it."""
     params: dict[str, Any] = {
         "max_tokens": sampling.max_tokens,
         "temperature": sampling.temperature,
@@ -148,15 +152,22 @@ def sampling_json(sampling: SamplingParams) -> str:
         params["frequency_penalty"] = sampling.frequency_penalty
     if sampling.ignore_eos:
         params["ignore_eos"] = True
+    if structured:
+        params["structured_outputs"] = json.dumps(structured)
     return json.dumps(params)
 
 
-def build_inputs(text: str, sampling: SamplingParams, contract: ModelContract) -> list[InferInput]:
+def build_inputs(
+    text: str,
+    sampling: SamplingParams,
+    contract: ModelContract,
+    structured: Mapping[str, Any] | None = None,
+) -> list[InferInput]:
     """The input tensors of one streaming generation request."""
     inputs = [
         _bytes_input(TEXT_INPUT, text),
         _bool_input(STREAM, True),
-        _bytes_input(SAMPLING_PARAMETERS, sampling_json(sampling)),
+        _bytes_input(SAMPLING_PARAMETERS, sampling_json(sampling, structured)),
     ]
     if EXCLUDE_INPUT in contract.inputs:
         inputs.append(_bool_input(EXCLUDE_INPUT, True))

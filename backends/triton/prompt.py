@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from backends.base import GenerationRequest, InvalidRequest, RequestKind
+from backends.tool_markup import render_chat
 
 
 class Prompter:
@@ -47,11 +48,7 @@ class Prompter:
                 "use /v1/completions or set `tokenizer:` in the model config",
                 param="messages",
             )
-        messages = [{"role": m.role, "content": m.content} for m in request.messages]
-        text = self._tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
-        )
-        return str(text)
+        return render_chat(self._tokenizer, request)
 
     def count(self, text: str, *, prompt: bool) -> int | None:
         """Tokens in ``text``; None without a tokenizer. A prompt is counted the way a

@@ -10,39 +10,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
 
+import httpx
 import openai
 import pytest
-from pydantic import BaseModel, Field
 
+from tests.tools.schemas import validate
 from tests.tools.servers import RunningServer, gateway
+from tests.tools.tool_cases import WEATHER, City, parse_city, round_trip, stream_forced_call
 
 pytestmark = pytest.mark.e2e
 
 MODEL = "SmolLM2-135M-Instruct"
 TOKENS = 48
-
-
-class City(BaseModel):
-    name: str = Field(max_length=16)
-    population: int = Field(ge=0, le=10**9)
-
-
-WEATHER: Any = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather for a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 16}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
-ASK = [{"role": "user", "content": "What is the weather in Oslo?"}]
 
 
 @pytest.fixture(scope="module")
@@ -69,51 +49,14 @@ def client(server: RunningServer) -> openai.OpenAI:
 
 
 def test_sdk_parse_gives_a_valid_object(client: openai.OpenAI) -> None:
-    completion = client.chat.completions.parse(
-        model=MODEL,
-        messages=[{"role": "user", "content": "Name a big city and its population."}],
-        response_format=City,
-        max_tokens=TOKENS,
-        temperature=0,
-    )
-    message = completion.choices[0].message
-    assert completion.choices[0].finish_reason == "stop"
-    assert isinstance(message.parsed, City)
+    parse_city(client, MODEL, TOKENS)
 
 
 def test_stream_helper_rebuilds_a_forced_call_then_round_trip(client: openai.OpenAI) -> None:
-    with client.chat.completions.stream(
-        model=MODEL,
-        messages=ASK,  # type: ignore[arg-type]
-        tools=[WEATHER],
-        tool_choice="required",
-        max_tokens=TOKENS,
-        temperature=0,
-    ) as stream:
-        done = [e for e in stream if e.type == "tool_calls.function.arguments.done"]
-        final = stream.get_final_completion()
-    choice = final.choices[0]
-    assert choice.finish_reason == "tool_calls" and not choice.message.content
-    [call] = choice.message.tool_calls or []
-    assert call.id.startswith("call_") and call.function.name == "get_weather"  # type: ignore[union-attr]
-    arguments = json.loads(call.function.arguments)  # type: ignore[union-attr]
-    assert isinstance(arguments["city"], str)
-    assert [e.name for e in done] == ["get_weather"]  # type: ignore[attr-defined]
-    # The round trip: the call and its result go back; the model answers in text.
-    answer = client.chat.completions.create(
-        model=MODEL,
-        messages=[
-            *ASK,
-            choice.message.model_dump(exclude_none=True, exclude={"parsed"}),
-            {"role": "tool", "tool_call_id": call.id, "content": '{"sky": "sunny"}'},
-        ],  # type: ignore[list-item]
-        tools=[WEATHER],
-        tool_choice="none",
-        max_tokens=8,
-        temperature=0,
-    )
-    assert answer.choices[0].message.content
-    assert answer.choices[0].finish_reason in ("stop", "length")
+    message = stream_forced_call(client, MODEL, TOKENS)
+    arguments = json.loads(message.tool_calls[0].function.arguments)
+    assert message.tool_calls[0].id.startswith("call_") and isinstance(arguments["city"], str)
+    round_trip(client, MODEL, message)
 
 
 def test_instructor_tools_and_json_schema(server: RunningServer) -> None:
@@ -191,3 +134,34 @@ async def test_agents_sdk_invokes_the_function_tool(server: RunningServer) -> No
     result = await Runner.run(agent, "What is the weather in Oslo?", max_turns=2)
     assert len(seen) == 1 and isinstance(seen[0], str)
     assert result.final_output == "sunny"
+
+
+def test_raw_tool_call_chunks_match_openai(server: RunningServer) -> None:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "What is the weather in Oslo?"}],
+        "tools": [WEATHER],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "max_tokens": TOKENS,
+        "temperature": 0,
+        "stream": True,
+    }
+    response = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120)
+    chunks = [
+        json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")
+    ]
+    calls = []
+    for chunk in chunks:
+        validate("CreateChatCompletionStreamResponse", chunk)
+        for choice in chunk["choices"]:
+            assert "<tool_call>" not in (choice["delta"].get("content") or "")
+            calls += choice["delta"].get("tool_calls") or []
+    first, *rest = calls
+    assert set(first) == {"index", "id", "type", "function"} and first["id"].startswith("call_")
+    assert first["function"]["name"] == "get_weather"
+    assert all(
+        set(c) == {"index", "function"} and set(c["function"]) == {"arguments"} for c in rest
+    )
+    arguments = first["function"]["arguments"] + "".join(c["function"]["arguments"] for c in rest)
+    assert isinstance(json.loads(arguments)["city"], str)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import httpx
@@ -11,6 +12,7 @@ import pytest
 
 from tests.contract.sdk_suite import EngineSuite
 from tests.tools.servers import RunningServer, gateway
+from tests.tools.tool_cases import parse_city, stream_forced_call
 from tests.tools.triton_server import TritonServer, triton_missing
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine("triton")]
@@ -88,3 +90,16 @@ def test_triton_hop_metrics(server: RunningServer, client: openai.OpenAI) -> Non
         and 'status="ok"' in line
     ]
     assert ok and float(ok[0].rsplit(" ", 1)[1]) >= 1
+
+
+# Structured outputs and tools: the gateway sends vLLM's structured_outputs in
+# sampling_parameters; the llm model constrains decoding with xgrammar.
+
+
+def test_parse_through_triton(client: openai.OpenAI) -> None:
+    parse_city(client, MODEL, 48)
+
+
+def test_forced_tool_call_through_triton(client: openai.OpenAI) -> None:
+    message = stream_forced_call(client, MODEL, 48)
+    assert isinstance(json.loads(message.tool_calls[0].function.arguments)["city"], str)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -10,13 +11,15 @@ from backends.base import (
     ChatMessage,
     GenerationRequest,
     RequestKind,
+    ResponseFormat,
     SamplingParams,
     ToolCall,
     ToolCallDelta,
     ToolChoice,
     ToolSpec,
 )
-from backends.tool_markup import ToolCallParser, chat_messages, render_call
+from backends.tool_markup import ToolCallParser, chat_messages, render_call, structured_outputs
+from backends.triton.contract import sampling_json
 
 ARGS = '{"city": "Os\\"lo", "n": [1, {"a": "}"}]}'
 
@@ -98,3 +101,27 @@ def test_template_without_tools_gets_a_system_prompt_and_markup() -> None:
     hf = chat_messages(request, template_takes_tools=True)
     assert hf[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo"}
     assert hf[2]["tool_call_id"] == "call_1"
+
+
+def test_constraints_map_onto_vllm_structured_outputs() -> None:
+    base = GenerationRequest(
+        request_id="r", model="m", kind=RequestKind.CHAT, sampling=SamplingParams(max_tokens=4)
+    )
+    schema = '{"type": "object", "properties": {"a": {"type": "integer"}}}'
+    assert structured_outputs(base) is None
+    as_object = replace(base, response_format=ResponseFormat("json_object"))
+    assert structured_outputs(as_object) == {"json_object": True}
+    as_schema = replace(base, response_format=ResponseFormat("json_schema", "s", schema))
+    assert structured_outputs(as_schema) == {"json": json.loads(schema)}
+    tools = (ToolSpec("f", None, schema), ToolSpec("g"))
+    named = replace(base, tools=tools, tool_choice=ToolChoice("named", "g"))
+    found = structured_outputs(named)
+    assert found is not None
+    tag = json.loads(found["structural_tag"])["format"]
+    assert tag["type"] == "tags_with_separator" and tag["at_least_one"]
+    assert [t["begin"] for t in tag["tags"]] == ['<tool_call>\n{"name": "g", "arguments": ']
+    sent = json.loads(sampling_json(SamplingParams(max_tokens=4), found))
+    assert json.loads(sent["structured_outputs"]) == found
+    auto = structured_outputs(replace(base, tools=tools))
+    assert auto is not None
+    assert json.loads(auto["structural_tag"])["format"]["type"] == "triggered_tags"

@@ -2,7 +2,10 @@
 
 Contract: the one Triton's vLLM backend uses (see ../config.pbtxt). ``sampling_parameters``
 is JSON with vLLM's names: max_tokens (default 16), temperature (0 = greedy), top_p,
-top_k (<= 0 = off), seed, stop (str or list), ignore_eos. With ``stream`` true every
+top_k (<= 0 = off), seed, stop (str or list), ignore_eos, and ``structured_outputs`` (a
+JSON string, as vLLM's StructuredOutputsParams: ``json`` schema, ``json_object`` or an
+xgrammar ``structural_tag``), honoured with xgrammar: every token is masked by the
+request's grammar matcher, so the output always matches. With ``stream`` true every
 response carries the new text only (and ``num_output_tokens`` for the tokens behind it);
 the last one has the COMPLETE_FINAL flag and, when asked, ``finish_reason`` ("stop" or
 "length") and ``num_input_tokens``. Without ``stream`` one response carries everything,
@@ -57,6 +60,7 @@ class TritonPythonModel:
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         self.model.eval()
         self.eos_ids = self._eos_ids()
+        self.grammars = _Grammars(self.tokenizer, self.model.config.vocab_size, self.eos_ids)
         pb_utils.Logger.log_info(
             f"[llm] loaded {path} in {time.monotonic() - started:.1f}s, threads={threads}"
         )
@@ -195,6 +199,7 @@ class _Decoder:
         self.generator = None
         if params.get("seed") is not None:
             self.generator = self.torch.Generator().manual_seed(int(params["seed"]))
+        self.matcher = owner.grammars.matcher(params.get("structured_outputs"))
         self.prompt_ids = owner.tokenizer(text, return_tensors="pt").input_ids
         self.prompt_len = int(self.prompt_ids.shape[1])
         self.ids = []
@@ -217,11 +222,14 @@ class _Decoder:
                     return
                 out = self.owner.model(input_ids=step_input, past_key_values=past, use_cache=True)
                 past = out.past_key_values
-                token = self._pick(out.logits[0, -1])
+                token = self._pick(self._masked(out.logits[0, -1]))
                 self.generated += 1
                 pending_tokens += 1
                 self.owner.tokens_metric.increment(1)
-                if token in self.owner.eos_ids and not self.ignore_eos:
+                if self.matcher is not None:
+                    self.matcher.accept_token(token)
+                ends = token in self.owner.eos_ids and not self.ignore_eos
+                if ends or (self.matcher is not None and self.matcher.is_terminated()):
                     self.reason = "stop"
                     break
                 self.ids.append(token)
@@ -238,6 +246,11 @@ class _Decoder:
                 step_input = torch.tensor([[token]])
         if self.reason is None:
             self.reason = "length"
+
+    def _masked(self, logits):
+        if self.matcher is None:
+            return logits
+        return self.owner.grammars.mask(self.matcher, logits)
 
     def _pick(self, logits):
         torch = self.torch
@@ -273,6 +286,71 @@ class _Decoder:
                     hold = size
                     break
         return text[: len(text) - hold]
+
+
+class _Grammars:
+    """xgrammar compiler for this model's tokenizer, with a small cache of compiled
+    grammars keyed by the ``structured_outputs`` text; owned by the decode worker."""
+
+    CAPACITY = 32
+
+    def __init__(self, tokenizer, vocab_size, stop_ids):
+        self.vocab_size = int(vocab_size)
+        self._tokenizer = tokenizer
+        self._stop_ids = sorted(stop_ids)
+        self._compiler = None
+        self._cache = {}
+
+    def matcher(self, raw):
+        if not raw:
+            return None
+        import xgrammar as xgr
+
+        key = raw if isinstance(raw, str) else json.dumps(raw, sort_keys=True)
+        compiled = self._cache.get(key)
+        if compiled is None:
+            compiled = self._compile(xgr, json.loads(key))
+            if len(self._cache) >= self.CAPACITY:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[key] = compiled
+        return xgr.GrammarMatcher(compiled)
+
+    def _compile(self, xgr, spec):
+        if self._compiler is None:
+            info = xgr.TokenizerInfo.from_huggingface(
+                self._tokenizer, vocab_size=self.vocab_size, stop_token_ids=self._stop_ids
+            )
+            self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+        if spec.get("json") is not None:
+            schema = spec["json"]
+            return self._compiler.compile_json_schema(
+                schema if isinstance(schema, str) else json.dumps(schema), any_whitespace=False
+            )
+        if spec.get("json_object"):
+            return self._compiler.compile_json_schema(
+                '{"type": "object"}', any_whitespace=False, strict_mode=False
+            )
+        if spec.get("structural_tag"):
+            tag = spec["structural_tag"]
+            tag = json.loads(tag) if isinstance(tag, str) else tag
+            for call in tag.get("format", {}).get("tags", []):
+                content = call.get("content", {})
+                if content.get("type") == "json_schema":  # compact JSON, as the hf engine
+                    grammar = xgr.Grammar.from_json_schema(
+                        json.dumps(content["json_schema"]), any_whitespace=False
+                    )
+                    call["content"] = {"type": "grammar", "grammar": str(grammar)}
+            return self._compiler.compile_structural_tag(json.dumps(tag))
+        raise ValueError(f"unsupported structured_outputs: {sorted(spec)}")
+
+    def mask(self, matcher, logits):
+        import xgrammar as xgr
+
+        row = logits.float().reshape(1, -1).clone()
+        bitmask = xgr.allocate_token_bitmask(1, row.shape[-1])
+        matcher.fill_next_token_bitmask(bitmask)
+        xgr.apply_token_bitmask_inplace(row, bitmask, vocab_size=row.shape[-1])
+        return row[0]
 
 
 def _input_str(request, name, default=""):
