@@ -75,6 +75,8 @@ class GenerationRequest:
     max_tokens_explicit: bool = True
     arrival_time: float = 0.0
     user: str | None = None
+    session_id: str | None = None
+    """The client's ``x-session-id`` header: a key for replica affinity, never sent on."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,12 @@ class ServerConfig(_Frozen):
     port: int = Field(8000, ge=0, le=65535, description="TCP port to bind.")
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0, description="Largest request body.")
     log_prompts: bool = Field(False, description="Include prompt text in request logs.")
+    drain_grace: float = Field(
+        5.0, ge=0, description="On SIGTERM: seconds /ready is 503 while new requests are served."
+    )
+    drain_timeout: float = Field(
+        30.0, ge=0, description="After drain_grace: seconds in-flight requests may take to end."
+    )
 
 
 class RegistryConfig(_Frozen):
@@ -71,7 +77,22 @@ class HFModelConfig(ModelBase):
 
 class OpenAIModelConfig(ModelBase):
     backend: Literal["openai"]
-    base_url: str
+    base_url: str | None = Field(None, description="The one upstream; or use `replicas`.")
+    replicas: tuple[str, ...] = Field(
+        (), description="Base URLs of equivalent upstream replicas (instead of base_url)."
+    )
+    balance: Literal["least_loaded", "prefix", "round_robin"] = Field(
+        "least_loaded", description="How a request picks a replica."
+    )
+    metrics_scrape_interval: float = Field(
+        1.0, ge=0, description="Seconds between reads of each replica's /metrics; 0 = never."
+    )
+    prefix_chars: int = Field(
+        256, gt=0, description="prefix: leading characters of the prompt that form the key."
+    )
+    prefix_load_factor: float = Field(
+        1.5, gt=1.0, description="prefix: a replica takes at most this times the mean load."
+    )
     upstream_model: str | None = None
     api_key: str | None = None
     api_key_env: str | None = None
@@ -95,6 +116,24 @@ class OpenAIModelConfig(ModelBase):
         30.0, ge=0, description="Seconds to wait for a max_concurrency slot before 429."
     )
     max_queue: int = Field(256, gt=0, description="Requests waiting for a slot before 429.")
+
+    @field_validator("replicas", mode="before")
+    @classmethod
+    def _replica_list(cls, value: object) -> object:
+        return (value,) if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _one_upstream_source(self) -> OpenAIModelConfig:
+        if (self.base_url is None) == (not self.replicas):
+            raise ValueError(f"model {self.name!r}: set exactly one of base_url and replicas")
+        if len(set(self.replicas)) != len(self.replicas):
+            raise ValueError(f"model {self.name!r}: replicas lists a URL twice")
+        return self
+
+    @property
+    def upstream_urls(self) -> tuple[str, ...]:
+        """Every configured upstream base URL, in config order."""
+        return self.replicas or ((self.base_url,) if self.base_url else ())
 
 
 class TritonModelConfig(ModelBase):

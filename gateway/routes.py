@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import re
 import secrets
@@ -139,6 +140,7 @@ class GenerationCall:
             wire = _parse(wire_type, body)
             report_unknown_fields(wire, record.request_id)
             request = translate(wire, record.request_id, record.arrival_time)
+            request = _with_session(request, _header(self._scope, b"x-session-id"))
             record.requested_model = request.model
             include_usage = bool(wire.stream_options and wire.stream_options.include_usage)
             await self._serve(request, stream=wire.stream, include_usage=include_usage)
@@ -263,6 +265,15 @@ def _header(scope: Scope, name: bytes) -> str | None:
         if key == name:
             return bytes(value).decode("latin-1")
     return None
+
+
+def _with_session(request: GenerationRequest, session: str | None) -> GenerationRequest:
+    """Carry the client's ``x-session-id`` (a replica-affinity key) to the backend."""
+    if not session:
+        return request
+    if len(session) > 256:
+        raise InvalidRequest("x-session-id is longer than 256 characters", param="x-session-id")
+    return dataclasses.replace(request, session_id=session)
 
 
 def _request_id(scope: Scope) -> str:
