@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
 from backends.metrics import BackendMetrics
 from config.schema import AppConfig
+from gateway.drain import Drain
 from gateway.metrics import GatewayMetrics
 from gateway.registry import ModelRegistry
 from gateway.service import CompletionService
@@ -25,6 +26,7 @@ class AppState:
     service: CompletionService
     admin_key: str | None
     started_at: int
+    drain: Drain = field(default_factory=Drain)
 
     @property
     def max_body_bytes(self) -> int:
