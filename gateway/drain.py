@@ -18,19 +18,13 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable
 from types import FrameType
 from typing import Any
 
 import uvicorn
 
 log = logging.getLogger(__name__)
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _CLOSE = (b"connection", b"close")
 
@@ -56,16 +50,18 @@ class CloseWhileDraining:
     """ASGI wrapper: while draining, every HTTP response carries ``Connection: close``.
     Costs one attribute read per request otherwise."""
 
-    def __init__(self, app: ASGIApp, drain: Drain) -> None:
+    def __init__(self, app: Callable[..., Awaitable[None]], drain: Drain) -> None:
         self.app = app
         self.drain = drain
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(
+        self, scope: dict[str, Any], receive: Any, send: Callable[[Any], Awaitable[None]]
+    ) -> None:
         if scope["type"] != "http" or not self.drain.draining:
             await self.app(scope, receive, send)
             return
 
-        async def closing(message: Message) -> None:
+        async def closing(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 message["headers"] = [*message.get("headers", ()), _CLOSE]
             await send(message)
