@@ -280,3 +280,41 @@ async def test_session_header_reaches_the_backend_through_the_app() -> None:
     finally:
         for fake in fakes:
             await fake.stop()
+
+
+async def test_two_gateways_behind_one_address_agree_on_replicas() -> None:
+    """Gateways share no state: two apps with the same config, requests alternating
+    between them as a Service would send them, pick the same replica per session key
+    (the ring is a function of the config) and both serve."""
+    fakes = [FakeUpstream(), FakeUpstream(), FakeUpstream()]
+    for fake in fakes:
+        await fake.start()
+    entry = {**_config(fakes, balance="prefix").model_dump(exclude_none=True), "name": "m"}
+    apps = [build_app(AppConfig.model_validate({"models": [entry]})) for _ in range(2)]
+    try:
+        async with apps[0].lifespan(), apps[1].lifespan():
+            clients = [
+                httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+                for app in apps
+            ]
+            for app in apps:
+                await _until(app.state.registry.is_ready)
+            for n in range(24):
+                body = {"model": "m", "messages": [{"role": "user", "content": f"turn {n}"}]}
+                headers = {"x-session-id": f"session-{n % 6}"}
+                reply = await clients[n % 2].post(
+                    "/v1/chat/completions", json=body, headers=headers
+                )
+                assert reply.status_code == 200, reply.text
+            for client in clients:
+                await client.aclose()
+    finally:
+        for fake in fakes:
+            await fake.stop()
+    homes: dict[int, set[int]] = {}
+    for replica, fake in enumerate(fakes):
+        for body in fake.bodies:
+            turn = int(body["messages"][0]["content"].split()[1])
+            homes.setdefault(turn % 6, set()).add(replica)
+    assert all(len(replicas) == 1 for replicas in homes.values()), homes
+    assert len(homes) == 6
