@@ -96,7 +96,7 @@ class Replica:
     def account(self, error: BackendError | None, now: float) -> None:
         """One attempt's outcome. A 4xx proves the replica works; a 429 says nothing
         either way; everything else counts towards ejection."""
-        self._requests.labels(*self._labels, "ok" if error is None else error.code or "error").inc()
+        self._requests.labels(*self._labels, _outcome(error)).inc()
         if error is None or isinstance(error, UpstreamRejected):
             self.breaker.record_success()
         elif not isinstance(error, Overloaded):
@@ -119,6 +119,15 @@ class Replica:
 
     def refresh_up(self, now: float) -> None:
         self._up_gauge.set(1 if self.health.up and not self.ejected(now) else 0)
+
+
+def _outcome(error: BackendError | None) -> str:
+    """A bounded label: the error class's own code, never one an upstream sent."""
+    if error is None:
+        return "ok"
+    if isinstance(error, UpstreamRejected):
+        return "rejected"
+    return type(error).code or "error"
 
 
 class ReplicaSet:
