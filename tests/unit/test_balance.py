@@ -101,3 +101,14 @@ def test_config_takes_base_url_or_replicas() -> None:
     for bad in ({}, {"base_url": "http://a", "replicas": ["http://b"]}, {"replicas": ["x", "x"]}):
         with pytest.raises(ValueError, match=r"base_url and replicas|twice"):
             OpenAIModelConfig(**base, **bad)  # type: ignore[arg-type]
+
+
+def test_replicas_example_loads() -> None:
+    from pathlib import Path
+
+    from config.loader import load_config
+
+    path = Path(__file__).resolve().parents[2] / "config" / "examples" / "replicas.yaml"
+    (model,) = load_config(path).models
+    assert isinstance(model, OpenAIModelConfig)
+    assert len(model.upstream_urls) == 2 and model.balance == "prefix"
