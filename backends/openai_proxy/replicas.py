@@ -24,6 +24,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import aiohttp
 
@@ -71,6 +72,8 @@ class Replica:
         self._requests = metrics.requests
         self._routes = metrics.routes
         self._labels = labels
+        # Children resolved once per label value: labels() costs a lock and a lookup.
+        self._children: dict[tuple[str, ...], Any] = {}
 
     def score(self) -> float:
         """Load estimate for ``least_loaded``. The engine's counts include this gateway's
@@ -87,7 +90,7 @@ class Replica:
     def acquire(self, balance: str, reason: str) -> None:
         self.inflight += 1
         self._inflight_gauge.set(self.inflight)
-        self._routes.labels(*self._labels, balance, reason).inc()
+        self._child(self._routes, balance, reason).inc()
 
     def release(self) -> None:
         self.inflight -= 1
@@ -96,7 +99,7 @@ class Replica:
     def account(self, error: BackendError | None, now: float) -> None:
         """One attempt's outcome. A 4xx proves the replica works; a 429 says nothing
         either way; everything else counts towards ejection."""
-        self._requests.labels(*self._labels, _outcome(error)).inc()
+        self._child(self._requests, _outcome(error)).inc()
         if error is None or isinstance(error, UpstreamRejected):
             self.breaker.record_success()
         elif not isinstance(error, Overloaded):
@@ -116,6 +119,13 @@ class Replica:
         self._waiting_gauge.set(load.waiting)
         self._running_gauge.set(load.running)
         self._kv_gauge.set(load.kv_usage)
+
+    def _child(self, family: Any, *values: str) -> Any:
+        key = (str(id(family)), *values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = family.labels(*self._labels, *values)
+        return child
 
     def refresh_up(self, now: float) -> None:
         self._up_gauge.set(1 if self.health.up and not self.ejected(now) else 0)
