@@ -24,7 +24,10 @@ class ServerConfig(_Frozen):
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0, description="Largest request body.")
     log_prompts: bool = Field(False, description="Include prompt text in request logs.")
     drain_grace: float = Field(
-        5.0, ge=0, description="On SIGTERM: seconds /ready is 503 while new requests are served."
+        0.0,
+        ge=0,
+        description="On SIGTERM: seconds /ready is 503 while new requests are served "
+        "(0: stop at once; behind a load balancer use its endpoint lag, e.g. 5).",
     )
     drain_timeout: float = Field(
         30.0, ge=0, description="After drain_grace: seconds in-flight requests may take to end."
