@@ -191,6 +191,8 @@ class GenerationRequest:
 
     trace_headers: tuple[tuple[str, str], ...] = ()
     priority: int = 0  # lower is served first: the client key's high -1, normal 0, low 1
+    session_id: str | None = None
+    """The client's ``x-session-id`` header: a key for replica affinity, never sent on."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,8 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from backends.replica_metrics import ReplicaMetrics
+
 # Token-level latencies on CPU run from ~5 ms to seconds; requests up to minutes.
 LATENCY_BUCKETS = (
     0.001,
@@ -140,6 +142,7 @@ class BackendMetrics:
             buckets=OVERHEAD_BUCKETS,
             registry=registry,
         )
+        self.replicas = ReplicaMetrics(registry)
 
     def observer(self, model: str) -> WorkerObserver:
         return PrometheusWorkerObserver(self, model)

@@ -21,9 +21,12 @@ Endpoints: POST /v1/chat/completions and /v1/completions (streaming with SSE or 
 ``n``, ``stop``, ``logprobs``/``top_logprobs`` and ``stream_options.include_usage``
 honoured),
 GET /v1/models (with ``max_model_len``), GET /health, GET /metrics (running/aborted
-counters as text), POST /v1/traces (an OTLP/HTTP sink that drops what it gets).
-Output is deterministic: choice text is a fixed word cycle, so a
-greedy stream equals a non-stream answer. Validation errors answer in vLLM's shape.
+counters as text, and vLLM's load gauges: ``vllm:num_requests_running`` is the live
+count, ``vllm:num_requests_waiting`` and ``vllm:kv_cache_usage_perc`` read the ``waiting``
+and ``kv_usage`` attributes a test sets to fake an engine's queue), POST /v1/traces (an
+OTLP/HTTP sink that drops what it gets). Output is deterministic: choice text is a fixed
+word cycle, so a greedy stream equals a non-stream answer. Validation errors answer in
+vLLM's shape.
 
 In tests, ``FakeUpstream`` runs the same app in-process, lets a test inject faults
 consumed one per request with ``fake.faults.append(...)``:
@@ -91,6 +94,8 @@ class FakeUpstream:
         """Most streams served at once (a load generator's concurrency, as the server saw it)."""
         self.aborted = 0
         self.completed = 0
+        self.waiting = 0
+        self.kv_usage = 0.0
         self.bodies: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self.trace_exports = 0
@@ -145,6 +150,10 @@ class FakeUpstream:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         text = f"fake_running {self.running}\nfake_aborted {self.aborted}\n"
+        model = f'{{model_name="{self.options.model}"}}'
+        text += f"vllm:num_requests_running{model} {self.running}\n"
+        text += f"vllm:num_requests_waiting{model} {self.waiting}\n"
+        text += f"vllm:kv_cache_usage_perc{model} {self.kv_usage}\n"
         return web.Response(text=f"{text}fake_completed {self.completed}\n")
 
     async def _traces(self, request: web.Request) -> web.Response:

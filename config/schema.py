@@ -38,6 +38,15 @@ class ServerConfig(_Frozen):
     body_timeout: float = Field(
         30.0, gt=0, description="Seconds a request body may take to arrive before 408."
     )
+    drain_grace: float = Field(
+        0.0,
+        ge=0,
+        description="On SIGTERM: seconds /ready is 503 while new requests are served "
+        "(0: stop at once; behind a load balancer use its endpoint lag, e.g. 5).",
+    )
+    drain_timeout: float = Field(
+        30.0, ge=0, description="After drain_grace: seconds in-flight requests may take to end."
+    )
 
 
 class RegistryConfig(_Frozen):
@@ -134,7 +143,24 @@ class RemoteTimeouts(_Frozen):
 
 class OpenAIModelConfig(ModelBase, RemoteTimeouts):
     backend: Literal["openai"] = Field(description="Proxy to an OpenAI-compatible server.")
-    base_url: str = Field(description="The server's URL, with or without the /v1 suffix.")
+    base_url: str | None = Field(
+        None, description="The one server's URL, with or without /v1; or use `replicas`."
+    )
+    replicas: tuple[str, ...] = Field(
+        (), description="Base URLs of equivalent upstream replicas (instead of base_url)."
+    )
+    balance: Literal["least_loaded", "prefix", "round_robin"] = Field(
+        "least_loaded", description="How a request picks a replica."
+    )
+    metrics_scrape_interval: float = Field(
+        1.0, ge=0, description="Seconds between reads of each replica's /metrics; 0 = never."
+    )
+    prefix_chars: int = Field(
+        256, gt=0, description="prefix: leading characters of the prompt that form the key."
+    )
+    prefix_load_factor: float = Field(
+        1.5, gt=1.0, description="prefix: a replica takes at most this times the mean load."
+    )
     upstream_model: str | None = Field(
         None, description="The model name the server knows (default: name)."
     )
@@ -158,6 +184,24 @@ class OpenAIModelConfig(ModelBase, RemoteTimeouts):
         30.0, ge=0, description="Seconds to wait for a max_concurrency slot before 429."
     )
     max_queue: int = Field(256, gt=0, description="Requests waiting for a slot before 429.")
+
+    @field_validator("replicas", mode="before")
+    @classmethod
+    def _replica_list(cls, value: object) -> object:
+        return (value,) if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _one_upstream_source(self) -> OpenAIModelConfig:
+        if (self.base_url is None) == (not self.replicas):
+            raise ValueError(f"model {self.name!r}: set exactly one of base_url and replicas")
+        if len(set(self.replicas)) != len(self.replicas):
+            raise ValueError(f"model {self.name!r}: replicas lists a URL twice")
+        return self
+
+    @property
+    def upstream_urls(self) -> tuple[str, ...]:
+        """Every configured upstream base URL, in config order."""
+        return self.replicas or ((self.base_url,) if self.base_url else ())
 
 
 class TritonModelConfig(ModelBase, RemoteTimeouts):

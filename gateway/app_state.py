@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 from backends.hop_metrics import BackendMetrics
 from config.schema import AppConfig
 from gateway.console import Console
+from gateway.drain import Drain
 from gateway.frontdoor.door import FrontDoor
 from gateway.openai_responses.endpoint import ResponsesEndpoint
 from gateway.registry import ModelRegistry
@@ -35,6 +36,7 @@ class AppState:
     started_at: int
     console: Console
     frontdoor: FrontDoor
+    drain: Drain = field(default_factory=Drain)
     tracing: Tracing | None = None  # None: tracing off (gateway.tracing is never imported)
 
     @property

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 from pathlib import Path
 
@@ -78,22 +79,26 @@ def _serve(config: AppConfig, settings: Settings, host: str | None, port: int | 
     bind_port = port if port is not None else settings.port
     if bind_port is None:
         bind_port = config.server.port
+    from gateway.drain import CloseWhileDraining, DrainingServer
+
     app = build_app(
         config,
         admin_key=settings.admin_key,
         watch_config=settings.watch_config,
         bind_host=bind_host,
     )
-    uvicorn.run(
-        app,
+    drain = app.state.drain
+    server_config = uvicorn.Config(
+        CloseWhileDraining(app, drain),
         host=bind_host,
         port=bind_port,
         loop="uvloop",
         http="httptools",
         log_config=None,
         access_log=False,
-        timeout_graceful_shutdown=30,
+        timeout_graceful_shutdown=math.ceil(config.server.drain_timeout),
     )
+    DrainingServer(server_config, drain, config.server.drain_grace).run()
     return 0
 
 

@@ -34,11 +34,14 @@ async def health() -> Response:
 
 @router.get("/ready")
 async def ready(request: Request) -> Response:
-    registry = _state(request).registry
+    state = _state(request)
+    registry = state.registry
     models = {status.name: status.state for status in registry.list_models()}
-    if registry.is_ready():
+    draining = state.drain.draining  # SIGTERM: leave the load balancer (gateway.drain)
+    if registry.is_ready() and not draining:
         return _json({"status": "ready", "models": models})
-    response = _json({"status": "not_ready", "models": models}, status=503)
+    status = "draining" if draining else "not_ready"
+    response = _json({"status": status, "models": models}, status=503)
     response.headers["Retry-After"] = "1"
     return response
 

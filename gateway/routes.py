@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
@@ -229,7 +230,7 @@ class GenerationCall:
     ) -> None:
         request = await admit(self._scope, request)  # key's models and limits (frontdoor)
         service = self._state.service
-        request = self.traced(request)
+        request = _with_session(self.traced(request), _header(self._scope, b"x-session-id"))
         presenter = presenter or ChatPresenter(service, include_usage)
         async with self._watch_disconnect():
             generation = await service.open(request, self.record)
@@ -340,6 +341,15 @@ def _header(scope: Scope, name: bytes) -> str | None:
         if key == name:
             return bytes(value).decode("latin-1")
     return None
+
+
+def _with_session(request: GenerationRequest, session: str | None) -> GenerationRequest:
+    """Carry the client's ``x-session-id`` (a replica-affinity key) to the backend."""
+    if not session:
+        return request
+    if len(session) > 256:
+        raise InvalidRequest("x-session-id is longer than 256 characters", param="x-session-id")
+    return dataclasses.replace(request, session_id=session)
 
 
 def _parse(model: type[_WireT], body: Any) -> _WireT:

@@ -1,20 +1,23 @@
 """``OpenAIProxyBackend``: serve a model by relaying to an OpenAI-compatible server.
 
-Lifecycle: ``start()`` creates one pooled aiohttp session for the upstream (the data
-path; measured ~4x cheaper per relayed stream than httpx), probes the upstream once and
-starts the periodic health task; ``stop()`` ends open streams (each raises
-``BackendCrashed``), cancels the health task and closes the session.
+Lifecycle: ``start()`` creates one pooled aiohttp session for the upstream replicas
+(the data path; measured ~4x cheaper per relayed stream than httpx), probes every
+replica once and starts the periodic health and ``/metrics`` scrape tasks; ``stop()``
+ends open streams (each raises ``BackendCrashed``), cancels the tasks and closes the
+session.
 
-Ownership: every mutable field (session, health tracker, breaker, open streams, waiter
-count) is owned by the event loop that called ``start()``; nothing here is thread-safe.
+Ownership: every mutable field (session, replicas, open streams, waiter count) is owned
+by the event loop that called ``start()``; nothing here is thread-safe.
 
-Per request (``generate``): refuse at once while the circuit breaker is open; wait a
-bounded time for a ``max_concurrency`` slot (else ``Overloaded``); send the request
-streaming with ``include_usage``; retry with backoff on unavailability (connection
-errors, 502/503, 429) only until the first event has been produced, so the client never
-sees a retried stream; relay events; finally yield ``Usage`` with the upstream's counts
-(or our own count, see ``stream``) and the seconds spent waiting on the upstream.
-Closing the iterator early closes the upstream connection, and the engine aborts.
+Per request (``generate``): refuse at once while every replica is ejected; wait a
+bounded time for a ``max_concurrency`` slot (else ``Overloaded``); pick a replica
+(``replicas``, ``balance``) and send the request streaming with ``include_usage``; on
+unavailability (connection errors, 502/503, 429) retry, on another replica when one is
+left, with backoff otherwise, only until the first event has been produced, so the
+client never sees a retried stream; relay events; finally yield ``Usage`` with the
+upstream's counts (or our own count, see ``stream``) and the seconds spent waiting on
+the upstream. Closing the iterator early closes the connection to the replica serving
+it, and that engine aborts.
 """
 
 from __future__ import annotations
@@ -41,9 +44,7 @@ from backends.base import (
     Overloaded,
     RequestKind,
     Started,
-    UpstreamRejected,
     UpstreamTimeout,
-    UpstreamUnavailable,
     Usage,
 )
 from backends.embeddings import EmbeddingRequest, EmbeddingResult
@@ -54,11 +55,11 @@ from backends.openai_proxy.embeddings import (
     outcome_label,
     post_embeddings,
 )
-from backends.openai_proxy.engines import profile_for, split_base_url
+from backends.openai_proxy.engines import profile_for
 from backends.openai_proxy.errors import from_exception, from_status, is_retryable
-from backends.openai_proxy.health import CircuitBreaker, HealthTracker
 from backends.openai_proxy.payload import build_body, estimate_prompt_tokens
 from backends.openai_proxy.relay import EmptyStream, HopMetrics, UpstreamStream
+from backends.openai_proxy.replicas import Replica, ReplicaSet, cancel
 from backends.openai_proxy.stream import ChunkTranslator
 from config.schema import OpenAIModelConfig
 
@@ -71,7 +72,6 @@ class OpenAIProxyBackend:
     def __init__(self, config: OpenAIModelConfig, metrics: BackendMetrics) -> None:
         self._config = config
         self._profile = profile_for(config.engine, config.health_path)
-        self._root, self._api = split_base_url(config.base_url)
         self._upstream_model = config.upstream_model or config.name
         labels = (config.name, "openai")
         self._hop = HopMetrics(
@@ -81,12 +81,12 @@ class OpenAIProxyBackend:
             labels=labels,
         )
         self._up_gauge = metrics.upstream_up.labels(*labels)
-        self._health = HealthTracker(config.health_failures_down, config.health_successes_up)
-        self._breaker = CircuitBreaker(config.breaker_failures, config.breaker_cooldown)
+        self._replicas = ReplicaSet(config, metrics.replicas)
         self._slots = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
         self._waiting = 0
         self._session: aiohttp.ClientSession | None = None
         self._health_task: asyncio.Task[None] | None = None
+        self._scrape_task: asyncio.Task[None] | None = None
         self._streams: set[UpstreamStream] = set()
         self._stopping = False
         self._discovered = False
@@ -118,18 +118,20 @@ class OpenAIProxyBackend:
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0),
             json_serialize=lambda value: orjson.dumps(value).decode(),
         )
-        await self._probe()
+        await self._probe_all()
         self._health_task = asyncio.create_task(
-            self._health_loop(), name=f"llmso-health-{config.name}"
+            self._probe_forever(), name=f"llmso-health-{config.name}"
         )
+        if config.metrics_scrape_interval > 0:
+            self._scrape_task = asyncio.create_task(
+                self._replicas.scrape_forever(self._session), name=f"llmso-scrape-{config.name}"
+            )
 
     async def stop(self) -> None:
         self._stopping = True
-        task, self._health_task = self._health_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel(self._health_task)
+        await cancel(self._scrape_task)
+        self._health_task = self._scrape_task = None
         for stream in list(self._streams):
             stream.close()
         session, self._session = self._session, None
@@ -138,7 +140,7 @@ class OpenAIProxyBackend:
         self._up_gauge.set(0)
 
     async def ready(self) -> bool:
-        return self._session is not None and not self._stopping and self._health.up
+        return self._session is not None and not self._stopping and self._replicas.up
 
     def info(self) -> ModelInfo:
         return ModelInfo(
@@ -149,7 +151,8 @@ class OpenAIProxyBackend:
                 "backend": "openai",
                 "engine": self._config.engine,
                 "upstream_model": self._upstream_model,
-                "upstream_up": "1" if self._health.up else "0",
+                "upstream_up": "1" if self._replicas.up else "0",
+                "replicas": str(len(self._replicas.replicas)),
             },
         )
 
@@ -160,12 +163,9 @@ class OpenAIProxyBackend:
         session = self._session
         if session is None or self._stopping:
             raise NotReady(f"model {self._config.name!r} is not started")
-        decision = self._breaker.check(time.monotonic())
-        if not decision.allowed:
-            raise UpstreamUnavailable(
-                f"upstream for {self._config.name!r} is failing; circuit open",
-                retry_after=max(decision.retry_after, 0.1),
-            )
+        now = time.monotonic()
+        if not self._replicas.candidates((), now):
+            raise self._replicas.unavailable(now)
         return session
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
@@ -175,19 +175,20 @@ class OpenAIProxyBackend:
             if self._stopping:  # stopped while this request waited for a slot
                 raise BackendCrashed("backend stopped")
             path, body = build_body(request, self._upstream_model, self._profile)
-            stream, started_at, first = await self._open(session, self._api + path, body, request)
+            stream, replica, started_at, first = await self._open(session, path, body, request)
             self._streams.add(stream)
             try:
                 yield Started(queued_at=queued_at, started_at=started_at)
                 for event in first:
                     yield event
                 while not stream.ended:
-                    for event in await self._next(stream):
+                    for event in await self._next(stream, replica):
                         yield event
                 yield self._usage(stream, request)
             finally:
                 self._streams.discard(stream)
                 stream.close()
+                replica.release()
 
     async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
         """Relay to the upstream's /v1/embeddings: same breaker, slots and retries as
@@ -212,31 +213,47 @@ class OpenAIProxyBackend:
     async def _post_embeddings(
         self, session: aiohttp.ClientSession, body: bytes, expected: int
     ) -> tuple[tuple[tuple[float, ...], ...], int | None]:
+        """POST to a replica, retrying on another one (then after a backoff) while the
+        error is retryable, like ``_open`` does for generation."""
         attempt = 0
+        tried: list[int] = []
         while True:
+            replica = self._replicas.pick(None, tried, attempt)
             try:
-                answer = await post_embeddings(session, self._api + EMBEDDINGS_PATH, body, expected)
+                answer = await post_embeddings(
+                    session, replica.api + EMBEDDINGS_PATH, body, expected
+                )
             except BackendError as error:
                 self._hop.count(outcome_label(error))
-                self._account(error)
+                replica.account(error, time.monotonic())
                 if self._stopping or not is_retryable(error) or attempt >= self._config.retries:
                     raise
-                await asyncio.sleep(self._backoff(attempt, error))
+                tried.append(replica.index)
                 attempt += 1
+                if not self._replicas.candidates(tried, time.monotonic()):
+                    tried.clear()
+                    await asyncio.sleep(self._backoff(attempt - 1, error))
                 continue
+            finally:
+                replica.release()
             self._hop.count("200")
-            self._breaker.record_success()
+            replica.account(None, time.monotonic())
             return answer
 
     async def _open(
-        self, session: aiohttp.ClientSession, url: str, body: bytes, request: GenerationRequest
-    ) -> tuple[UpstreamStream, float, list[BackendEvent]]:
-        """Send with retries until the upstream produced its first events."""
+        self, session: aiohttp.ClientSession, path: str, body: bytes, request: GenerationRequest
+    ) -> tuple[UpstreamStream, Replica, float, list[BackendEvent]]:
+        """Send with retries until a replica produced its first events. A retry goes to
+        a replica not tried yet for this request while one is eligible, else waits a
+        backoff and may try the same ones again."""
         chat = request.kind is RequestKind.CHAT
         waited = 0.0
         attempt = 0
         trace_headers = dict(request.trace_headers) or None
+        tried: list[int] = []
         while True:
+            replica = self._replicas.pick(request, tried, attempt)
+            url = replica.api + path
             started_at = time.time()
             translator = ChunkTranslator(chat=chat, n=request.sampling.n)
             stream = UpstreamStream(url, translator, self._hop)
@@ -245,28 +262,35 @@ class OpenAIProxyBackend:
                 first = await stream.first_events()
             except BackendError as failure:
                 stream.close()
+                replica.release()
                 error = failure
                 if isinstance(failure, EmptyStream):
                     if self._profile.hides_stream_errors:
-                        raise await self._unhidden_error(session, url, body, failure) from None
+                        error = await self._unhidden_error(session, url, body, failure)
+                        replica.account(error, time.monotonic())
+                        raise error from None
                     error = failure.cause or failure
                 waited += stream.waited
-                self._account(error)
+                replica.account(error, time.monotonic())
                 if self._stopping:
                     raise BackendCrashed("backend stopped") from error
                 if not is_retryable(error) or attempt >= self._config.retries:
                     raise error from None
-                delay = self._backoff(attempt, error)
+                tried.append(replica.index)
                 attempt += 1
-                await asyncio.sleep(delay)
-                waited += delay
+                if not self._replicas.candidates(tried, time.monotonic()):
+                    tried.clear()  # every replica had its go: back off, then start over
+                    delay = self._backoff(attempt - 1, error)
+                    await asyncio.sleep(delay)
+                    waited += delay
                 continue
             except BaseException:
                 stream.close()
+                replica.release()
                 raise
-            self._breaker.record_success()
+            replica.account(None, time.monotonic())
             stream.waited += waited
-            return stream, started_at, first
+            return stream, replica, started_at, first
 
     async def _unhidden_error(
         self, session: aiohttp.ClientSession, url: str, body: bytes, empty: EmptyStream
@@ -290,11 +314,11 @@ class OpenAIProxyBackend:
                 error = from_exception(exc, url=url)
         return error
 
-    async def _next(self, stream: UpstreamStream) -> list[BackendEvent]:
+    async def _next(self, stream: UpstreamStream, replica: Replica) -> list[BackendEvent]:
         try:
             return await stream.next_events()
         except BackendError as error:
-            self._account(error)
+            replica.account(error, time.monotonic())
             if self._stopping:
                 raise BackendCrashed("backend stopped") from error
             raise
@@ -306,14 +330,6 @@ class OpenAIProxyBackend:
         else:
             prompt, completion = estimate_prompt_tokens(request), translator.counted_tokens
         return Usage(prompt, completion, upstream_seconds=stream.waited)
-
-    def _account(self, error: BackendError) -> None:
-        """Feed one failed attempt to the breaker: a rejection (4xx) proves the upstream
-        works; a 429 says nothing either way; everything else is a failure."""
-        if isinstance(error, UpstreamRejected):
-            self._breaker.record_success()
-        elif not isinstance(error, Overloaded):
-            self._breaker.record_failure(time.monotonic())
 
     @staticmethod
     def _backoff(attempt: int, error: BackendError) -> float:
@@ -351,19 +367,25 @@ class OpenAIProxyBackend:
 
     # ------------------------------------------------------------------ health
 
-    async def _health_loop(self) -> None:
+    async def _probe_forever(self) -> None:
         while True:
             await asyncio.sleep(self._config.health_interval)
-            await self._probe()
+            await self._probe_all()
 
-    async def _probe(self) -> None:
-        """One health probe. Until the model list was read once, the probe reads
-        ``/v1/models`` to learn the upstream's model id and context size."""
+    async def _probe_all(self) -> None:
+        await self._replicas.probe_all(self._probe_one)
+        self._up_gauge.set(1 if self._replicas.up else 0)
+
+    async def _probe_one(self, replica: Replica) -> bool:
+        """One health probe of one replica. Until the model list was read once (from
+        any replica), the probe reads ``/v1/models`` to learn the upstream's model id
+        and context size."""
         session = self._session
         if session is None:
-            return
+            return False
         discovering = not self._discovered
-        url = f"{self._api}/models" if discovering else self._root + self._profile.health_path
+        path = "/models" if discovering else self._profile.health_path
+        url = replica.api + path if discovering else replica.root + path
         ok = False
         try:
             timeout = aiohttp.ClientTimeout(total=2 * self._config.connect_timeout)
@@ -373,7 +395,7 @@ class OpenAIProxyBackend:
                     self._learn(await response.read())
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
             ok = False
-        self._up_gauge.set(1 if self._health.record(ok) else 0)
+        return ok
 
     def _learn(self, raw: bytes) -> None:
         """Take the upstream model id (when not configured) and its context size."""

@@ -1,0 +1,65 @@
+"""Prometheus families for upstream replicas (the ``openai`` backend's ``replicas:``).
+
+Created once per app inside ``BackendMetrics`` and shared by every backend, so two models
+never register the same family twice. The ``replica`` label is a configured base URL,
+so its values are bounded by the config; ``reason`` and ``outcome`` are fixed sets.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class ReplicaMetrics:
+    """The per-replica families; children are resolved once per replica (``Replica``)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        labels = ("model", "replica")
+        self.requests = Counter(
+            "llmso_replica_requests_total",
+            "Attempts sent to one replica, by outcome (ok or the error code).",
+            (*labels, "outcome"),
+            registry=registry,
+        )
+        self.routes = Counter(
+            "llmso_replica_routes_total",
+            "Routing decisions, by balance policy and reason.",
+            (*labels, "balance", "reason"),
+            registry=registry,
+        )
+        self.inflight = Gauge(
+            "llmso_replica_inflight_requests",
+            "Requests this gateway has open on one replica.",
+            labels,
+            registry=registry,
+        )
+        self.up = Gauge(
+            "llmso_replica_up",
+            "1 when the replica passes health checks and is not ejected.",
+            labels,
+            registry=registry,
+        )
+        self.waiting = Gauge(
+            "llmso_replica_queue_depth",
+            "Requests waiting in the replica's engine (scraped from its /metrics).",
+            labels,
+            registry=registry,
+        )
+        self.running = Gauge(
+            "llmso_replica_running_requests",
+            "Requests running in the replica's engine (scraped from its /metrics).",
+            labels,
+            registry=registry,
+        )
+        self.kv_usage = Gauge(
+            "llmso_replica_kv_cache_usage_ratio",
+            "Fraction of the replica's KV cache in use (scraped from its /metrics).",
+            labels,
+            registry=registry,
+        )
+        self.ejections = Counter(
+            "llmso_replica_ejections_total",
+            "Times the replica was ejected after consecutive failures.",
+            labels,
+            registry=registry,
+        )

@@ -1,0 +1,320 @@
+"""Replicas behind one ``openai`` model, against in-process fake upstreams: the balance
+policies, health and ejection, retries on another replica, re-admission, aborts, the
+``x-session-id`` header through a real app, and the per-replica metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from backends.base import (
+    ChatMessage,
+    GenerationRequest,
+    RequestKind,
+    SamplingParams,
+    TextDelta,
+    Usage,
+)
+from backends.hop_metrics import BackendMetrics
+from backends.openai_proxy.backend import OpenAIProxyBackend
+from backends.openai_proxy.balance import PrefixAffinity, affinity_key
+from bench.fake_upstream import WORDS, FakeOptions, FakeUpstream
+from config.schema import AppConfig, OpenAIModelConfig
+from gateway.app import build_app
+
+
+class Fleet:
+    """Fake upstream replicas and one backend in front of them."""
+
+    def __init__(self, fakes: list[FakeUpstream], backend: OpenAIProxyBackend, registry: Any):
+        self.fakes = fakes
+        self.backend = backend
+        self.registry = registry
+
+    def sample(self, name: str, replica: FakeUpstream, **labels: str) -> float:
+        value = self.registry.get_sample_value(
+            name, {"model": "proxy", "replica": f"{replica.url}/v1", **labels}
+        )
+        return value or 0.0
+
+    def served(self) -> list[int]:
+        return [len(fake.bodies) for fake in self.fakes]
+
+
+def _config(fakes: list[FakeUpstream], **overrides: Any) -> OpenAIModelConfig:
+    fields: dict[str, Any] = {
+        "name": "proxy",
+        "backend": "openai",
+        "replicas": [f"{fake.url}/v1" for fake in fakes],
+        "upstream_model": "fake-model",
+        "health_interval": 0.05,
+        "connect_timeout": 1.0,
+        "metrics_scrape_interval": 0.05,
+        **overrides,
+    }
+    return OpenAIModelConfig(**fields)
+
+
+@pytest.fixture
+async def fleet_of() -> AsyncIterator[Any]:
+    made: list[Fleet] = []
+
+    async def make(options: list[FakeOptions], **overrides: Any) -> Fleet:
+        fakes = [FakeUpstream(o) for o in options]
+        for fake in fakes:
+            await fake.start()
+        registry = CollectorRegistry()
+        backend = OpenAIProxyBackend(_config(fakes, **overrides), BackendMetrics(registry))
+        await backend.start()
+        made.append(Fleet(fakes, backend, registry))
+        return made[-1]
+
+    yield make
+    for fleet in made:
+        await fleet.backend.stop()
+        for fake in fleet.fakes:
+            await fake.stop()
+
+
+def _chat(text: str = "say hello", max_tokens: int = 4, **fields: Any) -> GenerationRequest:
+    return GenerationRequest(
+        request_id="r",
+        model="proxy",
+        kind=RequestKind.CHAT,
+        sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0),
+        messages=(ChatMessage("user", text),),
+        **fields,
+    )
+
+
+async def _text(backend: OpenAIProxyBackend, request: GenerationRequest) -> str:
+    events = [event async for event in backend.generate(request)]
+    assert isinstance(events[-1], Usage)
+    return "".join(e.text for e in events if isinstance(e, TextDelta))
+
+
+async def _burst(
+    backend: OpenAIProxyBackend, requests: list[GenerationRequest], width: int
+) -> None:
+    gate = asyncio.Semaphore(width)
+
+    async def one(request: GenerationRequest) -> None:
+        async with gate:
+            assert await _text(backend, request) == "".join(WORDS[: request.sampling.max_tokens])
+
+    await asyncio.gather(*(one(r) for r in requests))
+
+
+async def _until(predicate: Any, within: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.02)
+
+
+async def test_least_loaded_sends_less_to_a_slow_replica(fleet_of: Any) -> None:
+    fleet = await fleet_of([FakeOptions(delay_ms=1), FakeOptions(delay_ms=40)])
+    await _burst(fleet.backend, [_chat(max_tokens=6) for _ in range(48)], width=6)
+    fast, slow = fleet.served()
+    assert fast + slow == 48
+    assert slow < fast / 2, (fast, slow)
+    routes = fleet.sample(
+        "llmso_replica_routes_total", fleet.fakes[0], balance="least_loaded", reason="p2c"
+    )
+    assert routes == fast
+
+
+async def test_least_loaded_reads_the_engines_queue_gauges(fleet_of: Any) -> None:
+    fleet = await fleet_of([FakeOptions(), FakeOptions()])
+    queued = fleet.fakes[0]
+    queued.waiting, queued.kv_usage = 12, 0.9
+    await _until(lambda: fleet.sample("llmso_replica_queue_depth", queued) == 12)
+    assert fleet.sample("llmso_replica_kv_cache_usage_ratio", queued) == pytest.approx(0.9)
+    for _ in range(10):
+        await _text(fleet.backend, _chat())
+    assert fleet.served() == [0, 10]
+
+
+async def test_round_robin_alternates(fleet_of: Any) -> None:
+    fleet = await fleet_of([FakeOptions()] * 3, balance="round_robin")
+    for _ in range(9):
+        await _text(fleet.backend, _chat())
+    assert fleet.served() == [3, 3, 3]
+
+
+async def test_dead_replica_costs_no_failed_request_and_comes_back(fleet_of: Any) -> None:
+    fleet = await fleet_of(
+        [FakeOptions(), FakeOptions(), FakeOptions()],
+        balance="round_robin",
+        breaker_failures=2,
+        breaker_cooldown=0.3,
+        health_failures_down=2,
+        health_successes_up=2,
+    )
+    dead = fleet.fakes[1]
+    port = dead.port
+    await dead.stop()  # connection refused from now on
+    await _burst(fleet.backend, [_chat() for _ in range(30)], width=3)  # every one succeeds
+    assert sum(fleet.served()) == 30
+    await _until(lambda: fleet.sample("llmso_replica_up", dead) == 0)
+    refused = fleet.sample("llmso_replica_requests_total", dead, outcome="upstream_unavailable")
+    assert refused >= 1  # it was tried, then retried elsewhere
+    before = fleet.served()
+    await _burst(fleet.backend, [_chat() for _ in range(12)], width=3)
+    assert (
+        fleet.sample("llmso_replica_requests_total", dead, outcome="upstream_unavailable")
+        == refused
+    )
+    assert sum(fleet.served()) - sum(before) == 12  # a dead replica gets nothing now
+    # Back on the same port: probes re-admit it after health_successes_up passes.
+    revived = FakeUpstream()
+    await revived.start(port=port)
+    fleet.fakes[1] = revived
+    try:
+        await _until(lambda: fleet.sample("llmso_replica_up", revived) == 1)
+        await _burst(fleet.backend, [_chat() for _ in range(9)], width=1)
+        assert len(revived.bodies) == 3
+    finally:
+        await revived.stop()
+        fleet.fakes[1] = dead
+
+
+async def test_5xx_outlier_is_ejected_and_retried_elsewhere(fleet_of: Any) -> None:
+    fleet = await fleet_of(
+        [FakeOptions(), FakeOptions()],
+        balance="round_robin",
+        breaker_failures=2,
+        breaker_cooldown=30,
+    )
+    bad = fleet.fakes[0]
+    bad.faults.extend([503] * 50)  # answers its probes, fails every request
+    for _ in range(8):
+        assert await _text(fleet.backend, _chat())
+    assert len(bad.bodies) == 2  # two failures eject it; the rest never reach it
+    assert fleet.sample("llmso_replica_ejections_total", bad) == 1
+    assert fleet.sample("llmso_replica_up", bad) == 0
+    assert len(fleet.fakes[1].bodies) == 8
+
+
+async def test_prefix_affinity_holds_under_bounded_load(fleet_of: Any) -> None:
+    # 48 keys hash unevenly (the busiest replica owns ~1.4x the mean); a load factor of 2
+    # absorbs that, 1.25 would spill ~20 % of requests to keep the replicas even.
+    fleet = await fleet_of([FakeOptions(delay_ms=2)] * 4, balance="prefix", prefix_load_factor=2)
+    keys = [f"document {k:02d} " * 30 for k in range(48)]
+    requests = [_chat(keys[i % len(keys)] + f"question {i}") for i in range(288)]
+    await _burst(fleet.backend, requests, width=16)
+    ring = PrefixAffinity([f"{fake.url}/v1" for fake in fleet.fakes], 2)
+    home = {key: ring.primary(affinity_key(_chat(key + "question"), 256)) for key in keys}
+    on_home = 0
+    for replica, fake in enumerate(fleet.fakes):
+        for body in fake.bodies:
+            on_home += home[body["messages"][0]["content"][: len(keys[0])]] == replica
+    assert on_home / len(requests) >= 0.9, (on_home, fleet.served())
+    assert min(fleet.served()) > 0  # the keys spread over every replica
+
+
+async def test_hot_prefix_spills_to_a_second_replica(fleet_of: Any) -> None:
+    fleet = await fleet_of([FakeOptions(chunks=10, delay_ms=20)] * 3, balance="prefix")
+    hot = "the same long system prompt " * 20
+    await _burst(fleet.backend, [_chat(hot + str(i), max_tokens=10) for i in range(12)], width=6)
+    used = [n for n in fleet.served() if n]
+    assert len(used) >= 2 and max(used) < 12, fleet.served()
+
+
+async def test_session_and_user_keys_pin_a_replica(fleet_of: Any) -> None:
+    fleet = await fleet_of([FakeOptions()] * 4, balance="prefix")
+    for i in range(8):
+        await _text(fleet.backend, _chat(f"turn {i}", session_id="conversation-7"))
+    assert sorted(fleet.served()) == [0, 0, 0, 8]
+    for i in range(8):
+        await _text(fleet.backend, _chat(f"turn {i}", user="alice"))
+    assert sum(1 for n in fleet.served() if n) <= 2
+
+
+async def test_client_disconnect_aborts_on_the_serving_replica(fleet_of: Any) -> None:
+    fleet = await fleet_of([FakeOptions(chunks=200, delay_ms=20)] * 2, balance="round_robin")
+    await _text(fleet.backend, _chat(max_tokens=1))  # replica 0 once, so replica 1 is next
+    stream = fleet.backend.generate(_chat(max_tokens=200))
+    async for event in stream:
+        if isinstance(event, TextDelta):
+            break
+    serving = fleet.fakes[1]
+    assert serving.running == 1
+    await stream.aclose()  # type: ignore[attr-defined]
+    await _until(lambda: serving.aborted == 1)
+    assert serving.running == 0 and fleet.fakes[0].aborted == 0
+    assert fleet.sample("llmso_replica_inflight_requests", serving) == 0
+
+
+async def test_session_header_reaches_the_backend_through_the_app() -> None:
+    fakes = [FakeUpstream(), FakeUpstream()]
+    for fake in fakes:
+        await fake.start()
+    entry = {**_config(fakes, balance="prefix").model_dump(exclude_none=True), "name": "m"}
+    app = build_app(AppConfig.model_validate({"models": [entry]}))
+    try:
+        async with app.lifespan():
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+                await _until(app.state.registry.is_ready)
+                for i in range(6):
+                    body = {"model": "m", "messages": [{"role": "user", "content": f"q{i}"}]}
+                    reply = await client.post(
+                        "/v1/chat/completions", json=body, headers={"x-session-id": "abc"}
+                    )
+                    assert reply.status_code == 200, reply.text
+                assert sorted(len(f.bodies) for f in fakes) == [0, 6]
+                assert all(
+                    "x-session-id" not in {k.lower() for k in h} for f in fakes for h in f.headers
+                )
+                reply = await client.post(
+                    "/v1/chat/completions", json=body, headers={"x-session-id": "x" * 300}
+                )
+                assert reply.status_code == 400
+                assert reply.json()["error"]["param"] == "x-session-id"
+    finally:
+        for fake in fakes:
+            await fake.stop()
+
+
+async def test_two_gateways_behind_one_address_agree_on_replicas() -> None:
+    """Gateways share no state: two apps with the same config, requests alternating
+    between them as a Service would send them, pick the same replica per session key
+    (the ring is a function of the config) and both serve."""
+    fakes = [FakeUpstream(), FakeUpstream(), FakeUpstream()]
+    for fake in fakes:
+        await fake.start()
+    entry = {**_config(fakes, balance="prefix").model_dump(exclude_none=True), "name": "m"}
+    apps = [build_app(AppConfig.model_validate({"models": [entry]})) for _ in range(2)]
+    try:
+        async with apps[0].lifespan(), apps[1].lifespan():
+            clients = [
+                httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+                for app in apps
+            ]
+            for app in apps:
+                await _until(app.state.registry.is_ready)
+            for n in range(24):
+                body = {"model": "m", "messages": [{"role": "user", "content": f"turn {n}"}]}
+                headers = {"x-session-id": f"session-{n % 6}"}
+                reply = await clients[n % 2].post(
+                    "/v1/chat/completions", json=body, headers=headers
+                )
+                assert reply.status_code == 200, reply.text
+            for client in clients:
+                await client.aclose()
+    finally:
+        for fake in fakes:
+            await fake.stop()
+    homes: dict[int, set[int]] = {}
+    for replica, fake in enumerate(fakes):
+        for body in fake.bodies:
+            turn = int(body["messages"][0]["content"].split()[1])
+            homes.setdefault(turn % 6, set()).add(replica)
+    assert all(len(replicas) == 1 for replicas in homes.values()), homes
+    assert len(homes) == 6
