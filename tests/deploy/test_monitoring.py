@@ -30,6 +30,8 @@ REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS = REPO / "deploy" / "prometheus"
 RULES = PROMETHEUS / "rules" / "llmso.rules.yml"
 DASHBOARD = REPO / "deploy" / "grafana" / "llmso.json"
+
+
 def _require(binary: str) -> str:
     found = shutil.which(binary)
     if found is None:
