@@ -58,10 +58,11 @@ class RegistryConfig(_Frozen):
 class ResponsesConfig(_Frozen):
     """``/v1/responses``: where finished responses are kept for ``previous_response_id``."""
 
-    store: str = Field(
-        "memory",
+    store: str | None = Field(
+        None,
         pattern=r"^(memory|(rediss?|unix)://\S+)$",
-        description="'memory' (this process) or 'redis://host:port/db' (shared by replicas).",
+        description="'memory' (this process) or 'redis://host:port/db' (shared by replicas); "
+        "default: the same store as limits.store, so replicas never keep it apart silently.",
     )
     max_entries: int = Field(1000, gt=0, description="memory: most responses kept (LRU).")
     ttl: float = Field(3600.0, gt=0, description="Seconds a stored response is kept.")

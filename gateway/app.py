@@ -72,7 +72,9 @@ def build_app(
         backend_metrics=backend_metrics,
         registry=registry,
         service=service,
-        responses=ResponsesEndpoint(service, open_store(config.responses)),
+        responses=ResponsesEndpoint(
+            service, open_store(config.responses, default=config.limits.store)
+        ),
         admin_key=admin_key,
         started_at=int(time.time()),
         console=Console(backend_metrics),

@@ -8,9 +8,11 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from backends.base import InvalidRequest
+from backends.base import GenerationRequest, InvalidRequest, RequestKind, SamplingParams
+from backends.embeddings import EmbeddingRequest
 from gateway.embeddings import EmbeddingService, EmbeddingsWire, embedding_request
 from gateway.errors import from_validation_error
+from gateway.frontdoor.door import admit
 from gateway.routes import GenerationCall
 
 _JSON = (b"content-type", b"application/json")
@@ -31,6 +33,7 @@ class EmbeddingCall(GenerationCall):
         wire = _parse(body)
         request = embedding_request(wire, record.request_id, record.arrival_time)
         record.requested_model = request.model
+        await admit(self._scope, _metered(request))  # the key's models and limits
         service = EmbeddingService(state.registry, state.gateway_metrics)
         async with self._watch_disconnect():
             payload = await service.embed(request, record, wire.encoding_format)
@@ -40,6 +43,21 @@ class EmbeddingCall(GenerationCall):
             (b"server-timing", f"total;dur={record.elapsed * 1000.0:.2f}".encode()),
         ]
         await self._respond(200, orjson.dumps(payload), headers)
+
+
+def _metered(request: EmbeddingRequest) -> GenerationRequest:
+    """What the front door meters for an embedding call: its inputs as the prompt and no
+    completion tokens (the settlement then counts the real prompt tokens)."""
+    return GenerationRequest(
+        request_id=request.request_id,
+        model=request.model,
+        kind=RequestKind.COMPLETION,
+        sampling=SamplingParams(max_tokens=1),
+        prompt="\n".join(request.texts),
+        prompt_token_ids=tuple(token for ids in request.token_ids for token in ids),
+        arrival_time=request.arrival_time,
+        user=request.user,
+    )
 
 
 def _parse(body: Any) -> EmbeddingsWire:

@@ -251,7 +251,7 @@ def estimate_prompt_tokens(request: GenerationRequest) -> int:
     size = len(request.prompt.encode()) + sum(
         len(message.content.encode()) + 8 for message in request.messages
     )
-    return math.ceil(size / 4) + 1
+    return math.ceil(size / 4) + 1 + len(request.prompt_token_ids)
 
 
 def rate_limit_headers(verdict: Verdict) -> list[tuple[bytes, bytes]]:

@@ -104,10 +104,12 @@ class MemoryResponseStore:
         self._entries.clear()
 
 
-def open_store(config: ResponsesConfig) -> ResponseStore:
-    """The store ``config`` names; connects lazily (no I/O here)."""
-    if config.store == "memory":
+def open_store(config: ResponsesConfig, default: str = "memory") -> ResponseStore:
+    """The store ``config`` names, else ``default`` (the limits store's URL, so gateways
+    that share limits share conversations too); connects lazily (no I/O here)."""
+    where = config.store or default
+    if where == "memory":
         return MemoryResponseStore(config.max_entries, config.ttl)
     from gateway.openai_responses.redis_store import RedisResponseStore
 
-    return RedisResponseStore(config.store, ttl=config.ttl, timeout=config.timeout)
+    return RedisResponseStore(where, ttl=config.ttl, timeout=config.timeout)

@@ -14,7 +14,10 @@ the contract of ``backends/base.py``: event order with zero or one ``Started``; 
 failures (invalid, not ready, overloaded) raised before ``Started``, so the service can
 still answer a real HTTP status and fall back; ``n``, ``length`` and stop strings;
 closing a stream early aborts its work; ``stop()`` ends open streams with
-``BackendCrashed``; ``info()`` and ``ready()``.
+``BackendCrashed``; ``info()`` and ``ready()``; and, for a backend whose ``info()``
+declares them and whose test double can honour them (``structured = True``), structured
+output (``json_schema``: the text parses and validates) and forced tool calls (``required``:
+a ``ToolCallDelta`` stream naming the tool, arguments that validate, ``tool_calls`` reason).
 """
 
 from __future__ import annotations
@@ -22,8 +25,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import Any
 
+import jsonschema
+import orjson
 import pytest
 
 from backends.base import (
@@ -38,9 +44,12 @@ from backends.base import (
     NotReady,
     Overloaded,
     RequestKind,
+    ResponseFormat,
     SamplingParams,
     Started,
     TextDelta,
+    ToolChoice,
+    ToolSpec,
 )
 from tests.contract.events import collect
 
@@ -68,6 +77,15 @@ class BackendContract:
     flood = 5
     """How many long requests opened at once overflow ``spare``."""
     min_refused = 1
+    structured = False
+    """Whether the backend under test honours the structured features it declares (a
+    real engine); a test double that only relays them (a fake upstream) leaves it off."""
+    city_schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+        "required": ["city", "population"],
+        "additionalProperties": False,
+    }
 
     def request(self, max_tokens: int, **sampling: Any) -> GenerationRequest:
         """A greedy chat request with ``prompt``."""
@@ -124,6 +142,40 @@ class BackendContract:
         cut = await collect(backend.generate(self.request(self.short_tokens, stop=(stop,))))
         assert cut.text() == text[: text.index(stop)]
         assert cut.reason() == "stop"
+
+    def _declared(self, backend: Backend, feature: Feature) -> None:
+        if not self.structured:
+            pytest.skip("this backend's test double relays structured features unchecked")
+        if feature not in backend.info().features:
+            pytest.skip(f"the backend does not declare {feature.value}")
+
+    async def test_declared_json_schema_is_honoured(self, backend: Backend) -> None:
+        self._declared(backend, Feature.JSON_SCHEMA)
+        schema = orjson.dumps(self.city_schema).decode()
+        request = replace(
+            self.request(64),
+            messages=(ChatMessage("user", "Name a big city and its population as JSON."),),
+            response_format=ResponseFormat("json_schema", name="city", schema=schema),
+        )
+        result = await collect(backend.generate(request))
+        assert result.reason() == "stop", result.text()
+        jsonschema.validate(orjson.loads(result.text()), self.city_schema)
+
+    async def test_declared_tools_force_a_valid_call(self, backend: Backend) -> None:
+        self._declared(backend, Feature.TOOLS)
+        tool = ToolSpec("get_city", "Look a city up.", orjson.dumps(self.city_schema).decode())
+        request = replace(
+            self.request(96),
+            messages=(ChatMessage("user", "Look up Paris."),),
+            tools=(tool,),
+            tool_choice=ToolChoice("required"),
+        )
+        result = await collect(backend.generate(request))
+        calls = result.calls()
+        assert calls and result.reason() == "tool_calls", result.events
+        for name, arguments in calls:
+            assert name == "get_city"
+            jsonschema.validate(orjson.loads(arguments), self.city_schema)
 
     async def test_invalid_request_is_refused_before_started(self, backend: Backend) -> None:
         with pytest.raises(InvalidRequest):

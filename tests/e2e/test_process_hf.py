@@ -155,6 +155,8 @@ class TestProcessHFContract(BackendContract):
     """The shared backend contract across the worker boundary (defined before the
     ``kill -9`` test, which leaves the module's worker dead)."""
 
+    structured = True
+
     model = NAME
     min_refused = 3  # max_queue=2: two wait, three are refused
 

@@ -231,6 +231,8 @@ class TestTritonContract(BackendContract):
     restarts the server). Its own backends and metrics, so the counts the tests above
     assert on stay theirs."""
 
+    structured = True
+
     model = "triton-llm"
     choices = 1
     flood = 80  # one decoding + the llm model's queue of 64 + some it must refuse

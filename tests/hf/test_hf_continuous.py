@@ -196,6 +196,8 @@ async def test_chunked_prefill_under_a_small_token_budget(alone: list[str]) -> N
 class TestHFContract(BackendContract):
     """The shared backend contract on the in-process engine (thread)."""
 
+    structured = True
+
     flood = 5
     min_refused = 3  # max_queue=2: two wait, three are refused
 

@@ -120,3 +120,41 @@ async def test_refusals_name_the_param(client: httpx.AsyncClient) -> None:
     assert_error(missing, 404, "model_not_found", "model")
     wrong_method = await client.get("/v1/embeddings")
     assert wrong_method.status_code == 405
+
+
+async def test_client_key_limits_and_models_hold_for_embeddings() -> None:
+    key = "sk-embed-test-key"
+    config = AppConfig.model_validate(
+        {
+            "models": [
+                {"name": "embedder", "backend": "openai", "base_url": "http://x"},
+                {"name": "chatter", "backend": "openai", "base_url": "http://x"},
+            ],
+            "auth": {
+                "required": True,
+                "keys": [{"name": "rag", "key": key, "models": ["embedder"], "rpm": 2}],
+            },
+        }
+    )
+
+    def factory(model: ModelConfig, _on_crash: Any) -> Backend:
+        if model.name == "embedder":
+            return ScriptedEmbedder(model)  # type: ignore[return-value]
+        return ScriptedBackend(model)
+
+    app = build_app(config, backend_factory=factory)
+    auth = {"authorization": f"Bearer {key}"}
+    async with (
+        app.lifespan(),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http,
+    ):
+        body = {"model": "embedder", "input": ["a", "b"]}
+        assert (await http.post("/v1/embeddings", json=body)).status_code == 401
+        answers = [await http.post("/v1/embeddings", json=body, headers=auth) for _ in range(3)]
+        assert [a.status_code for a in answers] == [200, 200, 429]
+        assert answers[0].headers["x-ratelimit-limit-requests"] == "2"
+        assert answers[2].json()["error"]["code"] == "rate_limit_exceeded"
+        other = {"model": "chatter", "input": "a"}
+        hidden = await http.post("/v1/embeddings", json=other, headers=auth)
+        assert hidden.status_code == 404
+        assert hidden.json()["error"]["code"] == "model_not_found"

@@ -402,3 +402,17 @@ def test_responses_config_refuses_an_unknown_store() -> None:
     for bad in ({"store": "mysql://h"}, {"ttl": 0}, {"max_entries": 0}):
         with pytest.raises(ValidationError):
             AppConfig.model_validate({"models": models, "responses": bad})
+
+
+def test_responses_store_defaults_to_the_limits_store() -> None:
+    from gateway.openai_responses.redis_store import RedisResponseStore
+    from gateway.openai_responses.store import MemoryResponseStore, open_store
+
+    models = [{"name": "m", "backend": "openai", "base_url": "http://unused"}]
+    shared = AppConfig.model_validate({"models": models, "limits": {"store": "redis://h:1/0"}})
+    assert shared.responses.store is None
+    assert isinstance(open_store(shared.responses, shared.limits.store), RedisResponseStore)
+    local = AppConfig.model_validate(
+        {"models": models, "limits": {"store": "redis://h:1/0"}, "responses": {"store": "memory"}}
+    )
+    assert isinstance(open_store(local.responses, local.limits.store), MemoryResponseStore)
