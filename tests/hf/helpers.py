@@ -82,6 +82,17 @@ class Result:
         return last
 
 
+async def leave_after(stream: AsyncIterator[BackendEvent], deltas: int) -> int:
+    """Read ``deltas`` text deltas, then close the stream as a departing client does."""
+    seen = 0
+    async for event in stream:
+        seen += isinstance(event, TextDelta)
+        if seen == deltas:
+            break
+    await stream.aclose()  # type: ignore[attr-defined]
+    return seen
+
+
 async def collect(stream: AsyncIterator[BackendEvent]) -> Result:
     events = [event async for event in stream]
     check_order(events)
@@ -109,6 +120,7 @@ class RecordingObserver:
     loads: list[tuple[int, int, float]] = field(default_factory=list)
     aborts: int = 0
     preempts: int = 0
+    prefix: list[tuple[int, int]] = field(default_factory=list)
 
     def on_step(self, batch_size: int, num_tokens: int, seconds: float) -> None:
         with self.lock:
@@ -125,3 +137,7 @@ class RecordingObserver:
     def on_preempt(self) -> None:
         with self.lock:
             self.preempts += 1
+
+    def on_prefix_cache(self, queried_tokens: int, hit_tokens: int) -> None:
+        with self.lock:
+            self.prefix.append((queried_tokens, hit_tokens))
