@@ -252,6 +252,10 @@ model_list:
 litellm_settings:
   num_retries: 0
   request_timeout: 60
+general_settings:
+  # Bound to 127.0.0.1 for one benchmark; llmso runs without API keys here too, so
+  # neither side pays for authentication.
+  dangerously_permit_weak_or_unset_master_key: true
 """
 
 
