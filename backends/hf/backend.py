@@ -145,6 +145,7 @@ class HFBackend:
             runner = llama_runner.LlamaRunner(
                 loaded.model, max_slots=config.max_num_seqs + 1, max_context=loaded.max_context
             )
+        log.info("%s: decode attention via %s", config.name, runner.decode_impl)
         prefix = None
         if config.prefix_caching:
             prefix = PrefixCache(runner.cache, max_tokens=config.prefix_cache_tokens)

@@ -17,6 +17,7 @@ Owner: the engine thread. Not thread-safe.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,6 +106,8 @@ class LlamaRunner:
         self.cos = cos
         # rotate_half(x) * sin == flip_halves(x) * [-sin_lo, sin_hi]
         self.sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+        self.decode_impl = "matmul"
+        self.decode_impl = self._pick_decode_attention()
         self.cache = SlotKVCache(
             layers=len(self.layers),
             kv_heads=self.kv_heads,
@@ -205,14 +208,16 @@ class LlamaRunner:
         return step, ids_t, logit_rows
 
     def _decode_bias(self, positions: torch.Tensor, span_len: int) -> torch.Tensor:
-        """Additive mask, 0 up to each row's own position: ``[D, 1, 1, span]`` for SDPA
-        (half precision) or ``[D*kv_heads, 1, span]`` for the fp32 matmul path."""
+        """Additive mask, 0 up to each row's own position: ``[D, 1, 1, span]`` in the model
+        dtype for SDPA, or fp32 ``[D*kv_heads, 1, span]`` for the matmul path."""
         keys = torch.arange(span_len, device=self.device)
         allowed = keys[None, :] <= positions[:, None]
-        bias = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+        sdpa = self.decode_impl == "sdpa"
+        dtype = self.dtype if sdpa else torch.float32
+        bias = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
         bias.masked_fill_(~allowed, float("-inf"))
         rows = positions.shape[0]
-        if self.upcast:
+        if sdpa:
             return bias[:, None, None, :]
         expanded = bias[:, None, None, :].expand(rows, self.kv_heads, 1, span_len)
         return expanded.reshape(rows * self.kv_heads, 1, span_len)
@@ -266,31 +271,66 @@ class LlamaRunner:
     def _decode_attention(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, step: _Step
     ) -> torch.Tensor:
-        """One query per decoding slot ``0..D-1``; keys are read as a view of the cache.
-
-        fp32: two batched matmuls with the query heads sharing a kv head folded into the
-        M dimension (measured as fast as SDPA, and bit-stable across batch sizes). Half
-        precision: SDPA's fused CPU kernel, which accumulates in fp32 and measured ~1.6x
-        faster than the matmuls (they copy strided bf16 operands)."""
-        d, kvh, hd, span = step.num_decode, self.kv_heads, self.head_dim, step.span_len
+        """One query per decoding slot ``0..D-1``; keys are read as a view of the cache."""
+        d, span = step.num_decode, step.span_len
         assert step.bias is not None
-        if self.upcast:
-            out = F.scaled_dot_product_attention(
-                q[:d].unsqueeze(2),
-                k_cache[:d, :, :span],
-                v_cache[:d, :, :span],
-                attn_mask=step.bias,
-                scale=self.scale,
-                enable_gqa=True,
-            )
-            return out.view(d, self.heads * hd)
-        qd = q[:d].reshape(d * kvh, self.group, hd)
-        kd = k_cache[:d, :, :span].reshape(d * kvh, span, hd)
-        vd = v_cache[:d, :, :span].reshape(d * kvh, span, hd)
-        scores = torch.baddbmm(step.bias, qd, kd.transpose(1, 2), alpha=self.scale)
-        return torch.bmm(scores.softmax(-1), vd).view(d, self.heads * hd)
+        attend = _decode_sdpa if self.decode_impl == "sdpa" else _decode_matmul
+        return attend(q[:d], k_cache[:d, :, :span], v_cache[:d, :, :span], step.bias, self.scale)
+
+    def _pick_decode_attention(self) -> str:
+        """fp32: the matmuls (bit-stable across batch sizes). Half precision on CUDA: SDPA.
+        Half precision on CPU: whichever is faster here, timed on a synthetic batch at
+        load. SDPA's CPU kernel measured ~1.6x faster than the matmuls on an AMX Xeon but
+        ~6x slower on an AMD EPYC (its bf16 GEMMs take MKL's generic paths there), where
+        upcasting to fp32 matmuls wins; both compute the same attention in fp32."""
+        if not self.upcast:
+            return "matmul"
+        if self.device.type != "cpu":
+            return "sdpa"
+        rows, span = 8, 256
+        shape = (rows, self.kv_heads, span, self.head_dim)
+        k = torch.randn(shape, device=self.device).to(self.dtype)
+        v = torch.randn(shape, device=self.device).to(self.dtype)
+        q = torch.randn(rows, self.heads, self.head_dim, device=self.device).to(self.dtype)
+        positions = torch.full((rows,), span - 1, device=self.device)
+        timings: dict[str, list[float]] = {"sdpa": [], "matmul": []}
+        for _ in range(5):  # interleaved, so drift of a shared machine hits both alike
+            for impl, attend in (("sdpa", _decode_sdpa), ("matmul", _decode_matmul)):
+                self.decode_impl = impl
+                bias = self._decode_bias(positions, span)
+                began = time.perf_counter()
+                for _ in range(3):
+                    attend(q, k, v, bias, self.scale)
+                timings[impl].append(time.perf_counter() - began)
+        return min(timings, key=lambda impl: sorted(timings[impl])[2])
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if self.upcast:  # as transformers does: normalise in fp32, scale in the model dtype
             return F.rms_norm(x.float(), (self.hidden,), None, self.eps).to(self.dtype) * weight
         return F.rms_norm(x, (self.hidden,), weight, self.eps)
+
+
+def _decode_sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """SDPA's fused kernel (accumulates in fp32) over ``[D, kv_heads, span, head_dim]``."""
+    d, heads, hd = q.shape
+    out = F.scaled_dot_product_attention(
+        q.unsqueeze(2), k, v, attn_mask=bias, scale=scale, enable_gqa=True
+    )
+    return out.view(d, heads * hd)
+
+
+def _decode_matmul(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Two fp32 batched matmuls, the query heads sharing a kv head folded into the M
+    dimension (no key repetition); half-precision operands are upcast (the strided cache
+    view is copied either way) and the result cast back."""
+    d, heads, hd = q.shape
+    kvh, span = k.shape[1], k.shape[2]
+    qd = q.reshape(d * kvh, heads // kvh, hd).float()
+    kd = k.reshape(d * kvh, span, hd).float()
+    vd = v.reshape(d * kvh, span, hd).float()
+    scores = torch.baddbmm(bias, qd, kd.transpose(1, 2), alpha=scale)
+    return torch.bmm(scores.softmax(-1), vd).view(d, heads * hd).to(q.dtype)
