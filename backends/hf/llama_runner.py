@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from backends.hf.kv_cache import SlotKVCache
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama"})
+_PACK_BATCH_HINT = 16  # oneDNN picks its blocking for about this many rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +66,15 @@ class _Layer:
     w_down: torch.Tensor
 
 
+def _can_prepack(device: torch.device, dtype: torch.dtype) -> bool:
+    return (
+        device.type == "cpu"
+        and dtype == torch.bfloat16
+        and bool(torch.backends.mkldnn.is_available())  # type: ignore[no-untyped-call]
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    )
+
+
 def supports(model: Any) -> bool:
     """Whether this runner computes exactly what ``model`` computes."""
     config = getattr(model, "config", None)
@@ -99,6 +109,7 @@ class LlamaRunner:
         self.embed = inner.embed_tokens.weight.detach()
         self.norm = inner.norm.weight.detach()
         self.lm_head = model.lm_head.weight.detach()
+        self.prepack = _can_prepack(self.device, self.dtype)
         self.layers = [self._take_layer(layer) for layer in inner.layers]
         self.max_context = max_context
         cos, sin = self._rope_table(inner, max_context)
@@ -129,15 +140,33 @@ class LlamaRunner:
             b_qkv = torch.cat((attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias)).detach()
         return _Layer(
             ln_in=layer.input_layernorm.weight.detach(),
-            w_qkv=w_qkv.contiguous(),
+            w_qkv=self._pack(w_qkv.contiguous()),
             b_qkv=b_qkv,
-            w_o=attn.o_proj.weight.detach(),
+            w_o=self._pack(attn.o_proj.weight.detach()),
             ln_post=layer.post_attention_layernorm.weight.detach(),
-            w_gate_up=torch.cat((mlp.gate_proj.weight, mlp.up_proj.weight), dim=0)
-            .detach()
-            .contiguous(),
-            w_down=mlp.down_proj.weight.detach(),
+            w_gate_up=self._pack(
+                torch.cat((mlp.gate_proj.weight, mlp.up_proj.weight), dim=0).detach().contiguous()
+            ),
+            w_down=self._pack(mlp.down_proj.weight.detach()),
         )
+
+    def _pack(self, weight: torch.Tensor) -> torch.Tensor:
+        """bf16 on CPU: the weight reordered once into oneDNN's blocked layout (what
+        vLLM-CPU and inductor's freezing do), so no GEMM reorders it per call. Measured on
+        an AMD EPYC: identical outputs, 0.5x (1 row) to 0.75x (16 rows) to 0.96x (300
+        rows) of ``F.linear``'s time. Such a weight may only go through ``_linear``."""
+        if not self.prepack:
+            return weight
+        packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_BATCH_HINT)
+        return packed
+
+    def _linear(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if self.prepack:
+            out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+            return out
+        return F.linear(x, weight, bias)
 
     def _rope_table(self, inner: Any, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         positions = torch.arange(length, device=self.device)[None, :]
@@ -233,7 +262,7 @@ class LlamaRunner:
     def _layer(self, index: int, layer: _Layer, x: torch.Tensor, step: _Step) -> torch.Tensor:
         hd, heads, kvh, n = self.head_dim, self.heads, self.kv_heads, step.n
         h = self._norm(x, layer.ln_in)
-        qkv = F.linear(h, layer.w_qkv, layer.b_qkv)
+        qkv = self._linear(h, layer.w_qkv, layer.b_qkv)
         qk = qkv[:, : (heads + kvh) * hd].view(n, heads + kvh, hd)
         flipped = qk.view(n, heads + kvh, 2, hd // 2).flip(2).view(n, heads + kvh, hd)
         qk = qk * step.cos + flipped * step.sin
@@ -263,10 +292,10 @@ class LlamaRunner:
             )
             parts.append(out[0].transpose(0, 1).reshape(end - begin, heads * hd))
         attn = parts[0] if len(parts) == 1 else torch.cat(parts)
-        x = x + F.linear(attn, layer.w_o)
+        x = x + self._linear(attn, layer.w_o)
         h = self._norm(x, layer.ln_post)
-        gate, up = F.linear(h, layer.w_gate_up).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, layer.w_down)
+        gate, up = self._linear(h, layer.w_gate_up).chunk(2, dim=-1)
+        return x + self._linear(F.silu(gate) * up, layer.w_down)
 
     def _decode_attention(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, step: _Step
