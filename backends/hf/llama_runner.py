@@ -318,9 +318,11 @@ class LlamaRunner:
             return "sdpa"
         rows, span = 8, 256
         shape = (rows, self.kv_heads, span, self.head_dim)
-        k = torch.randn(shape, device=self.device).to(self.dtype)
-        v = torch.randn(shape, device=self.device).to(self.dtype)
-        q = torch.randn(rows, self.heads, self.head_dim, device=self.device).to(self.dtype)
+        gen = torch.Generator(device=self.device).manual_seed(0)  # leave the global RNG be
+        k = torch.randn(shape, generator=gen, device=self.device).to(self.dtype)
+        v = torch.randn(shape, generator=gen, device=self.device).to(self.dtype)
+        q_shape = (rows, self.heads, self.head_dim)
+        q = torch.randn(q_shape, generator=gen, device=self.device).to(self.dtype)
         positions = torch.full((rows,), span - 1, device=self.device)
         timings: dict[str, list[float]] = {"sdpa": [], "matmul": []}
         for _ in range(5):  # interleaved, so drift of a shared machine hits both alike
