@@ -51,6 +51,10 @@ class WorkerObserver(Protocol):
 
     def on_preempt(self) -> None: ...
 
+    def on_prefix_cache(self, queried_tokens: int, hit_tokens: int) -> None:
+        """One admitted prompt: its length and how many tokens the prefix cache supplied."""
+        ...
+
 
 class BackendMetrics:
     """All backend- and worker-hop families. Created once per app, shared by backends."""
@@ -109,6 +113,24 @@ class BackendMetrics:
             worker,
             registry=registry,
         )
+        self.worker_prefix_queried = Counter(
+            "llmso_worker_prefix_cache_queried_tokens_total",
+            "Prompt tokens looked up in the prefix cache.",
+            worker,
+            registry=registry,
+        )
+        self.worker_prefix_hit = Counter(
+            "llmso_worker_prefix_cache_hit_tokens_total",
+            "Prompt tokens served from the prefix cache (no prefill).",
+            worker,
+            registry=registry,
+        )
+        self.worker_prefix_ratio = Gauge(
+            "llmso_worker_prefix_cache_hit_ratio",
+            "Hit tokens / queried tokens of the prefix cache since the engine started.",
+            worker,
+            registry=registry,
+        )
         self.upstream_requests = Counter(
             "llmso_upstream_requests_total",
             "Requests sent to an upstream server.",
@@ -160,6 +182,11 @@ class PrometheusWorkerObserver:
         self._kv = metrics.worker_kv_cache_usage.labels(model)
         self._aborted = metrics.worker_aborted.labels(model)
         self._preempted = metrics.worker_preempted.labels(model)
+        self._prefix_queried = metrics.worker_prefix_queried.labels(model)
+        self._prefix_hit = metrics.worker_prefix_hit.labels(model)
+        self._prefix_ratio = metrics.worker_prefix_ratio.labels(model)
+        self._queried_total = 0
+        self._hit_total = 0
 
     def on_step(self, batch_size: int, num_tokens: int, seconds: float) -> None:
         self._batch.observe(batch_size)
@@ -176,3 +203,11 @@ class PrometheusWorkerObserver:
 
     def on_preempt(self) -> None:
         self._preempted.inc()
+
+    def on_prefix_cache(self, queried_tokens: int, hit_tokens: int) -> None:
+        self._prefix_queried.inc(queried_tokens)
+        self._prefix_hit.inc(hit_tokens)
+        self._queried_total += queried_tokens
+        self._hit_total += hit_tokens
+        if self._queried_total:
+            self._prefix_ratio.set(self._hit_total / self._queried_total)

@@ -32,6 +32,10 @@ def build(upstream: str, model: str | None) -> FastAPI:
 
     app = FastAPI(lifespan=lifespan)
 
+    @app.get("/health")
+    async def health() -> Response:  # for the harness's startup poll only
+        return Response(b"ok")
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         body: dict[str, Any] = await request.json()

@@ -2,7 +2,7 @@
 
     llmso bench run --base-url URL --model NAME [--concurrency 1,4,16 | --rate 2,5] ...
     llmso bench compare --spec FILE.yaml --out DIR
-    llmso bench suite {models,overhead} --out DIR [--quick] [--model-path PATH]
+    llmso bench suite {models,prefix,gpu,overhead} --out DIR [--quick] [--model-path PATH]
 
 ``main(argv)`` returns a process exit code: 0 when it ran (request errors are results, shown
 in the table), 1 when nothing succeeded or a system could not start, 2 on bad arguments.
@@ -23,8 +23,10 @@ from typing import Any, TypeVar
 
 from bench.client import RequestOptions
 from bench.compare import run_compare
+from bench.gpu_suite import gpu_models_suite
 from bench.loadgen import LoadSpec, new_session, run_level
 from bench.machine import machine_info
+from bench.prefix_suite import prefix_suite
 from bench.procstat import group_cpu_seconds
 from bench.prompts import builtin_prompts, load_prompts
 from bench.report import RunRecord, markdown_table, plot, write_json
@@ -89,11 +91,11 @@ def _add_compare(sub: Any) -> None:
 
 
 def _add_suite(sub: Any) -> None:
-    p = sub.add_parser("suite", help="A built-in comparison: models or overhead.")
-    p.add_argument("name", choices=("models", "overhead"))
+    p = sub.add_parser("suite", help="A built-in comparison: models, prefix, gpu or overhead.")
+    p.add_argument("name", choices=("models", "prefix", "gpu", "overhead"))
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--root", type=Path, default=Path.cwd(), help="Repository root.")
-    p.add_argument("--model-path", default=None, help="Converted model folder (models suite).")
+    p.add_argument("--model-path", default=None, help="Model folder (all but overhead).")
     p.add_argument("--quick", action="store_true", help="Tiny smoke run.")
     p.add_argument("--concurrency", type=_int_list, default=None)
     p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
@@ -223,13 +225,16 @@ def _compare(spec: CompareSpec, out: Path, workdir: Path | None, meta: dict[str,
     return 1 if missing or not records else 0
 
 
+_MODEL_SUITES = {"models": models_suite, "prefix": prefix_suite, "gpu": gpu_models_suite}
+
+
 def _cmd_suite(args: argparse.Namespace) -> int:
     root = args.root.resolve()
-    if args.name == "models":
+    if args.name in _MODEL_SUITES:
         if not args.model_path:
-            log.error("the models suite needs --model-path (the converted model folder)")
+            log.error("the %s suite needs --model-path (the converted model folder)", args.name)
             return 2
-        spec = models_suite(
+        spec = _MODEL_SUITES[args.name](
             root,
             args.model_path,
             quick=args.quick,

@@ -25,7 +25,7 @@ import aiohttp
 from bench.client import RequestOptions, RequestResult
 from bench.loadgen import LevelRun, LoadSpec, new_session, run_level
 from bench.machine import machine_info
-from bench.prompts import Prompt, builtin_prompts, load_prompts
+from bench.prompts import Prompt, builtin_prompts, load_prompts, shared_prefix_prompts
 from bench.report import RunRecord, markdown_table, overhead_table, plot, write_json
 from bench.spec import CompareSpec, ServiceSpec, SystemSpec, fill
 from bench.stats import Slo, summarize
@@ -59,7 +59,12 @@ def _fill_all(parts: tuple[str, ...], values: dict[str, str]) -> list[str]:
 
 def _prompts(spec: CompareSpec, workdir: Path) -> tuple[tuple[Prompt, ...], Path]:
     need = max(spec.requests_for(c) for c in spec.concurrency) + spec.warmup
-    prompts = load_prompts(Path(spec.prompts_file)) if spec.prompts_file else builtin_prompts(need)
+    if spec.prompts_file:
+        prompts = load_prompts(Path(spec.prompts_file))
+    elif spec.workload == "shared-prefix":
+        prompts = shared_prefix_prompts(need)
+    else:
+        prompts = builtin_prompts(need)
     path = workdir / "prompts.jsonl"
     path.write_text("".join(json.dumps({"prompt": p.text}) + "\n" for p in prompts), "utf-8")
     return prompts, path
@@ -147,11 +152,16 @@ class _Driver:
         self, name: str, spec: ServiceSpec | SystemSpec, values: dict[str, str], health_url: str
     ) -> tuple[ManagedProcess, float]:
         _write_files(spec.files, values)
+        cwd = None
+        if isinstance(spec, SystemSpec) and spec.cwd is not None:
+            cwd = Path(fill(spec.cwd, values))
+            cwd.mkdir(parents=True, exist_ok=True)
         proc = ManagedProcess(
             name,
             _fill_all(spec.command, values),
             self.workdir / "logs" / f"{name}.log",
             env={k: fill(v, values) for k, v in spec.env.items()},
+            cwd=cwd,
         )
         log.info("starting %s: %s", name, " ".join(proc.command))
         proc.start()

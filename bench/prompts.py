@@ -4,6 +4,11 @@ Prompts are built from a short list of questions and a block of context sentence
 ``i`` gets ``CONTEXT_SIZES[i % len(CONTEXT_SIZES)]`` sentences of context, so a run mixes
 short, medium and long prompts in a fixed order. ``--prompts FILE`` replaces them with a
 JSON-lines file (one ``{"prompt": "..."}`` object or a bare string per line).
+
+The shared-prefix workload (``shared_prefix_prompts``) starts every prompt with the same
+~1,000-token block of instructions and ends it with a short question that differs per
+prompt: what a chat service with one long system prompt sends, and what prefix caching
+is for.
 """
 
 from __future__ import annotations
@@ -42,6 +47,20 @@ _CONTEXT: tuple[str, ...] = (
 CONTEXT_SIZES: tuple[int, ...] = (1, 8, 3, 16, 0, 5)
 
 
+# Rules of a fictional help desk; 46 of them (cycled, numbered) make the shared prefix.
+_RULES: tuple[str, ...] = (
+    "Greet the customer by name when the name is known, and keep the greeting short.",
+    "Never promise a delivery date that the warehouse system has not confirmed.",
+    "Refunds under fifty euros may be approved directly; larger ones need a supervisor.",
+    "Ask for the order number before discussing the details of any order.",
+    "Do not share one customer's data with another person, even a family member.",
+    "When a product is out of stock, offer the closest alternative and a restock alert.",
+    "Escalate any report of a safety problem with a product to the quality team at once.",
+    "Use plain words; explain technical terms the first time they appear.",
+)
+SHARED_PREFIX_RULES = 46
+
+
 @dataclass(frozen=True, slots=True)
 class Prompt:
     """One prompt, sent as a single user message (chat) or as raw text (completions)."""
@@ -62,6 +81,23 @@ def builtin_prompts(count: int) -> tuple[Prompt, ...]:
         text = f"{context}\n\n{question}" if context else question
         prompts.append(Prompt(index=i, text=text))
     return tuple(prompts)
+
+
+def shared_prefix() -> str:
+    """The common instructions (~1,000 SmolLM2 tokens) every shared-prefix prompt starts with."""
+    lines = [f"Rule {k + 1}: {_RULES[k % len(_RULES)]}" for k in range(SHARED_PREFIX_RULES)]
+    return "You are the help desk assistant of an online shop.\n" + "\n".join(lines)
+
+
+def shared_prefix_prompts(count: int) -> tuple[Prompt, ...]:
+    """``count`` prompts: the shared instructions, then a short question unique to each."""
+    if count < 1:
+        raise ValueError("count must be >= 1")
+    head = shared_prefix()
+    return tuple(
+        Prompt(index=i, text=f"{head}\n\nCustomer {i + 1} asks: {_QUESTIONS[i % len(_QUESTIONS)]}")
+        for i in range(count)
+    )
 
 
 def load_prompts(path: Path) -> tuple[Prompt, ...]:

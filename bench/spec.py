@@ -55,6 +55,9 @@ class SystemSpec(_Frozen):
     cpu_of: str | None = Field(
         default=None, description="Service whose CPU counts as this system's (no command)."
     )
+    cwd: str | None = Field(
+        default=None, description="Folder to start the command in (created when missing)."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> SystemSpec:
@@ -90,6 +93,10 @@ class CompareSpec(_Frozen):
         default=False, description="SIGSTOP systems while others are measured."
     )
     prompts_file: str | None = None
+    workload: Literal["mixed", "shared-prefix"] = Field(
+        default="mixed",
+        description="Built-in prompts: mixed lengths, or one ~1,000-token shared prefix.",
+    )
     notes: tuple[str, ...] = ()
     services: tuple[ServiceSpec, ...] = ()
     systems: tuple[SystemSpec, ...] = Field(min_length=1)

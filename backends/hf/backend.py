@@ -40,6 +40,7 @@ from backends.hf.engine import Engine, EngineLimits, StepPolicy, Submission
 from backends.hf.grammar import GrammarBook, grammar_spec
 from backends.hf.loader import LoadedModel, load, threads_for
 from backends.hf.outputs import Item, StepOutputs
+from backends.hf.prefix_cache import PrefixCache
 from backends.hf.scheduler import ContinuousScheduler
 from backends.hf.static import StaticScheduler
 from backends.hf.waiting import shed_limit
@@ -162,6 +163,10 @@ class HFBackend:
             runner = llama_runner.LlamaRunner(
                 loaded.model, max_slots=config.max_num_seqs + 1, max_context=loaded.max_context
             )
+        log.info("%s: decode attention via %s", config.name, runner.decode_impl)
+        prefix = None
+        if config.prefix_caching:
+            prefix = PrefixCache(runner.cache, max_tokens=config.prefix_cache_tokens)
 
         def continuous_policy(table: TokenTable) -> StepPolicy:
             return ContinuousScheduler(
@@ -171,6 +176,7 @@ class HFBackend:
                 max_num_batched_tokens=config.max_num_batched_tokens,
                 observer=self._observer,
                 one_at_a_time=mode == "sequential",
+                prefix_cache=prefix,
             )
 
         return loaded, continuous_policy

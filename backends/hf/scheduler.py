@@ -26,6 +26,7 @@ import torch
 from backends.hf.detokenizer import TokenTable
 from backends.hf.llama_runner import LlamaRunner, PrefillChunk
 from backends.hf.outputs import StepOutputs, accept_token, emit_started
+from backends.hf.prefix_cache import PrefixCache
 from backends.hf.sampler import sample
 from backends.hf.sequence import Choice, RequestState
 from backends.hf.waiting import WaitingQueue
@@ -47,6 +48,7 @@ class ContinuousScheduler:
         observer: WorkerObserver | None,
         one_at_a_time: bool = False,
         prefill_chunk: int = PREFILL_CHUNK,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         self._runner = runner
         self._cache = runner.cache
@@ -56,6 +58,7 @@ class ContinuousScheduler:
         self._observer = observer
         self._one_at_a_time = one_at_a_time
         self._chunk = prefill_chunk
+        self._prefix = prefix_cache
         self.waiting = WaitingQueue()
         self.prefilling: list[RequestState] = []
         self.prefill_slot: dict[int, int] = {}  # id(state) -> its cache slot
@@ -146,9 +149,18 @@ class ContinuousScheduler:
             state = self.waiting.popleft()
             self.prefill_slot[id(state)] = self._free_slot()
             self.prefilling.append(state)
+            self._reuse_prefix(state)
             emit_started(state, out)
             budget -= self._add_chunk(state, budget, chunks, finishing)
         return chunks, finishing
+
+    def _reuse_prefix(self, state: RequestState) -> None:
+        """Start the prefill after the longest cached prefix (copied into the slot)."""
+        if self._prefix is None:
+            return
+        state.prefilled = self._prefix.restore(state.prompt_ids, self.prefill_slot[id(state)])
+        if self._observer is not None:
+            self._observer.on_prefix_cache(len(state.prompt_ids), state.prefilled)
 
     def _can_admit(self, state: RequestState) -> bool:
         if self._one_at_a_time and (self.decoding or self.prefilling):
@@ -199,6 +211,8 @@ class ContinuousScheduler:
         """Place the request's choices at the end of the decode region, sharing its
         prefilled keys (one copy per extra choice; the prompt is computed once)."""
         source = self.prefill_slot.pop(id(state))
+        if self._prefix is not None:
+            self._prefix.insert(state.prompt_ids, source)
         length = len(state.prompt_ids)
         base = len(self.decoding)
         targets = list(range(base, base + state.n))

@@ -60,7 +60,7 @@ OBSERVE = "obs"
 CRASHED = "crashed"
 
 CALLS = frozenset({"ready"})
-OBSERVER_METHODS = frozenset({"on_step", "on_load", "on_abort", "on_preempt"})
+OBSERVER_METHODS = frozenset({"on_step", "on_load", "on_abort", "on_preempt", "on_prefix_cache"})
 
 Message = tuple[Any, ...]
 

@@ -124,6 +124,9 @@ class RelayObserver:
     def on_preempt(self) -> None:
         self._outbox.put_threadsafe((p.OBSERVE, "on_preempt", ()))
 
+    def on_prefix_cache(self, queried_tokens: int, hit_tokens: int) -> None:
+        self._outbox.put_threadsafe((p.OBSERVE, "on_prefix_cache", (queried_tokens, hit_tokens)))
+
 
 class Worker:
     """One engine behind one socket. Owned by the worker's event loop."""

@@ -130,6 +130,8 @@ async def test_greedy_output_matches_the_in_process_engine(hf: Harness) -> None:
     assert info.extra["pid"] == str(hf.backend.pid) != str(os.getpid())
     assert await hf.backend.ready() is True
     assert hf.sample("llmso_worker_step_duration_seconds_count") > 0
+    # the prefix cache's observations cross the process boundary too
+    assert hf.sample("llmso_worker_prefix_cache_queried_tokens_total") > 0
 
 
 async def test_closing_the_stream_aborts_in_the_engine(hf: Harness) -> None:

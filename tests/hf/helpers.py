@@ -5,15 +5,32 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backends.base import ChatMessage, GenerationRequest, RequestKind, SamplingParams
+from backends.base import (
+    BackendEvent,
+    ChatMessage,
+    GenerationRequest,
+    RequestKind,
+    SamplingParams,
+    TextDelta,
+)
 from config.schema import HFModelConfig
 from tests.contract.events import Result, check_order, collect
 
-__all__ = ["RecordingObserver", "Result", "chat", "check_order", "collect", "completion", "config"]
+__all__ = [
+    "RecordingObserver",
+    "Result",
+    "chat",
+    "check_order",
+    "collect",
+    "completion",
+    "config",
+    "leave_after",
+]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,6 +75,17 @@ def chat(text: str, max_tokens: int = 12, **sampling: Any) -> GenerationRequest:
     )
 
 
+async def leave_after(stream: AsyncIterator[BackendEvent], deltas: int) -> int:
+    """Read ``deltas`` text deltas, then close the stream as a departing client does."""
+    seen = 0
+    async for event in stream:
+        seen += isinstance(event, TextDelta)
+        if seen == deltas:
+            break
+    await stream.aclose()  # type: ignore[attr-defined]
+    return seen
+
+
 @dataclass
 class RecordingObserver:
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -65,6 +93,7 @@ class RecordingObserver:
     loads: list[tuple[int, int, float]] = field(default_factory=list)
     aborts: int = 0
     preempts: int = 0
+    prefix: list[tuple[int, int]] = field(default_factory=list)
 
     def on_step(self, batch_size: int, num_tokens: int, seconds: float) -> None:
         with self.lock:
@@ -81,3 +110,7 @@ class RecordingObserver:
     def on_preempt(self) -> None:
         with self.lock:
             self.preempts += 1
+
+    def on_prefix_cache(self, queried_tokens: int, hit_tokens: int) -> None:
+        with self.lock:
+            self.prefix.append((queried_tokens, hit_tokens))

@@ -6,6 +6,9 @@ from pathlib import Path
 
 import yaml
 
+from bench.gpu_suite import gpu_models_suite
+from bench.prefix_suite import prefix_suite
+from bench.prompts import shared_prefix, shared_prefix_prompts
 from bench.spec import CompareSpec, fill
 from bench.suites import HF_MODES, models_suite, overhead_suite
 from config.schema import AppConfig, HFModelConfig, OpenAIModelConfig
@@ -17,7 +20,9 @@ VALUES = {"port": "18000", "port_fake": "18001", "workdir": "/tmp/w"}
 def _configs(spec: CompareSpec) -> dict[str, AppConfig]:
     out = {}
     for system in spec.systems:
-        for content in system.files.values():
+        for path, content in system.files.items():
+            if "/gateway-" not in path:
+                continue  # a peer's own config (LiteLLM)
             out[system.label] = AppConfig.model_validate(yaml.safe_load(fill(content, VALUES)))
     return out
 
@@ -37,6 +42,7 @@ def test_models_suite_covers_every_system_with_one_budget() -> None:
         model = configs[f"llmso-hf-{mode}"].models[0]
         assert isinstance(model, HFModelConfig)
         assert model.scheduling == mode and model.dtype == "bfloat16"
+        assert not model.prefix_caching  # the same prompts repeat across levels
         assert configs[f"llmso-hf-{mode}"].server.port == 18000
     vllm = next(s for s in spec.systems if s.label == "vllm-cpu")
     assert "/models/smol" in vllm.command and "--enforce-eager" in vllm.command
@@ -56,6 +62,53 @@ def test_overhead_suite_points_the_gateway_at_the_fake() -> None:
     model = _configs(spec)["gateway"].models[0]
     assert isinstance(model, OpenAIModelConfig)
     assert model.base_url == "http://127.0.0.1:18001/v1" and model.name == spec.model
+    labels = [s.label for s in spec.systems]
+    assert labels == ["direct", "gateway", "gateway-traced", "bare-passthrough", "litellm"]
+    litellm = spec.systems[4]
+    assert litellm.command[0].endswith(".venv-litellm/bin/litellm")
+    assert litellm.command[-2:] == ("--num_workers", "1") and litellm.cwd
+    assert litellm.env == {"LITELLM_MODE": "PRODUCTION", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    routes = yaml.safe_load(fill(litellm.files["{workdir}/litellm.yaml"], VALUES))["model_list"]
+    assert routes[0]["model_name"] == spec.model
+    assert routes[0]["litellm_params"]["api_base"] == "http://127.0.0.1:18001/v1"
+
+
+def test_prefix_suite_turns_the_cache_on_for_one_hf_system_and_vllm() -> None:
+    spec = prefix_suite(ROOT, "/models/smol")
+    assert spec.workload == "shared-prefix"
+    configs = _configs(spec)
+    on = configs["llmso-hf-prefix-cache"].models[0]
+    off = configs["llmso-hf-no-prefix-cache"].models[0]
+    assert isinstance(on, HFModelConfig) and isinstance(off, HFModelConfig)
+    assert on.prefix_caching and not off.prefix_caching
+    assert on.scheduling == off.scheduling == "continuous"
+    vllm = next(s for s in spec.systems if s.label == "vllm-cpu-prefix-cache")
+    assert "--enable-prefix-caching" in vllm.command
+    models_vllm = next(s for s in models_suite(ROOT, "/m").systems if s.label == "vllm-cpu")
+    assert "--no-enable-prefix-caching" in models_vllm.command
+
+
+def test_shared_prefix_prompts_share_the_head_and_differ_after_it() -> None:
+    prompts = shared_prefix_prompts(30)
+    head = shared_prefix()
+    assert all(p.text.startswith(head) for p in prompts)
+    assert len({p.text for p in prompts}) == 30
+    assert 3500 < len(head) < 6000  # ~1,000 SmolLM2 tokens (1,008 measured)
+
+
+def test_gpu_suite_runs_hf_on_cuda_against_vllm_with_cuda_graphs() -> None:
+    spec = gpu_models_suite(ROOT, "/models/smol")
+    assert spec.concurrency == (1, 4, 16, 64)
+    hf = spec.systems[0]
+    assert hf.command[0] == str(ROOT / ".venv-gpu/bin/llmso")
+    model = _configs(spec)[hf.label].models[0]
+    assert isinstance(model, HFModelConfig)
+    assert model.device == "cuda" and model.scheduling == "continuous"
+    vllm = next(s for s in spec.systems if s.label == "vllm-cuda")
+    assert vllm.command[0] == str(ROOT / ".venv-vllm-cuda/bin/python")
+    assert "--enforce-eager" not in vllm.command and "VLLM_CPU_KVCACHE_SPACE" not in vllm.env
+    ref = next(s for s in spec.systems if s.kind == "reference")
+    assert ref.command[0] == str(ROOT / ".venv-gpu/bin/python")
 
 
 def test_overhead_suite_has_a_traced_gateway() -> None:

@@ -1,0 +1,39 @@
+"""bf16 on CPU: oneDNN-prepacked linears give exactly the logits of plain ``F.linear``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backends.hf import llama_runner
+from backends.hf.llama_runner import LlamaRunner, PrefillChunk
+from backends.hf.loader import load
+from tests.hf.helpers import config
+
+
+@pytest.mark.skipif(
+    not llama_runner._can_prepack(torch.device("cpu"), torch.bfloat16),
+    reason="no oneDNN linear prepacking in this torch build",
+)
+def test_prepacked_linears_match_plain_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.set_num_threads(1)
+    loaded = load(config(dtype="bfloat16"))
+    with torch.inference_mode():
+        packed = LlamaRunner(loaded.model, max_slots=4, max_context=512)
+        monkeypatch.setattr(llama_runner, "_can_prepack", lambda device, dtype: False)
+        plain = LlamaRunner(loaded.model, max_slots=4, max_context=512)
+        assert packed.prepack and not plain.prepack
+        packed.decode_impl = plain.decode_impl  # compare the linears, not the attention
+        results = []
+        for runner in (plain, packed):
+            chunks = [
+                PrefillChunk(
+                    slot=s, tokens=tuple(range(200 + s, 240 + 7 * s)), start=0, want_logits=True
+                )
+                for s in range(3)
+            ]
+            prefill = runner.forward([], [], chunks)
+            decode = runner.forward([11, 12, 13], [40, 46, 52], [])  # right after each prompt
+            results.append((prefill, decode))
+    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1])
