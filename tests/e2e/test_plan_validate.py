@@ -100,7 +100,8 @@ def test_plan_uses_the_measured_cold_start(
 def test_validate_within_30_percent(server: RunningServer, tmp_path: Path) -> None:
     """Each rate gets its own calibration just before it, so both see the machine at the
     same speed; a shared machine's speed can still jump between the two (another job
-    starts), so a miss is retried once with a fresh calibration, and both tries are shown."""
+    starts), so a miss is retried (twice at most) with a fresh calibration, and every try
+    is shown."""
     profile = tmp_path / "profile.yaml"
     doc = {
         "slo": {"e2e_p95_ms": 60000},
@@ -111,7 +112,7 @@ def test_validate_within_30_percent(server: RunningServer, tmp_path: Path) -> No
     model = load_profile(profile).models[MODEL]
     for fraction in (0.2, 0.4):
         tries = []
-        for attempt in range(2):
+        for attempt in range(3):
             curve = load_curves([_calibrate(server, tmp_path / f"cal-{fraction}-{attempt}")])["hf"]
             level = curve.at(2)
             capacity = level.concurrency / (sum(level.e2e_s) / len(level.e2e_s))
