@@ -15,7 +15,8 @@ import pytest
 
 from tests.contract.sdk_suite import EngineSuite
 from tests.tools.engines import proxy_config, require_engine, start_vllm
-from tests.tools.servers import RunningServer, gateway
+from tests.tools.otlp_collector import Collector, otlp_collector
+from tests.tools.servers import RunningServer, free_port, gateway
 from tests.tools.tool_cases import ASK, WEATHER, parse_city, round_trip, stream_forced_call
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine("vllm"), pytest.mark.slow]
@@ -25,9 +26,19 @@ MAX_MODEL_LEN = 1024
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[RunningServer]:
+def collector() -> Iterator[Collector]:
+    with otlp_collector(free_port()) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def engine(collector: Collector) -> Iterator[RunningServer]:
     require_engine("vllm")
-    with start_vllm(MODEL, max_model_len=MAX_MODEL_LEN) as running:
+    # vLLM's own tracing on, exporting to a real OTLP/HTTP collector, so the test below
+    # can see the client's trace context arrive through the gateway.
+    tracing = ("--otlp-traces-endpoint", collector.endpoint)
+    env = {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}
+    with start_vllm(MODEL, max_model_len=MAX_MODEL_LEN, flags=tracing, env=env) as running:
         yield running
 
 
@@ -49,6 +60,22 @@ def vllm_metric(engine: RunningServer, name: str) -> float:
 class TestVLLM(EngineSuite):
     model_name = MODEL
     max_tokens = 8
+
+    def test_client_traceparent_reaches_vllm(
+        self, server: RunningServer, collector: Collector, model: str
+    ) -> None:
+        """Tracing off in the gateway: the client's trace context is relayed as it came,
+        so vLLM's request span joins the client's trace under the client's span."""
+        trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+        body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        headers = {"traceparent": f"00-{trace_id}-{parent}-01"}
+        response = httpx.post(
+            server.url + "/v1/chat/completions", json=body, headers=headers, timeout=120
+        )
+        assert response.status_code == 200, response.text
+        spans = collector.wait_for_trace(trace_id)
+        assert spans, "vLLM exported no span of the client's trace"
+        assert any(span.parent_id == parent for span in spans), spans
 
     def rejected_call(self, client: openai.OpenAI, model: str) -> object:
         # Past vLLM's --max-model-len; the gateway has no limit configured and relays it.

