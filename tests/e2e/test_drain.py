@@ -29,7 +29,8 @@ LB_LAG = 0.9  # the load balancer keeps sending this long after the SIGTERM
 
 @pytest.fixture
 def server() -> Iterator[RunningServer]:
-    with start_fake_upstream("--chunks", "40", "--delay-ms", "25") as fake:
+    # Streams of at least 1.5 s (60 chunks, 25 ms apart), longer on a loaded machine.
+    with start_fake_upstream("--chunks", "60", "--delay-ms", "25") as fake:
         config = {
             "server": {"drain_grace": GRACE, "drain_timeout": 20},
             "models": [
@@ -52,7 +53,8 @@ def test_sigterm_during_a_stream_burst_loses_nothing(server: RunningServer) -> N
     sending.set()
     lock = threading.Lock()
 
-    def worker() -> None:
+    def worker(delay: float) -> None:
+        time.sleep(delay)
         with httpx.Client(base_url=server.url, timeout=30) as client:
             while sending.is_set():
                 outcome = "lost"
@@ -71,7 +73,11 @@ def test_sigterm_during_a_stream_burst_loses_nothing(server: RunningServer) -> N
                 with lock:
                     outcomes.append((outcome, time.monotonic()))
 
-    threads = [threading.Thread(target=worker) for _ in range(6)]
+    # Staggered clients, so streams start at every phase; the last one arrives during the
+    # load balancer's lag (0.5 s after the SIGTERM), so its stream of >= 1.5 s is still
+    # running when the grace period ends and the listener closes, on any machine.
+    delays = [0.15 * i for i in range(7)] + [2.0]
+    threads = [threading.Thread(target=worker, args=(d,)) for d in delays]
     for thread in threads:
         thread.start()
     time.sleep(1.5)
@@ -95,4 +101,4 @@ def test_sigterm_during_a_stream_burst_loses_nothing(server: RunningServer) -> N
         "no stream was still running when the listener closed",
         [round(t - sigterm_at, 2) for _, t in outcomes],
     )
-    assert len(outcomes) >= 12
+    assert len(outcomes) >= len(delays)
