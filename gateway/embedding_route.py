@@ -3,15 +3,12 @@ disconnect watching and error rendering, with the embedding service in the middl
 
 from __future__ import annotations
 
-from typing import Any
-
 import orjson
-from pydantic import ValidationError
 
-from backends.base import GenerationRequest, InvalidRequest, RequestKind, SamplingParams
+from backends.base import GenerationRequest, RequestKind, SamplingParams
 from backends.embeddings import EmbeddingRequest
 from gateway.embeddings import EmbeddingService, EmbeddingsWire, embedding_request
-from gateway.errors import from_validation_error
+from gateway.endpoints import parse_wire
 from gateway.frontdoor.door import admit
 from gateway.routes import GenerationCall
 
@@ -30,7 +27,7 @@ class EmbeddingCall(GenerationCall):
         record = self.record
         state = self._state
         body = await self._read_body(state.max_body_bytes)
-        wire = _parse(body)
+        wire = parse_wire(EmbeddingsWire, body)
         request = embedding_request(wire, record.request_id, record.arrival_time)
         record.requested_model = request.model
         await admit(self._scope, _metered(request))  # the key's models and limits
@@ -58,12 +55,3 @@ def _metered(request: EmbeddingRequest) -> GenerationRequest:
         arrival_time=request.arrival_time,
         user=request.user,
     )
-
-
-def _parse(body: Any) -> EmbeddingsWire:
-    if not isinstance(body, dict):
-        raise InvalidRequest("request body must be a JSON object")
-    try:
-        return EmbeddingsWire.model_validate(body)
-    except ValidationError as exc:
-        raise from_validation_error(exc) from None

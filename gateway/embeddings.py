@@ -16,22 +16,17 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from backends.base import BackendError, InvalidRequest, NotReady, Overloaded, Started, Usage
+from backends.base import BackendError, InvalidRequest, Started, Usage
 from backends.embeddings import EmbeddingRequest, EmbeddingResult
 from gateway.capabilities import require_embeddings
 from gateway.frontdoor.keys import allowed_candidates
 from gateway.protocol import _Wire
-from gateway.registry import ModelOverloaded, ModelRegistry, ModelUnavailable
+from gateway.registry import ModelRegistry
 from gateway.request_metrics import GatewayMetrics
 from gateway.request_record import RequestRecord
+from gateway.service import FALLBACK_ERRORS
 
 MAX_INPUTS = 2048
-_FALLBACK_ERRORS: tuple[type[BackendError], ...] = (
-    ModelUnavailable,
-    ModelOverloaded,
-    NotReady,
-    Overloaded,
-)
 
 
 class EmbeddingsWire(_Wire):
@@ -95,7 +90,7 @@ class EmbeddingService:
         for position, name in enumerate(candidates):
             try:
                 result = await self._embed_on(name, request, record)
-            except _FALLBACK_ERRORS as exc:
+            except FALLBACK_ERRORS as exc:
                 if position + 1 >= len(candidates):
                     raise
                 self._registry.record_fallback(name, candidates[position + 1], type(exc).__name__)

@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 # Errors after which the next model of a fallback chain may answer instead: the request
 # itself was fine, this model could not take it.
-_FALLBACK_ERRORS: tuple[type[BackendError], ...] = (NotReady, Overloaded)
+FALLBACK_ERRORS: tuple[type[BackendError], ...] = (NotReady, Overloaded)
 
 
 @dataclass(slots=True)
@@ -90,7 +90,7 @@ class CompletionService:
         for position, name in enumerate(candidates):
             try:
                 return await self._open_on(name, request, record)
-            except _FALLBACK_ERRORS as exc:
+            except FALLBACK_ERRORS as exc:
                 if position + 1 >= len(candidates):
                     raise
                 following = candidates[position + 1]
