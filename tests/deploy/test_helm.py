@@ -28,7 +28,6 @@ from tests.deploy.chart import (
     VALUES_FILES,
     Helm,
     find,
-    helm_binary,
     pod_urls,
     policy_problems,
 )
@@ -37,11 +36,6 @@ KUBE_VERSIONS = ("1.27.0", "1.35.0")  # Chart.yaml kubeVersion >=1.27; Helm 4.1'
 RULES = REPO / "deploy" / "prometheus" / "rules" / "llmso.rules.yml"
 ADAPTER_VALUES = CHART / "files" / "prometheus-adapter-values.yaml"
 Docs = list[dict[str, Any]]
-
-
-@pytest.fixture(scope="module")
-def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
-    return Helm(helm_binary(), tmp_path_factory.mktemp("helm-home"))
 
 
 @pytest.fixture(scope="module")
@@ -192,10 +186,16 @@ def test_shared_store_for_many_gateways(
     assert _config(external, tmp_path).limits.store == "redis://redis.infra:6379/2"
 
 
-def test_hpa_metrics_are_served_by_the_adapter_rules(rendered: dict[str, Docs]) -> None:
+def test_hpa_metrics_are_served_by_the_adapter_rules(helm: Helm, rendered: dict[str, Docs]) -> None:
     shipped = yaml.safe_load(ADAPTER_VALUES.read_text())["rules"]["custom"]
     served = {rule["name"]["as"] for rule in shipped}
-    for values, docs in rendered.items():
+    queue = helm.render("values.yaml", ["gateway.autoscaling.workerQueuePerPod=8"])
+    _validate(queue)
+    metrics = find(queue, "HorizontalPodAutoscaler")["spec"]["metrics"]
+    assert {"type": "AverageValue", "averageValue": "8"} in [
+        m.get("pods", {}).get("target") for m in metrics
+    ]
+    for values, docs in {**rendered, "queue depth": queue}.items():
         adapter = [d for d in docs if d["metadata"]["name"].endswith("prometheus-adapter-rules")]
         for config_map in adapter:  # the ConfigMap is rendered from the same file
             assert yaml.safe_load(config_map["data"]["config.yaml"]) == {"rules": shipped}
