@@ -213,3 +213,14 @@ def test_triton_is_optional_and_wired(helm: Helm, tmp_path: Path) -> None:
     assert [model.url] == pod_urls(docs, server, "", "grpc")
     refused = helm.template("values-gpu.yaml", ["triton.enabled=true", "triton.replicas=2"])
     assert refused.returncode != 0 and "triton.replicas" in refused.stderr
+
+
+def test_values_schema_refuses_typos_and_bad_types(helm: Helm) -> None:
+    for bad, message in (
+        ("vllm.replica=3", "'replica' not allowed"),
+        ("vllm.replicas=two", "want integer"),
+        ("gateway.drain.grace=-1", "minimum"),
+        ("sharedStore.url=http://cache:6379", "does not match pattern"),
+    ):
+        refused = helm.template("values.yaml", [bad])
+        assert refused.returncode != 0 and message in refused.stderr, (bad, refused.stderr)
