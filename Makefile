@@ -57,7 +57,7 @@ test: setup engines
 	LLMSO_REQUIRE_ENGINES=1 $(VENV)/bin/pytest -q -ra $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-* .models .engines .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-* .models .engines .tools .pytest_cache .mypy_cache .ruff_cache
 
 # Engine installs; each file adds its target to ENGINES.
 ENGINES :=
