@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from backends.base import Backend
-from backends.hop_metrics import BackendMetrics
+from backends.hop_metrics import BackendMetrics, WorkerObserver
 from config.schema import HFModelConfig, ModelConfig, OpenAIModelConfig, TritonModelConfig
 
 CrashHandler = Callable[[str], None]
@@ -41,21 +41,29 @@ async def memory_estimate(config: ModelConfig) -> int | None:
     return None
 
 
+def in_process_hf(
+    config: HFModelConfig, observer: WorkerObserver, on_crash: CrashHandler | None = None
+) -> Backend:
+    """The in-process engine of an ``hf`` model: the pooling backend for ``task: embed``,
+    else the generation engine. Also what a process worker builds (its default factory)."""
+    if config.task == "embed":
+        from backends.hf.embedding import HFEmbeddingBackend
+
+        return HFEmbeddingBackend(config)
+    from backends.hf.backend import HFBackend
+
+    return HFBackend(config, observer, on_crash=on_crash)
+
+
 def create_backend(
     config: ModelConfig, metrics: BackendMetrics, on_crash: CrashHandler | None = None
 ) -> Backend:
     if isinstance(config, HFModelConfig):
-        if config.task == "embed":
-            from backends.hf.embedding import HFEmbeddingBackend
-
-            return HFEmbeddingBackend(config)
         if config.isolation == "process":
             from backends.process.backend import ProcessBackend
 
             return ProcessBackend(config, metrics, on_crash=on_crash)
-        from backends.hf.backend import HFBackend
-
-        return HFBackend(config, metrics.observer(config.name), on_crash=on_crash)
+        return in_process_hf(config, metrics.observer(config.name), on_crash)
     if isinstance(config, OpenAIModelConfig):
         from backends.openai_proxy.backend import OpenAIProxyBackend
 

@@ -131,12 +131,6 @@ class HFModelConfig(ModelBase):
         "max_num_seqs inputs per forward; pooling from its sentence-transformers config).",
     )
 
-    @model_validator(mode="after")
-    def _embed_in_thread(self) -> HFModelConfig:
-        if self.task == "embed" and self.isolation != "thread":
-            raise ValueError(f"model {self.name!r}: task 'embed' runs with isolation 'thread'")
-        return self
-
 
 class RemoteTimeouts(_Frozen):
     """The timeouts every backend in front of a remote server shares."""

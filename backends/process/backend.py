@@ -9,6 +9,8 @@ Lifecycle: ``start()`` spawns a worker and waits up to ``config.load_timeout`` f
 load; ``stop()`` terminates it (SIGTERM, then SIGKILL). If the worker dies on its own,
 every in-flight request ends with ``BackendCrashed``, ``ready()`` turns False and
 ``on_crash(reason)`` is called on the event loop; ``start()`` may then be called again.
+An embedding model (``task: embed``) works the same way through ``embed``: the call
+travels to the worker, and cancelling it cancels the engine's wait there.
 
 Ownership: all state belongs to the event loop that called ``start()``; ``start`` and
 ``stop`` are serialised by a lock.
@@ -25,17 +27,19 @@ from backends.base import (
     TEXT_GENERATION,
     BackendError,
     BackendEvent,
+    Feature,
     GenerationRequest,
     ModelInfo,
     NotReady,
 )
+from backends.embeddings import EmbeddingRequest, EmbeddingResult
 from backends.hop_metrics import BackendMetrics
 from backends.process.connection import End, WorkerProcess
 from config.schema import HFModelConfig
 
 log = logging.getLogger(__name__)
 
-DEFAULT_FACTORY = "backends.hf.backend:HFBackend"
+DEFAULT_FACTORY = "backends.factory:in_process_hf"
 FACTORY_ENV = "LLMSO_WORKER_BACKEND"
 """Overrides the engine class built in the worker (``module:Class``); a test seam."""
 
@@ -45,8 +49,9 @@ class ProcessBackend:
 
     ``backend_factory`` (``module:Class``, called in the worker as ``Class(config,
     observer, on_crash)``) defaults to ``$LLMSO_WORKER_BACKEND`` or the in-process
-    ``HFBackend``. ``env`` is added to the worker's environment. ``stop_timeout`` is how
-    long the worker may take to exit after SIGTERM; ``ready_timeout`` bounds ``ready()``.
+    ``hf`` engine (``backends.factory.in_process_hf``). ``env`` is added to the worker's
+    environment. ``stop_timeout`` is how long the worker may take to exit after SIGTERM;
+    ``ready_timeout`` bounds ``ready()``.
     """
 
     def __init__(
@@ -122,8 +127,20 @@ class ProcessBackend:
             max_context=self._config.max_context,
             memory_bytes=self._config.memory_bytes,
             extra={"isolation": "process"},
-            features=self._info.features if self._info is not None else TEXT_GENERATION,
+            features=self._info.features if self._info is not None else self._declared(),
         )
+
+    def _declared(self) -> frozenset[Feature]:
+        """What the model serves before any worker told us (the config's ``task``)."""
+        return frozenset({Feature.EMBEDDINGS}) if self._config.task == "embed" else TEXT_GENERATION
+
+    async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
+        """``Embedder.embed`` in the worker; only reached when it declared embeddings."""
+        worker = self._worker
+        if worker is None or not worker.is_ready:
+            raise NotReady(f"model {self._config.name!r} is not loaded")
+        # The engine enforces request.timeout itself; the margin only catches a stuck worker.
+        return await worker.embed(request, request.timeout + self._stop_timeout)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
         worker = self._worker

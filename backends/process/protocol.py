@@ -10,7 +10,8 @@ Messages are tuples whose first item is a tag:
 parent -> worker
     ``(INIT, config, factory_spec)``  first message; build and start the engine
     ``(GENERATE, key, request)``      start one request; ``key`` is a parent-chosen int
-    ``(CANCEL, key)``                 the client left: abort the request
+    ``(EMBED, key, request)``         one ``EmbeddingRequest``; ``key`` as for GENERATE
+    ``(CANCEL, key)``                 the client left: abort the request (or embedding)
     ``(CALL, call_id, name)``         a small RPC (``name`` in ``CALLS``)
     ``(STOP,)``                       stop the engine and exit
 
@@ -19,7 +20,8 @@ worker -> parent
     ``(LOAD_ERROR, message)``         the engine failed to start; the worker exits
     ``(EVENT, key, fields)``          one ``BackendEvent`` of request ``key``, as a tuple
     ``(END, key)``                    request ``key`` finished normally
-    ``(ERROR, key, ErrorPayload)``    request ``key`` failed with a ``BackendError``
+    ``(EMBEDDED, key, result)``       the ``EmbeddingResult`` of embedding ``key``
+    ``(ERROR, key, ErrorPayload)``    request or embedding ``key`` failed with a ``BackendError``
     ``(REPLY, call_id, value)``       answer to a ``CALL``
     ``(OBSERVE, method, args)``       one ``WorkerObserver`` call to replay in the parent
     ``(CRASHED, reason)``             the engine died on its own; the worker exits next
@@ -47,6 +49,7 @@ from backends.errors import BACKEND_ERRORS, BackendError
 
 INIT = "init"
 GENERATE = "gen"
+EMBED = "embed"
 CANCEL = "cancel"
 CALL = "call"
 STOP = "stop"
@@ -54,6 +57,7 @@ READY = "ready"
 LOAD_ERROR = "load_error"
 EVENT = "ev"
 END = "end"
+EMBEDDED = "embedded"
 ERROR = "err"
 REPLY = "reply"
 OBSERVE = "obs"

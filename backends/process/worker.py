@@ -27,10 +27,18 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from backends.base import Backend, BackendError, BackendEvent, GenerationRequest, NotReady
+from backends.base import (
+    Backend,
+    BackendError,
+    BackendEvent,
+    GenerationRequest,
+    NotReady,
+    UnsupportedFeature,
+)
+from backends.embeddings import Embedder, EmbeddingRequest
 from backends.process import protocol as p
 
 log = logging.getLogger("llmso.worker")
@@ -237,6 +245,10 @@ class Worker:
             _, key, request = message
             task = asyncio.create_task(self._serve(key, request), name=f"request-{key}")
             self._requests[key] = task
+        elif tag == p.EMBED:
+            _, key, request = message
+            task = asyncio.create_task(self._embed(key, request), name=f"embed-{key}")
+            self._requests[key] = task
         elif tag == p.CANCEL:
             running = self._requests.get(message[1])
             if running is not None:
@@ -259,10 +271,9 @@ class Worker:
 
     async def _serve(self, key: int, request: GenerationRequest) -> None:
         """Relay one request's events; a cancel from the parent closes the engine's stream."""
-        try:
-            if self._backend is None or not self._started:
-                raise NotReady("engine is not started")
-            events: AsyncIterator[BackendEvent] = self._backend.generate(request)
+
+        async def relay(backend: Backend) -> p.Message:
+            events: AsyncIterator[BackendEvent] = backend.generate(request)
             try:
                 async for event in events:
                     self._outbox.put((p.EVENT, key, p.encode_event(event)))
@@ -270,14 +281,37 @@ class Worker:
                 aclose = getattr(events, "aclose", None)
                 if aclose is not None:
                     await aclose()
+            return (p.END, key)
+
+        await self._answer_request(key, f"request {request.request_id}", relay)
+
+    async def _embed(self, key: int, request: EmbeddingRequest) -> None:
+        """Answer one embedding call; a cancel from the parent cancels the engine's wait."""
+
+        async def embed(backend: Backend) -> p.Message:
+            if not isinstance(backend, Embedder):
+                raise UnsupportedFeature("this model does not serve embeddings", param="input")
+            return (p.EMBEDDED, key, await backend.embed(request))
+
+        await self._answer_request(key, f"embedding {request.request_id}", embed)
+
+    async def _answer_request(
+        self, key: int, what: str, work: Callable[[Backend], Awaitable[p.Message]]
+    ) -> None:
+        """Run ``work`` on the engine and send its closing message, or the error it raised
+        as ``ERROR``; a cancellation (the parent's ``CANCEL``) ends it silently."""
+        try:
+            if self._backend is None or not self._started:
+                raise NotReady("engine is not started")
+            closing = await work(self._backend)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             if not isinstance(exc, BackendError):
-                log.exception("request %s failed", request.request_id)
+                log.exception("%s failed", what)
             self._outbox.put((p.ERROR, key, p.encode_error(exc)))
         else:
-            self._outbox.put((p.END, key))
+            self._outbox.put(closing)
         finally:
             self._requests.pop(key, None)
 

@@ -10,7 +10,6 @@ import os
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,16 +33,11 @@ from backends.hop_metrics import BackendMetrics
 from backends.process.backend import ProcessBackend
 from config.schema import HFModelConfig
 from tests.contract.backend_suite import BackendContract
+from tests.tools.servers import WORKER_ENV
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
 NAME = "smollm2-isolated"
-WORKER_ENV = {
-    "LLMSO_MODEL_CACHE": os.environ.get("LLMSO_MODEL_CACHE", str(ROOT / ".models")),
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-}
 
 
 def _config(**overrides: Any) -> HFModelConfig:

@@ -23,6 +23,12 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = REPO / ".venv" / "bin"
+# What a model worker process (``isolation: process``) needs to load packaged models offline.
+WORKER_ENV = {
+    "LLMSO_MODEL_CACHE": os.environ.get("LLMSO_MODEL_CACHE", str(REPO / ".models")),
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+}
 
 
 def free_port() -> int:

@@ -44,10 +44,6 @@ def test_example_configs_parse(path: Path, monkeypatch: pytest.MonkeyPatch) -> N
             "used by 'a' and 'a'",
         ),
         ("models:\n  - {name: a, backend: hf, source: x, fallback: [b]}\n", "fallback 'b'"),
-        (
-            "models:\n  - {name: a, backend: hf, source: x, task: embed, isolation: process}\n",
-            "task 'embed' runs with isolation 'thread'",
-        ),
         ("[1, 2", "not valid YAML"),
         ("- just a list", "top level must be a mapping"),
     ],
