@@ -75,6 +75,7 @@ class TritonBackend:
 
     def __init__(self, config: TritonModelConfig, metrics: BackendMetrics) -> None:
         self._config = config
+        self._url = config.endpoints[0].url
         self._prompter = Prompter(config.tokenizer)
         self._client: Any = None
         self._contract: contract.ModelContract | None = None
@@ -92,7 +93,7 @@ class TritonBackend:
         self._stopped = False
         await asyncio.to_thread(self._prompter.load)
         self._client = triton_aio.InferenceServerClient(
-            self._config.url, channel_args=_channel_args(self._config)
+            self._url, channel_args=_channel_args(self._config)
         )
         try:
             await self._check_contract()
@@ -127,7 +128,7 @@ class TritonBackend:
             max_context=self._config.max_context,
             memory_bytes=self._config.memory_bytes,
             owned_by="triton",
-            extra={"url": self._config.url, "triton_model": self._config.triton_model},
+            extra={"url": self._url, "triton_model": self._config.triton_model},
         )
 
     async def _close_client(self) -> None:
@@ -144,10 +145,10 @@ class TritonBackend:
         try:
             live = await self._client.is_server_live(client_timeout=timeout)
             if not live:
-                raise UpstreamUnavailable(f"Triton at {self._config.url} is not live")
+                raise UpstreamUnavailable(f"Triton at {self._url} is not live")
             model_ready = await self._client.is_model_ready(name, version, client_timeout=timeout)
         except InferenceServerException as exc:
-            raise _map_client_error(exc, self._config.url) from exc
+            raise _map_client_error(exc, self._url) from exc
         if not model_ready:
             raise NotReady(f"Triton model {name!r} is not ready", retry_after=RETRY_AFTER)
 
@@ -162,7 +163,7 @@ class TritonBackend:
                 client_timeout=self._config.connect_timeout,
             )
         except InferenceServerException as exc:
-            raise _map_client_error(exc, self._config.url) from exc
+            raise _map_client_error(exc, self._url) from exc
         self._contract = contract.check_metadata(name, metadata)
         return self._contract
 
@@ -278,7 +279,7 @@ class TritonBackend:
                     f"Triton model {cfg.triton_model!r}: no {what} within {wait:.1f}s"
                 ) from exc
             except grpc.aio.AioRpcError as exc:
-                raise _map_rpc_error(exc, cfg.url) from exc
+                raise _map_rpc_error(exc, self._url) from exc
             if error is not None:
                 raise _map_stream_error(str(error), cfg.triton_model)
             chunk = contract.parse_result(result)

@@ -22,7 +22,7 @@ from backends.base import (
 )
 from backends.hop_metrics import BackendMetrics
 from backends.openai_proxy.backend import OpenAIProxyBackend
-from backends.openai_proxy.balance import PrefixAffinity, affinity_key
+from backends.replicas.balance import PrefixAffinity, affinity_key
 from bench.fake_upstream import WORDS, FakeOptions, FakeUpstream
 from config.schema import AppConfig, OpenAIModelConfig
 from gateway.app import build_app

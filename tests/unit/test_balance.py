@@ -7,13 +7,13 @@ import random
 import pytest
 
 from backends.base import ChatMessage, GenerationRequest, RequestKind, SamplingParams
-from backends.openai_proxy.balance import (
+from backends.replicas.balance import (
     LeastLoaded,
     PrefixAffinity,
     RoundRobin,
     affinity_key,
 )
-from backends.openai_proxy.scrape import parse_load
+from backends.replicas.scrape import parse_load
 from config.schema import OpenAIModelConfig
 
 URLS = [f"http://vllm-{i}:8000/v1" for i in range(4)]
