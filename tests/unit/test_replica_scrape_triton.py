@@ -61,3 +61,20 @@ def test_triton_replicas_config() -> None:
     for bad in ({}, {"url": "a:1", "replicas": ["b:1"]}, {"replicas": ["a:1", "a:1"]}):
         with pytest.raises(ValueError, match=r"url and replicas|twice"):
             TritonModelConfig(**base, **bad)  # type: ignore[arg-type]
+
+
+async def test_reconfigure_adds_and_drains_servers_without_a_start() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from backends.hop_metrics import BackendMetrics
+    from backends.triton.backend import TritonBackend
+
+    base = {"name": "t", "backend": "triton", "triton_model": "llm"}
+    backend = TritonBackend(
+        TritonModelConfig(**base, replicas=["a:1", "b:1"]),  # type: ignore[arg-type]
+        BackendMetrics(CollectorRegistry()),
+    )
+    backend.reconfigure(TritonModelConfig(**base, replicas=["b:1", "c:1"]))  # type: ignore[arg-type]
+    assert list(backend._servers) == ["b:1", "c:1"]
+    assert [r["url"] for r in backend.replica_status()] == ["b:1", "c:1"]
+    await backend.stop()
