@@ -1,4 +1,5 @@
-"""Replica changes applied to a running backend on hot reload (no restart).
+"""Replica changes applied to a running backend on hot reload (no restart), and the
+running backend's replica status for the admin API.
 
 Owned by ``Lifecycle`` (the model table's only writer), on the event loop: it calls
 ``reconfigure_replicas`` for a model whose new config differs from the running one only
@@ -11,7 +12,7 @@ import logging
 
 from backends.replicas.live import LiveReplicas
 from gateway.registry.diff import replicas_changed
-from gateway.registry.entry import Entry
+from gateway.registry.entry import Entry, Instance
 
 log = logging.getLogger("llmso.registry")
 
@@ -31,3 +32,10 @@ def reconfigure_replicas(entry: Entry) -> bool:
     instance.config = entry.config
     log.info("model %s: replicas updated in place", entry.name)
     return True
+
+
+def replica_status(instance: Instance | None) -> tuple[dict[str, object], ...]:
+    """The running backend's per-replica health and load, for the admin API."""
+    if instance is None or instance.crashed or not isinstance(instance.backend, LiveReplicas):
+        return ()
+    return tuple(instance.backend.replica_status())

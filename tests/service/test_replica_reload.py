@@ -79,6 +79,11 @@ async def test_replica_list_reloads_in_place_and_removed_replica_drains(tmp_path
                 assert await _backend(app) is backend  # not restarted
                 # The new replica joins once its first probe (sent at once) passes.
                 await _until(lambda: all(r["up"] for r in backend.replica_status()), within=2.0)
+                (listed,) = (await client.get("/admin/models")).json()["models"]
+                assert [(r["url"], r["up"], r["ejected"]) for r in listed["replicas"]] == [
+                    (f"{kept.url}/v1", True, False),
+                    (f"{added.url}/v1", True, False),
+                ]
                 for _ in range(6):
                     short = {**chat, "max_tokens": 2}
                     reply = await client.post("/v1/chat/completions", json=short)
