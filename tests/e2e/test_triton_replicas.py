@@ -5,17 +5,19 @@ Requests stay short (a few tokens each, a few dozen in all): the servers decode 
 Checks: requests spread over both servers (Triton's own success counters); each
 server's metrics page is scraped for the served model; a client that leaves cancels the
 request on the server that has it and not on the other; a server SIGKILLed between
-requests costs no failed request (refused attempts retry on the other before a token
-reached the client), its ``llmso_replica_up`` goes 0, and after a restart on the same
-ports probes re-admit it and it serves again.
+requests, while a stream runs on the other, costs no failed request (refused attempts
+retry on the other before a token reached the client), its ``llmso_replica_up`` goes
+0, and after a restart on the same ports probes re-admit it and it serves again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -106,6 +108,13 @@ async def run(backend: TritonBackend, request: GenerationRequest) -> str:
     return "".join(e.text for e in events if isinstance(e, TextDelta))
 
 
+async def _drain(stream: Any) -> object:
+    last = None
+    async for event in stream:
+        last = event
+    return last
+
+
 def successes(server: TritonServer) -> float:
     return server.metric("nv_inference_request_success")
 
@@ -123,11 +132,20 @@ async def until(predicate: object, within: float = 30.0) -> None:
 
 
 async def test_requests_spread_over_both_servers(
-    backend: TritonBackend, servers: list[TritonServer], registry: CollectorRegistry
+    backend: TritonBackend,
+    servers: list[TritonServer],
+    registry: CollectorRegistry,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     before = [successes(s) for s in servers]
-    for n in range(6):
-        assert await run(backend, chat(3, n))
+    with caplog.at_level(logging.INFO, logger="llmso.route"):
+        for n in range(6):
+            assert await run(backend, chat(3, n))
+    routed = [r.getMessage() for r in caplog.records if r.name == "llmso.route"]
+    for server in servers:  # each decision is logged with its replica, policy and reason
+        assert any(
+            f"replica={server.grpc_url} balance=round_robin reason=next" in m for m in routed
+        )
     gained = [successes(s) - b for s, b in zip(servers, before, strict=True)]
     assert gained == [3, 3], gained
     for server in servers:
@@ -165,14 +183,25 @@ async def test_disconnect_cancels_on_the_serving_server(
 async def test_killed_server_costs_no_request_and_is_readmitted(
     backend: TritonBackend, servers: list[TritonServer], registry: CollectorRegistry
 ) -> None:
-    alive, victim = servers
-    served = successes(alive)
+    before = [successes(s) for s in servers]
     for n in range(4):
         assert await run(backend, chat(3, n))
-    servers[1].stop(crash=True)  # SIGKILL between requests; the next ones must not fail
+    # Mid-run: a stream is running on one server when the other is SIGKILLed; it goes
+    # on, and none of the requests after the kill fails.
+    survivor = backend.generate(chat(24, 99))
+    async for event in survivor:
+        if isinstance(event, TextDelta):
+            break
+    (serving,) = [r for r in backend._replicas.replicas if r.inflight == 1]
+    index = [s.grpc_url for s in servers].index(serving.url)
+    alive, victim = servers[index], servers[1 - index]
+    served = before[index]
+    victim.stop(crash=True)
+    rest = asyncio.ensure_future(_drain(survivor))
     for n in range(4, 12):
         assert await run(backend, chat(3, n))
-    assert successes(alive) - served >= 2 + 8  # its half before, everything after
+    assert isinstance(await rest, Usage)
+    assert successes(alive) - served >= 2 + 1 + 8  # its half before, everything after
     await until(lambda: up(registry, victim) == 0)
     # Back on the same ports: probes re-admit it, round robin uses it again.
     victim.start()
