@@ -59,6 +59,8 @@ class ReplicaSet:
         self._probe_task: asyncio.Task[None] | None = None
         self._scrape_task: asyncio.Task[None] | None = None
         self._drains: set[asyncio.Task[None]] = set()
+        self._draining: dict[str, Replica] = {}
+        """Removed replicas with requests still in flight, by URL."""
         self.update(config, endpoints)
 
     @property
@@ -130,33 +132,44 @@ class ReplicaSet:
         then their metric children go). Returns the removed replicas."""
         old = {replica.url: replica for replica in self.replicas}
         kept: list[Replica] = []
+        joined: list[Replica] = []
         for url, metrics_url in endpoints:
-            replica = old.pop(url, None)
+            # A URL removed earlier and still draining comes back as the same replica
+            # (its metric children are the ones the drain would otherwise remove).
+            replica = old.pop(url, None) or self._draining.pop(url, None)
             if replica is None:
                 replica = Replica(url, metrics_url, config, self._metrics)
+                joined.append(replica)
             else:
-                replica.metrics_url = metrics_url
+                if metrics_url != replica.metrics_url:  # a new page: ask it again
+                    replica.metrics_url = metrics_url
+                    replica.has_metrics = metrics_url is not None
+                replica.draining = False
             kept.append(replica)
         self._config = config
         self.replicas = kept
         urls = [replica.url for replica in kept]
         self._policy = build_policy(config.balance, urls, config.prefix_load_factor)
         removed = list(old.values())
+        now = time.monotonic()
         for replica in removed:
             replica.draining = True
+            replica.refresh_up(now)
             if replica.inflight == 0:
                 replica.forget_metrics()
             else:  # in flight means a running loop: forget once the last one ends
+                self._draining[replica.url] = replica
                 self._background(self._forget(replica), f"llmso-drain-{replica.url}")
         if self._running():
             self._restart_scrape()
-            self._kick_probe([r for r in kept if r.url not in old and not r.health.up])
+            self._kick_probe(joined)
         return removed
 
-    @staticmethod
-    async def _forget(replica: Replica) -> None:
+    async def _forget(self, replica: Replica) -> None:
         await replica.drained()
-        replica.forget_metrics()
+        if replica.draining:  # not listed again meanwhile
+            self._draining.pop(replica.url, None)
+            replica.forget_metrics()
 
     # ------------------------------------------------------------------ background
 
