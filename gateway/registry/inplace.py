@@ -9,12 +9,27 @@ in fields the registry applies in place (``diff.IN_PLACE_FIELDS``, ``REPLICA_FIE
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping
 
 from backends.replicas.live import LiveReplicas
+from config.schema import ModelConfig
 from gateway.registry.diff import replicas_changed
 from gateway.registry.entry import Entry, Instance
 
 log = logging.getLogger("llmso.registry")
+
+
+def update_in_place(
+    entries: Mapping[str, Entry], names: Iterable[str], configs: Mapping[str, ModelConfig]
+) -> list[str]:
+    """Give each named entry its new config (a change the registry applies in place);
+    returns the names whose backend could not take its replica change (restart them)."""
+    restart = []
+    for name in names:
+        entries[name].config = configs[name]
+        if not reconfigure_replicas(entries[name]):
+            restart.append(name)
+    return restart
 
 
 def reconfigure_replicas(entry: Entry) -> bool:

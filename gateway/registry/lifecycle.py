@@ -17,7 +17,7 @@ from typing import Any
 from backends.factory import BackendFactory, MemoryEstimate, memory_estimate
 from config.schema import AppConfig, ModelConfig
 from gateway.registry.entry import Backoff, Entry, Instance
-from gateway.registry.inplace import reconfigure_replicas
+from gateway.registry.inplace import reconfigure_replicas, update_in_place
 from gateway.registry.model_metrics import RegistryMetrics
 from gateway.registry.room import make_room, reported_memory, warn_if_over_budget
 from gateway.registry.tasks import being_cancelled, describe, join, on_this_loop
@@ -111,11 +111,7 @@ class Lifecycle:
         """Move the table onto ``config``: ``diff`` says what changed (``diff_configs``)."""
         after = {model.name: model for model in config.models}
         self._config = config
-        restart = list(diff.reloaded)
-        for name in diff.updated:
-            self._entries[name].config = after[name]
-            if not reconfigure_replicas(self._entries[name]):
-                restart.append(name)
+        restart = [*diff.reloaded, *update_in_place(self._entries, diff.updated, after)]
         for name in diff.removed:
             self.remove(name)
         for name in restart:
