@@ -13,7 +13,7 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from backends.replica_metrics import ReplicaMetrics
+from backends.replicas.metrics import ReplicaMetrics
 
 # Token-level latencies on CPU run from ~5 ms to seconds; requests up to minutes.
 LATENCY_BUCKETS = (

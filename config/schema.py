@@ -142,13 +142,20 @@ class RemoteTimeouts(_Frozen):
     total_timeout: float = Field(600.0, gt=0, description="Seconds one request may take.")
 
 
-class OpenAIModelConfig(ModelBase, RemoteTimeouts):
-    backend: Literal["openai"] = Field(description="Proxy to an OpenAI-compatible server.")
-    base_url: str | None = Field(
-        None, description="The one server's URL, with or without /v1; or use `replicas`."
+class ReplicaEndpoint(_Frozen):
+    """One upstream replica: its address and, when not the default, its metrics page."""
+
+    url: str = Field(description="The replica's address (base URL, or gRPC host:port).")
+    metrics_url: str | None = Field(
+        None, description="Its Prometheus page (default: derived from url, see the backend)."
     )
-    replicas: tuple[str, ...] = Field(
-        (), description="Base URLs of equivalent upstream replicas (instead of base_url)."
+
+
+class ReplicaFields(_Frozen):
+    """Fields every backend with upstream replicas shares (openai, triton)."""
+
+    replicas: tuple[ReplicaEndpoint, ...] = Field(
+        (), description="Equivalent upstream replicas: addresses or {url, metrics_url}."
     )
     balance: Literal["least_loaded", "prefix", "round_robin"] = Field(
         "least_loaded", description="How a request picks a replica."
@@ -162,6 +169,46 @@ class OpenAIModelConfig(ModelBase, RemoteTimeouts):
     prefix_load_factor: float = Field(
         1.5, gt=1.0, description="prefix: a replica takes at most this times the mean load."
     )
+    retries: int = Field(2, ge=0, description="Retries while nothing reached the client.")
+    health_interval: float = Field(5.0, gt=0, description="Seconds between health probes.")
+    health_failures_down: int = Field(3, gt=0, description="Failed probes before marking down.")
+    health_successes_up: int = Field(2, gt=0, description="Passed probes before marking up.")
+    breaker_failures: int = Field(5, gt=0, description="Consecutive failures opening the breaker.")
+    breaker_cooldown: float = Field(10.0, gt=0, description="Seconds the breaker stays open.")
+
+    @field_validator("replicas", mode="before")
+    @classmethod
+    def _replica_list(cls, value: object) -> object:
+        items = (value,) if isinstance(value, str | dict) else value
+        if not isinstance(items, list | tuple):
+            return value
+        return tuple({"url": item} if isinstance(item, str) else item for item in items)
+
+    def _check_replicas(self, single: str | None, name: str, field: str) -> None:
+        if (single is None) == (not self.replicas):
+            raise ValueError(f"model {name!r}: set exactly one of {field} and replicas")
+        urls = [replica.url for replica in self.replicas]
+        if len(set(urls)) != len(urls):
+            raise ValueError(f"model {name!r}: replicas lists a URL twice")
+
+    def _endpoints(self, single: str | None) -> tuple[ReplicaEndpoint, ...]:
+        return self.replicas or ((ReplicaEndpoint(url=single),) if single else ())
+
+
+class ReplicatedModel(ModelBase, RemoteTimeouts, ReplicaFields):
+    """A model served by one or more equivalent remote servers."""
+
+    @property
+    def endpoints(self) -> tuple[ReplicaEndpoint, ...]:
+        """Every configured replica, in config order (the single-address field as one)."""
+        raise NotImplementedError
+
+
+class OpenAIModelConfig(ReplicatedModel):
+    backend: Literal["openai"] = Field(description="Proxy to an OpenAI-compatible server.")
+    base_url: str | None = Field(
+        None, description="The one server's URL, with or without /v1; or use `replicas`."
+    )
     upstream_model: str | None = Field(
         None, description="The model name the server knows (default: name)."
     )
@@ -169,50 +216,56 @@ class OpenAIModelConfig(ModelBase, RemoteTimeouts):
     api_key_env: str | None = Field(
         None, description="Environment variable holding the bearer token."
     )
-    retries: int = Field(2, ge=0, description="Retries while nothing reached the client.")
-    health_interval: float = Field(5.0, gt=0, description="Seconds between health probes.")
     engine: Literal["generic", "vllm", "llamacpp", "mlx"] = Field(
         "generic", description="Upstream kind: picks the health path and known quirks."
     )
     health_path: str | None = Field(
         None, description="GET path probed for health; default depends on `engine`."
     )
-    health_failures_down: int = Field(3, gt=0, description="Failed probes before marking down.")
-    health_successes_up: int = Field(2, gt=0, description="Passed probes before marking up.")
-    breaker_failures: int = Field(5, gt=0, description="Consecutive failures opening the breaker.")
-    breaker_cooldown: float = Field(10.0, gt=0, description="Seconds the breaker stays open.")
     queue_timeout: float = Field(
         30.0, ge=0, description="Seconds to wait for a max_concurrency slot before 429."
     )
     max_queue: int = Field(256, gt=0, description="Requests waiting for a slot before 429.")
 
-    @field_validator("replicas", mode="before")
-    @classmethod
-    def _replica_list(cls, value: object) -> object:
-        return (value,) if isinstance(value, str) else value
-
     @model_validator(mode="after")
     def _one_upstream_source(self) -> OpenAIModelConfig:
-        if (self.base_url is None) == (not self.replicas):
-            raise ValueError(f"model {self.name!r}: set exactly one of base_url and replicas")
-        if len(set(self.replicas)) != len(self.replicas):
-            raise ValueError(f"model {self.name!r}: replicas lists a URL twice")
+        self._check_replicas(self.base_url, self.name, "base_url")
         return self
+
+    @property
+    def endpoints(self) -> tuple[ReplicaEndpoint, ...]:
+        return self._endpoints(self.base_url)
 
     @property
     def upstream_urls(self) -> tuple[str, ...]:
         """Every configured upstream base URL, in config order."""
-        return self.replicas or ((self.base_url,) if self.base_url else ())
+        return tuple(endpoint.url for endpoint in self.endpoints)
 
 
-class TritonModelConfig(ModelBase, RemoteTimeouts):
+class TritonModelConfig(ReplicatedModel):
     backend: Literal["triton"] = Field(description="A model served by Triton, over gRPC.")
-    url: str = Field(description="gRPC host:port of the Triton server.")
+    url: str | None = Field(None, description="gRPC host:port of the one Triton server.")
+    metrics_port: int = Field(
+        8002,
+        ge=1,
+        le=65535,
+        description="Port of each replica's Prometheus page (http://<host>:<port>/metrics) "
+        "unless a replica gives metrics_url.",
+    )
     triton_model: str = Field(description="The model's name in Triton's repository.")
     model_version: str = Field("", description="Triton model version ('' for the latest).")
     tokenizer: str | None = Field(
         None, description="Tokenizer source for chat templates and token counts."
     )
+
+    @model_validator(mode="after")
+    def _one_server_source(self) -> TritonModelConfig:
+        self._check_replicas(self.url, self.name, "url")
+        return self
+
+    @property
+    def endpoints(self) -> tuple[ReplicaEndpoint, ...]:
+        return self._endpoints(self.url)
 
 
 ModelConfig = Annotated[

@@ -123,6 +123,7 @@ def _status_dict(status: ModelStatus) -> dict[str, Any]:
         "max_context": status.max_context,
         "restarts": status.restarts,
         "retry_in": status.retry_in,
+        "replicas": list(status.replicas),
     }
 
 

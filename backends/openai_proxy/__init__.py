@@ -6,6 +6,6 @@ Modules, from the wire inwards:
 - ``payload``  ``GenerationRequest`` -> upstream JSON body (pure)
 - ``stream``   upstream SSE bytes -> ``BackendEvent`` values (pure, one per stream)
 - ``errors``   upstream statuses and client exceptions -> ``BackendError``
-- ``health``   probe hysteresis and the circuit breaker (pure state machines)
-- ``backend``  ``OpenAIProxyBackend``: the pooled client, retries, limits, metrics
+- ``backend``  ``OpenAIProxyBackend``: the pooled client, limits, metrics; replicas,
+               health, ejection and retries come from ``backends.replicas``
 """

@@ -26,13 +26,12 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import aiohttp
 import orjson
 
-from backends.backoff import Backoff
 from backends.base import (
     BackendCrashed,
     BackendError,
@@ -55,15 +54,17 @@ from backends.openai_proxy.embeddings import (
     outcome_label,
     post_embeddings,
 )
-from backends.openai_proxy.engines import profile_for
+from backends.openai_proxy.engines import profile_for, split_base_url
 from backends.openai_proxy.errors import from_exception, from_status, is_retryable
 from backends.openai_proxy.payload import build_body, estimate_prompt_tokens
 from backends.openai_proxy.relay import EmptyStream, HopMetrics, UpstreamStream
-from backends.openai_proxy.replicas import Replica, ReplicaSet, cancel
 from backends.openai_proxy.stream import ChunkTranslator
+from backends.replicas.attempts import GiveUp, first_success
+from backends.replicas.replica import Replica
+from backends.replicas.replica_set import ReplicaSet
 from config.schema import OpenAIModelConfig
 
-_RETRY_BACKOFF = Backoff(base=0.1, cap=2.0)
+T = TypeVar("T")
 
 
 class OpenAIProxyBackend:
@@ -81,12 +82,10 @@ class OpenAIProxyBackend:
             labels=labels,
         )
         self._up_gauge = metrics.upstream_up.labels(*labels)
-        self._replicas = ReplicaSet(config, metrics.replicas)
+        self._replicas = ReplicaSet(config, _endpoints(config), metrics.replicas)
         self._slots = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
         self._waiting = 0
         self._session: aiohttp.ClientSession | None = None
-        self._health_task: asyncio.Task[None] | None = None
-        self._scrape_task: asyncio.Task[None] | None = None
         self._streams: set[UpstreamStream] = set()
         self._stopping = False
         self._discovered = False
@@ -118,20 +117,13 @@ class OpenAIProxyBackend:
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0),
             json_serialize=lambda value: orjson.dumps(value).decode(),
         )
-        await self._probe_all()
-        self._health_task = asyncio.create_task(
-            self._probe_forever(), name=f"llmso-health-{config.name}"
-        )
-        if config.metrics_scrape_interval > 0:
-            self._scrape_task = asyncio.create_task(
-                self._replicas.scrape_forever(self._session), name=f"llmso-scrape-{config.name}"
-            )
+        await self._replicas.probe_all(self._probe_one)
+        self._set_up()
+        self._replicas.start(self._probe_one, self._session, self._set_up)
 
     async def stop(self) -> None:
         self._stopping = True
-        await cancel(self._health_task)
-        await cancel(self._scrape_task)
-        self._health_task = self._scrape_task = None
+        await self._replicas.stop()
         for stream in list(self._streams):
             stream.close()
         session, self._session = self._session, None
@@ -155,6 +147,14 @@ class OpenAIProxyBackend:
                 "replicas": str(len(self._replicas.replicas)),
             },
         )
+
+    def reconfigure(self, config: OpenAIModelConfig) -> None:
+        """Hot reload of the replica list or balance fields only (``REPLICA_FIELDS``)."""
+        self._config = config
+        self._replicas.update(config, _endpoints(config))
+
+    def replica_status(self) -> list[dict[str, object]]:
+        return self._replicas.snapshot()
 
     # ------------------------------------------------------------------ data path
 
@@ -214,83 +214,66 @@ class OpenAIProxyBackend:
         self, session: aiohttp.ClientSession, body: bytes, expected: int
     ) -> tuple[tuple[tuple[float, ...], ...], int | None]:
         """POST to a replica, retrying on another one (then after a backoff) while the
-        error is retryable, like ``_open`` does for generation."""
-        attempt = 0
-        tried: list[int] = []
-        while True:
-            replica = self._replicas.pick(None, tried, attempt)
+        error is retryable, the same walk as generation (``first_success``)."""
+
+        async def attempt(replica: Replica) -> tuple[tuple[tuple[float, ...], ...], int | None]:
+            _, api = split_base_url(replica.url)
             try:
-                answer = await post_embeddings(
-                    session, replica.api + EMBEDDINGS_PATH, body, expected
-                )
+                return await post_embeddings(session, api + EMBEDDINGS_PATH, body, expected)
             except BackendError as error:
                 self._hop.count(outcome_label(error))
-                replica.account(error, time.monotonic())
-                if self._stopping or not is_retryable(error) or attempt >= self._config.retries:
-                    raise
-                tried.append(replica.index)
-                attempt += 1
-                if not self._replicas.candidates(tried, time.monotonic()):
-                    tried.clear()
-                    await asyncio.sleep(self._backoff(attempt - 1, error))
-                continue
-            finally:
-                replica.release()
-            self._hop.count("200")
-            replica.account(None, time.monotonic())
-            return answer
+                raise
+
+        answer, replica, _ = await self._walk(None, attempt)
+        replica.release()
+        self._hop.count("200")
+        return answer
 
     async def _open(
         self, session: aiohttp.ClientSession, path: str, body: bytes, request: GenerationRequest
     ) -> tuple[UpstreamStream, Replica, float, list[BackendEvent]]:
-        """Send with retries until a replica produced its first events. A retry goes to
-        a replica not tried yet for this request while one is eligible, else waits a
-        backoff and may try the same ones again."""
+        """Send with retries until a replica produced its first events (``_walk``)."""
         chat = request.kind is RequestKind.CHAT
-        waited = 0.0
-        attempt = 0
         trace_headers = dict(request.trace_headers) or None
-        tried: list[int] = []
-        while True:
-            replica = self._replicas.pick(request, tried, attempt)
-            url = replica.api + path
+        failed_waits: list[float] = []
+
+        async def attempt(replica: Replica) -> tuple[UpstreamStream, float, list[BackendEvent]]:
+            url = split_base_url(replica.url)[1] + path
             started_at = time.time()
             translator = ChunkTranslator(chat=chat, n=request.sampling.n)
             stream = UpstreamStream(url, translator, self._hop)
             try:
                 await stream.open(session, body, trace_headers)
-                first = await stream.first_events()
-            except BackendError as failure:
+                return stream, started_at, await stream.first_events()
+            except EmptyStream as empty:
                 stream.close()
-                replica.release()
-                error = failure
-                if isinstance(failure, EmptyStream):
-                    if self._profile.hides_stream_errors:
-                        error = await self._unhidden_error(session, url, body, failure)
-                        replica.account(error, time.monotonic())
-                        raise error from None
-                    error = failure.cause or failure
-                waited += stream.waited
-                replica.account(error, time.monotonic())
-                if self._stopping:
-                    raise BackendCrashed("backend stopped") from error
-                if not is_retryable(error) or attempt >= self._config.retries:
-                    raise error from None
-                tried.append(replica.index)
-                attempt += 1
-                if not self._replicas.candidates(tried, time.monotonic()):
-                    tried.clear()  # every replica had its go: back off, then start over
-                    delay = self._backoff(attempt - 1, error)
-                    await asyncio.sleep(delay)
-                    waited += delay
-                continue
+                if self._profile.hides_stream_errors:
+                    raise GiveUp(await self._unhidden_error(session, url, body, empty)) from None
+                failed_waits.append(stream.waited)
+                raise empty.cause or empty from None
+            except BackendError:
+                stream.close()
+                failed_waits.append(stream.waited)
+                raise
             except BaseException:
                 stream.close()
-                replica.release()
                 raise
-            replica.account(None, time.monotonic())
-            stream.waited += waited
-            return stream, replica, started_at, first
+
+        (stream, started_at, first), replica, slept = await self._walk(request, attempt)
+        stream.waited += slept + sum(failed_waits)
+        return stream, replica, started_at, first
+
+    async def _walk(
+        self, request: GenerationRequest | None, attempt: Callable[[Replica], Awaitable[T]]
+    ) -> tuple[T, Replica, float]:
+        return await first_success(
+            self._replicas,
+            request,
+            attempt,
+            retries=self._config.retries,
+            retryable=is_retryable,
+            stopping=lambda: self._stopping,
+        )
 
     async def _unhidden_error(
         self, session: aiohttp.ClientSession, url: str, body: bytes, empty: EmptyStream
@@ -331,12 +314,6 @@ class OpenAIProxyBackend:
             prompt, completion = estimate_prompt_tokens(request), translator.counted_tokens
         return Usage(prompt, completion, upstream_seconds=stream.waited)
 
-    @staticmethod
-    def _backoff(attempt: int, error: BackendError) -> float:
-        hinted = error.retry_after if isinstance(error, Overloaded) else 0.0
-        cap = _RETRY_BACKOFF.cap
-        return max(min(hinted, cap), _RETRY_BACKOFF.jittered(attempt + 1))
-
     @contextlib.asynccontextmanager
     async def _slot(self) -> AsyncIterator[None]:
         """Hold one of ``max_concurrency`` slots; wait at most ``queue_timeout``."""
@@ -367,13 +344,7 @@ class OpenAIProxyBackend:
 
     # ------------------------------------------------------------------ health
 
-    async def _probe_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self._config.health_interval)
-            await self._probe_all()
-
-    async def _probe_all(self) -> None:
-        await self._replicas.probe_all(self._probe_one)
+    def _set_up(self) -> None:
         self._up_gauge.set(1 if self._replicas.up else 0)
 
     async def _probe_one(self, replica: Replica) -> bool:
@@ -385,7 +356,8 @@ class OpenAIProxyBackend:
             return False
         discovering = not self._discovered
         path = "/models" if discovering else self._profile.health_path
-        url = replica.api + path if discovering else replica.root + path
+        root, api = split_base_url(replica.url)
+        url = api + path if discovering else root + path
         ok = False
         try:
             timeout = aiohttp.ClientTimeout(total=2 * self._config.connect_timeout)
@@ -412,3 +384,10 @@ class OpenAIProxyBackend:
                 length = model.get("max_model_len")
                 if isinstance(length, int) and length > 0:
                     self._upstream_context = length
+
+
+def _endpoints(config: OpenAIModelConfig) -> list[tuple[str, str | None]]:
+    """Each replica's URL and metrics page (the server root's ``/metrics`` by default)."""
+    return [
+        (e.url, e.metrics_url or split_base_url(e.url)[0] + "/metrics") for e in config.endpoints
+    ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from config.schema import AppConfig, ModelConfig
+from config.schema import AppConfig, ModelConfig, ReplicatedModel
 from gateway.registry.values import ConfigDiff
 
 # Fields the registry applies in place: they change routing or lifecycle policy, not
@@ -22,10 +22,40 @@ IN_PLACE_FIELDS = frozenset(
 )
 
 
+# The replica list and balance fields of a replicated model (openai, triton): the running
+# backend applies them to its live ReplicaSet (``Lifecycle.apply``), without a restart.
+REPLICA_FIELDS = frozenset(
+    {
+        "base_url",
+        "url",
+        "replicas",
+        "metrics_port",
+        "balance",
+        "metrics_scrape_interval",
+        "prefix_chars",
+        "prefix_load_factor",
+    }
+)
+
+
+def _in_place(old: ModelConfig, new: ModelConfig) -> set[str]:
+    fields = set(IN_PLACE_FIELDS)
+    if isinstance(old, ReplicatedModel) and type(old) is type(new):
+        fields |= REPLICA_FIELDS
+    return fields
+
+
 def needs_restart(old: ModelConfig, new: ModelConfig) -> bool:
-    return old.model_dump(exclude=set(IN_PLACE_FIELDS)) != new.model_dump(
-        exclude=set(IN_PLACE_FIELDS)
-    )
+    fields = _in_place(old, new)
+    return old.model_dump(exclude=fields) != new.model_dump(exclude=fields)
+
+
+def replicas_changed(old: ModelConfig, new: ModelConfig) -> bool:
+    """Whether a change the running backend takes in place touches its replicas."""
+    if not isinstance(old, ReplicatedModel) or type(old) is not type(new):
+        return False
+    fields = set(REPLICA_FIELDS)
+    return old.model_dump(include=fields) != new.model_dump(include=fields)
 
 
 def diff_configs(old: AppConfig, new: AppConfig) -> ConfigDiff:

@@ -17,6 +17,7 @@ from typing import Any
 from backends.factory import BackendFactory, MemoryEstimate, memory_estimate
 from config.schema import AppConfig, ModelConfig
 from gateway.registry.entry import Backoff, Entry, Instance
+from gateway.registry.inplace import reconfigure_replicas, update_in_place
 from gateway.registry.model_metrics import RegistryMetrics
 from gateway.registry.room import make_room, reported_memory, warn_if_over_budget
 from gateway.registry.tasks import being_cancelled, describe, join, on_this_loop
@@ -110,11 +111,10 @@ class Lifecycle:
         """Move the table onto ``config``: ``diff`` says what changed (``diff_configs``)."""
         after = {model.name: model for model in config.models}
         self._config = config
-        for name in diff.updated:
-            self._entries[name].config = after[name]
+        restart = [*diff.reloaded, *update_in_place(self._entries, diff.updated, after)]
         for name in diff.removed:
             self.remove(name)
-        for name in diff.reloaded:
+        for name in restart:
             entry = self._entries[name]
             was_loaded = entry.instance is not None or entry.state is ModelState.LOADING
             entry.config = after[name]
@@ -204,6 +204,8 @@ class Lifecycle:
 
     def _loaded(self, entry: Entry, instance: Instance, seconds: float) -> None:
         entry.loaded(instance, reported_memory(instance.backend))
+        if not reconfigure_replicas(entry):  # a reload changed the replicas while it loaded
+            self._spawn(self._reload_entry(entry, was_loaded=True), f"reload:{entry.name}")
         self._metrics.loads.labels(entry.name, "success").inc()
         self._metrics.load_seconds.labels(entry.name).observe(seconds)
         self.set_state(entry, ModelState.READY)

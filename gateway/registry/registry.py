@@ -28,6 +28,7 @@ from config.schema import AppConfig
 from gateway.registry import routing
 from gateway.registry.diff import diff_configs
 from gateway.registry.entry import Backoff, Entry, Instance
+from gateway.registry.inplace import replica_status
 from gateway.registry.lifecycle import BackendFactory, Lifecycle
 from gateway.registry.model_metrics import RegistryMetrics
 from gateway.registry.tasks import being_cancelled, join
@@ -342,4 +343,5 @@ class ModelRegistry:
             max_context=(info.max_context if info is not None else None) or config.max_context,
             restarts=entry.restarts,
             retry_in=entry.retry_in() if entry.state is ModelState.FAILED else None,
+            replicas=replica_status(instance),
         )

@@ -52,6 +52,8 @@ class ModelStatus:
     max_context: int | None
     restarts: int
     retry_in: float | None
+    replicas: tuple[dict[str, object], ...] = ()
+    """Per upstream replica of a loaded replicated backend (``LiveReplicas``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from backends.base import GenerationRequest, RequestKind, SamplingParams
-from backends.openai_proxy.balance import PrefixAffinity, affinity_key
+from backends.replicas.balance import PrefixAffinity, affinity_key
 from tests.tools.engines import require_engine, start_llamacpp
 from tests.tools.servers import RunningServer, gateway
 

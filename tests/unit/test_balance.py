@@ -7,13 +7,14 @@ import random
 import pytest
 
 from backends.base import ChatMessage, GenerationRequest, RequestKind, SamplingParams
-from backends.openai_proxy.balance import (
+from backends.replicas.balance import (
     LeastLoaded,
     PrefixAffinity,
     RoundRobin,
     affinity_key,
+    bounded_capacity,
 )
-from backends.openai_proxy.scrape import parse_load
+from backends.replicas.scrape import parse_load
 from config.schema import OpenAIModelConfig
 
 URLS = [f"http://vllm-{i}:8000/v1" for i in range(4)]
@@ -44,12 +45,21 @@ def test_prefix_ring_is_stable_and_bounded() -> None:
     home = ring.primary("hot")
     idle = ring.choose([0, 1, 2, 3], [0] * 4, [0.0] * 4, "hot")
     assert (idle.index, idle.reason) == (home, "affinity")
-    inflight = [1, 1, 1, 1]
-    inflight[home] = 3  # capacity ceil(1.5 * 7 / 4) = 3: home is full
+    inflight = [0, 0, 0, 0]
+    inflight[home] = 4  # capacity max(ceil(1.5 * 5/4), ceil(5/4 + 2 sqrt(5/4))) = 4: full
     spilled = ring.choose([0, 1, 2, 3], inflight, [0.0] * 4, "hot")
     assert spilled.index != home and spilled.reason == "spill"
     others = [i for i in range(4) if i != home]
     assert ring.choose(others, [0] * 4, [0.0] * 4, "hot").index in others
+
+
+def test_bounded_capacity_is_the_factor_at_scale_and_a_noise_floor_when_small() -> None:
+    # 4 replicas, 15 others in flight: the mean with this request is 4; the plain bound
+    # ceil(1.5 * 4) = 6 is one Poisson deviation (2) away, the floor is 4 + 2 * 2 = 8.
+    assert bounded_capacity(15, 4, 1.5) == 8
+    assert bounded_capacity(399, 4, 1.5) == 150  # mean 100: the factor decides
+    assert bounded_capacity(399, 4, 2.0) == 200
+    assert bounded_capacity(0, 4, 1.5) == 2  # idle: any replica takes the first request
 
 
 def _chat(*messages: tuple[str, str], **fields: object) -> GenerationRequest:

@@ -21,9 +21,9 @@ from backends.base import (
 )
 from backends.openai_proxy.engines import profile_for, split_base_url
 from backends.openai_proxy.errors import from_status, is_retryable
-from backends.openai_proxy.health import CircuitBreaker, HealthTracker
 from backends.openai_proxy.payload import build_body
 from backends.openai_proxy.stream import ChunkTranslator, SSEDecoder
+from backends.replicas.health import CircuitBreaker, HealthTracker
 
 
 def _request(kind: RequestKind = RequestKind.CHAT, **sampling: object) -> GenerationRequest:

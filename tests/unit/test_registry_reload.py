@@ -59,7 +59,7 @@ async def test_apply_config_with_leases_in_flight(
     await wait_until(lambda: _states(registry)["drop"] is ModelState.ACTIVE)
     new = app_config(
         fake_model("keep", preload=True, priority=4),
-        fake_model("swap", preload=True, base_url="http://127.0.0.1:10/v1"),
+        fake_model("swap", preload=True, upstream_model="other"),
         fake_model("fresh", preload=True),
     )
     diff = await registry.apply_config(new)
@@ -77,7 +77,7 @@ async def test_apply_config_with_leases_in_flight(
     await wait_until(lambda: _states(registry)["fresh"] is ModelState.READY)
     async with registry.lease("swap") as lease:  # new leases get the new backend
         assert lease.backend is factory.last("swap")
-        assert lease.config.base_url == "http://127.0.0.1:10/v1"  # type: ignore[union-attr]
+        assert lease.config.upstream_model == "other"  # type: ignore[union-attr]
     assert not old_swap.stopped and not old_drop.stopped  # still serving their leases
     assert [s.name for s in registry.list_models()] == ["keep", "swap", "fresh"]
     assert registry.list_models()[1].inflight == 1  # the old lease is still counted

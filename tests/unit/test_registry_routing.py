@@ -96,7 +96,7 @@ def test_diff_classifies_models() -> None:
     new = app_config(
         fake_model("keep"),
         fake_model("tweak", priority=3, aliases=["t"]),
-        fake_model("swap", base_url="http://127.0.0.1:10/v1"),
+        fake_model("swap", upstream_model="other"),
         fake_model("fresh"),
     )
     diff = diff_configs(old, new)

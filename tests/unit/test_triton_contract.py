@@ -27,7 +27,8 @@ from backends.base import (
 )
 from backends.hop_metrics import BackendMetrics
 from backends.triton import contract
-from backends.triton.backend import TritonBackend, _map_stream_error
+from backends.triton.backend import TritonBackend
+from backends.triton.errors import map_stream_error
 from config.schema import TritonModelConfig
 
 # What Triton reports for the vLLM backend's auto-completed config (src/model.py).
@@ -177,11 +178,11 @@ def test_finish_reason_prefers_the_model_then_counts() -> None:
 
 def test_stream_errors_map_to_typed_errors() -> None:
     assert isinstance(
-        _map_stream_error("Request for unknown model: 'x' is not found", "x"), NotReady
+        map_stream_error("Request for unknown model: 'x' is not found", "x"), NotReady
     )
-    assert isinstance(_map_stream_error("llm queue is full", "llm"), Overloaded)
-    assert isinstance(_map_stream_error("UNAVAILABLE: shutting down", "llm"), UpstreamUnavailable)
-    assert isinstance(_map_stream_error("llm: boom", "llm"), UpstreamBadResponse)
+    assert isinstance(map_stream_error("llm queue is full", "llm"), Overloaded)
+    assert isinstance(map_stream_error("UNAVAILABLE: shutting down", "llm"), UpstreamUnavailable)
+    assert isinstance(map_stream_error("llm: boom", "llm"), UpstreamBadResponse)
 
 
 # ---------------------------------------------------------------- backend with a fake client
@@ -227,8 +228,9 @@ def fake_backend(call: FakeCall, **config: Any) -> tuple[TritonBackend, Collecto
         name="t", backend="triton", url="127.0.0.1:1", triton_model="llm", **config
     )
     backend = TritonBackend(cfg, BackendMetrics(registry))
-    backend._client = FakeClient(call)
-    backend._contract = contract.check_metadata("llm", VLLM_METADATA)
+    server = backend._servers["127.0.0.1:1"]
+    server.client = FakeClient(call)
+    server.contract = contract.check_metadata("llm", VLLM_METADATA)
     return backend, registry
 
 

@@ -95,7 +95,8 @@ export class ModelsView {
     const since = this.loadingSince.get(model.name);
     const detail = since ? `for ${((Date.now() - since) / 1000).toFixed(0)} s` : stateDetail(model);
     // Always one line (a no-break space when empty), so rows never change height.
-    cells.detail.textContent = detail || "\u00a0";
+    cells.detail.textContent = detail || replicaSummary(model.replicas) || "\u00a0";
+    cells.detail.title = replicaLines(model.replicas);
     const serving = ["ready", "active", "draining"].includes(model.state);
     cells.inflight.textContent = count(model.inflight);
     cells.queue.textContent = serving ? count(model.queue_depth) : "–";
@@ -128,6 +129,19 @@ export class ModelsView {
       this.onChange();
     }
   }
+}
+
+// With several upstream replicas: "2/3 replicas up · 1 ejected"; each one in the tooltip.
+function replicaSummary(replicas) {
+  if (!replicas || replicas.length < 2) return "";
+  const up = replicas.filter((r) => r.up && !r.ejected && !r.draining).length;
+  const ejected = replicas.filter((r) => r.ejected).length;
+  return `${up}/${replicas.length} replicas up${ejected ? ` · ${ejected} ejected` : ""}`;
+}
+
+function replicaLines(replicas) {
+  const state = (r) => (r.ejected ? "ejected" : r.draining ? "draining" : r.up ? "up" : "down");
+  return (replicas || []).map((r) => `${r.url}: ${state(r)}, ${r.inflight} in flight`).join("\n");
 }
 
 function stateDetail(model) {

@@ -1,4 +1,4 @@
-"""Prometheus families for upstream replicas (the ``openai`` backend's ``replicas:``).
+"""Prometheus families for upstream replicas (``replicas:`` of the openai and triton backends).
 
 Created once per app inside ``BackendMetrics`` and shared by every backend, so two models
 never register the same family twice. The ``replica`` label is a configured base URL,

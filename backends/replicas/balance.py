@@ -11,9 +11,10 @@ backend that built it (its round-robin cursor and random generator are its only 
   idle in the last scrape (Mitzenmacher; what Ray Serve and llm-d do).
 - ``prefix``: consistent hashing with bounded load (Mirrokni, Thorup, Zadimoghaddam
   2018). The key picks a point on a ring of virtual nodes; the first replica clockwise
-  whose in-flight count stays under ``ceil(factor * (total + 1) / eligible)`` takes it,
-  so a hot prefix spills to the next replica on the ring instead of melting one. The
-  ring hashes the replica URLs, so every gateway with the same config agrees on it.
+  whose in-flight count stays under ``bounded_capacity`` (``factor`` times the mean, with
+  a noise floor at small loads) takes it, so a hot prefix spills to the next replica on
+  the ring instead of melting one. The ring hashes the replica URLs, so every gateway
+  with the same config agrees on it.
 """
 
 from __future__ import annotations
@@ -111,8 +112,7 @@ class PrefixAffinity:
         if not eligible:
             raise ValueError("no eligible replica")
         allowed = set(eligible)
-        total = sum(inflight[i] for i in allowed)
-        capacity = math.ceil(self._factor * (total + 1) / len(allowed))
+        capacity = bounded_capacity(sum(inflight[i] for i in allowed), len(allowed), self._factor)
         start = bisect.bisect(self._points, _hash(key))
         seen: set[int] = set()
         first: int | None = None
@@ -129,6 +129,18 @@ class PrefixAffinity:
                 break
         # Unreachable in practice (the mean is always under capacity); stay total anyway.
         return Choice(first if first is not None else eligible[0], "affinity")
+
+
+def bounded_capacity(total: int, replicas: int, factor: float) -> int:
+    """Most requests one replica may hold once this one is placed: ``factor`` times the
+    mean (the paper's bound), but never within two standard deviations of the mean.
+    In-flight counts are small integers that fluctuate like Poisson counts (standard
+    deviation ~ sqrt(mean)): at 4 in flight per replica the plain bound (6) is one
+    fluctuation away, so keys whose home is merely busy right now would spill although
+    nothing is hot. The noise floor decides below ~9 per replica (factor 1.5); above,
+    the factor does."""
+    mean = (total + 1) / replicas
+    return max(math.ceil(factor * mean), math.ceil(mean + 2.0 * math.sqrt(mean)))
 
 
 def build_policy(name: str, urls: Sequence[str], load_factor: float) -> Policy:
