@@ -206,13 +206,20 @@ def test_hpa_metrics_are_served_by_the_adapter_rules(helm: Helm, rendered: dict[
 
 
 def test_triton_is_optional_and_wired(helm: Helm, tmp_path: Path) -> None:
-    docs = helm.render("values-gpu.yaml", ["triton.enabled=true"])
-    _validate(docs)
-    server = find(docs, "StatefulSet", "llmso-triton")
-    model = next(m for m in _config(docs, tmp_path).models if isinstance(m, TritonModelConfig))
-    assert [model.url] == pod_urls(docs, server, "", "grpc")
-    refused = helm.template("values-gpu.yaml", ["triton.enabled=true", "triton.replicas=2"])
-    assert refused.returncode != 0 and "triton.replicas" in refused.stderr
+    for count in (1, 2):
+        docs = helm.render("values-gpu.yaml", ["triton.enabled=true", f"triton.replicas={count}"])
+        _validate(docs)
+        server = find(docs, "StatefulSet", "llmso-triton")
+        models = _config(docs, tmp_path).models
+        model = next(m for m in models if isinstance(m, TritonModelConfig))
+        assert [e.url for e in model.endpoints] == pod_urls(docs, server, "", "grpc")
+        assert len(model.endpoints) == count
+        metrics_port = next(
+            p["port"]
+            for p in find(docs, "Service", "llmso-triton-headless")["spec"]["ports"]
+            if p["name"] == "metrics"
+        )
+        assert model.metrics_port == metrics_port
 
 
 def test_values_schema_refuses_typos_and_bad_types(helm: Helm) -> None:

@@ -83,6 +83,16 @@ capabilities:
 {{- toYaml $urls -}}
 {{- end -}}
 
+{{/* One gRPC address per Triton pod; each pod's metrics are on the same host, port 8002. */}}
+{{- define "llmso.tritonReplicaUrls" -}}
+{{- $fullname := include "llmso.fullname" . -}}
+{{- $urls := list -}}
+{{- range $i := until (int .Values.triton.replicas) -}}
+{{- $urls = append $urls (printf "%s-triton-%d.%s-triton-headless.%s.svc.%s:8001" $fullname $i $fullname $.Release.Namespace $.Values.clusterDomain) -}}
+{{- end -}}
+{{- toYaml $urls -}}
+{{- end -}}
+
 {{/* The gateway's llmso config: values.config plus what the chart owns (server bind
 and drain, engine models, the shared store). */}}
 {{- define "llmso.config" -}}
@@ -104,12 +114,7 @@ and drain, engine models, the shared store). */}}
 {{- $models = append $models (merge $vllm (deepCopy .Values.vllm.gatewayModel)) -}}
 {{- end -}}
 {{- if .Values.triton.enabled -}}
-{{- if ne (int .Values.triton.replicas) 1 -}}
-{{- fail "triton.replicas: the gateway config takes one Triton URL per model for now; use 1" -}}
-{{- end -}}
-{{- $fullname := include "llmso.fullname" . -}}
-{{- $url := printf "%s-triton-0.%s-triton-headless.%s.svc.%s:8001" $fullname $fullname .Release.Namespace .Values.clusterDomain -}}
-{{- $triton := dict "name" .Values.triton.modelName "backend" "triton" "url" $url "triton_model" .Values.triton.tritonModel -}}
+{{- $triton := dict "name" .Values.triton.modelName "backend" "triton" "replicas" (include "llmso.tritonReplicaUrls" . | fromYamlArray) "metrics_port" 8002 "triton_model" .Values.triton.tritonModel -}}
 {{- if .Values.triton.tokenizer -}}{{- $_ = set $triton "tokenizer" .Values.triton.tokenizer -}}{{- end -}}
 {{- $models = append $models (merge $triton (deepCopy .Values.triton.gatewayModel)) -}}
 {{- end -}}
