@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from bench.kv_memory import kv_notes
 from bench.machine import venv_package_version
 from bench.spec import CompareSpec, ServiceSpec, SystemSpec
 
@@ -20,7 +21,14 @@ HF_MODES = ("sequential", "static", "continuous")
 
 
 def _gateway_yaml_hf(
-    mode: str, *, dtype: str, max_seqs: int, threads: int, prefix_caching: bool, device: str
+    mode: str,
+    *,
+    dtype: str,
+    max_seqs: int,
+    threads: int,
+    prefix_caching: bool,
+    device: str,
+    compile_attention: bool,
 ) -> str:
     return f"""\
 server:
@@ -38,6 +46,7 @@ models:
     max_queue: 1024
     threads: {threads}
     prefix_caching: {str(prefix_caching).lower()}
+    compile_attention: {str(compile_attention).lower()}
 """
 
 
@@ -52,6 +61,7 @@ def hf_system(
     prefix_caching: bool,
     device: str = "auto",
     venv: str = ".venv",
+    compile_attention: bool = False,
 ) -> SystemSpec:
     """The gateway (from ``root/venv``) serving SmolLM2 with its hf backend in ``mode``."""
     path = f"{{workdir}}/gateway-{label}.yaml"
@@ -66,6 +76,7 @@ def hf_system(
                 threads=threads,
                 prefix_caching=prefix_caching,
                 device=device,
+                compile_attention=compile_attention,
             )
         },
         base_url="http://127.0.0.1:{port}/v1",
@@ -162,7 +173,7 @@ def models_suite(
     include_vllm: bool = True,
 ) -> CompareSpec:
     """hf x3 modes, vLLM-CPU and the transformers reference on one model folder."""
-    levels = concurrency or ((1, 2) if quick else (1, 4, 16))
+    levels = concurrency or ((1, 2) if quick else (1, 4, 16, 64))
     max_seqs = 64  # the gateway's continuous batcher and vLLM get the same batch cap
     # torch intra-op threads, pinned alike for the gateway and the reference (vLLM binds
     # its OpenMP threads to every usable core by itself).
@@ -179,6 +190,7 @@ def models_suite(
             max_seqs=max_seqs,
             threads=threads,
             prefix_caching=False,
+            compile_attention=True,  # kept only where it times faster at load
         )
         for mode in HF_MODES
     ]
@@ -208,7 +220,7 @@ def models_suite(
         warmup=1 if quick else 2,
         timeout_s=300,
         # Caps a slow system's level (it then shows fewer requests): with 4 servers x 3 levels
-        # the measured part stays under ~15 min even in the worst case.
+        # the measured part stays under ~25 min (4 levels) even in the worst case.
         level_duration_s=75,
         # Interactive-chat targets for a small model on CPU; goodput counts requests meeting both.
         slo_ttft_ms=1000,
@@ -221,7 +233,9 @@ def models_suite(
             "systems alternate per concurrency level (order rotates); all stay resident",
             "transformers-generate is sequential in-process (concurrency 1 only)",
             f"torch intra-op threads: {threads} for the gateway and the reference",
+            "llmso hf: compile_attention true (inductor decode attention, where faster)",
             "goodput: requests with TTFT <= 1000 ms and mean inter-token gap <= 100 ms",
+            *kv_notes(model_path, dtype, vllm_space_gib=2, prefix_tokens=None),
         ),
         systems=tuple(systems),
     )
