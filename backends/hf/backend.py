@@ -168,10 +168,14 @@ class HFBackend:
                 compile_attention=config.compile_attention,
             )
         log.info(
-            "%s: decode attention via %s (long spans: %s)",
+            "%s: decode attention via %s (long spans: %s); timed at load, ms per 3 calls: %s",
             config.name,
             runner.decode_impl,
             runner.decode_impl_long,
+            {
+                shape: {impl: round(t * 1e3, 3) for impl, t in runs.items()}
+                for shape, runs in runner.decode_timings.items()
+            },
         )
         prefix = None
         if config.prefix_caching:

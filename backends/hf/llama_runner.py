@@ -135,6 +135,7 @@ class LlamaRunner:
         self._kernels: dict[str, Attend] = {"sdpa": decode_sdpa, "matmul": decode_matmul}
         if compile_attention and self.upcast and self.device.type == "cpu":
             self._kernels["compiled"] = compiled_reduce()
+        self.decode_timings: dict[str, dict[str, float]] = {}  # shape -> kernel -> seconds
         self.decode_impl, self.decode_impl_long = self._pick_decode_attention()
         self.cache = SlotKVCache(
             layers=len(self.layers),
@@ -365,14 +366,18 @@ class LlamaRunner:
         positions = torch.full((q.shape[0],), span - 1, device=self.device)
         biases = {impl: self._decode_bias(positions, span, impl) for impl in self._kernels}
         timings: dict[str, list[float]] = {impl: [] for impl in self._kernels}
-        for _ in range(5):  # interleaved, so drift of a shared machine hits all alike
+        q = q.contiguous()
+        for rep in range(8):  # interleaved, so drift of a shared machine hits all alike
             for impl, attend in self._kernels.items():
                 began = time.perf_counter()
                 for _ in range(3):
-                    attend(q.contiguous(), k[:, :, :span], v[:, :, :span], biases[impl], self.scale)
-                timings[impl].append(time.perf_counter() - began)
+                    attend(q, k[:, :, :span], v[:, :, :span], biases[impl], self.scale)
+                if rep:  # the first round warms each kernel's allocations
+                    timings[impl].append(time.perf_counter() - began)
         # the fastest run of each: interference on a shared machine only ever adds time
-        return min(timings, key=lambda impl: min(timings[impl]))
+        best = {impl: min(runs) for impl, runs in timings.items()}
+        self.decode_timings[f"{q.shape[0]}x{span}"] = best
+        return min(best, key=best.__getitem__)
 
     def _warm_compiled(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, span: int) -> None:
         """Compile for every guard a step can hit (one row is specialised; a span equal to
