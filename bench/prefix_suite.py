@@ -25,11 +25,12 @@ def prefix_suite(
     concurrency: tuple[int, ...] | None = None,
     dtype: str = "bfloat16",
     include_vllm: bool = True,
+    hf_threads: int | None = None,
 ) -> CompareSpec:
     """hf continuous with and without the prefix cache, and vLLM-CPU with its own on."""
     levels = concurrency or ((1, 2) if quick else (1, 4, 16))
     max_seqs = 64
-    threads = len(os.sched_getaffinity(0))
+    threads = hf_threads or len(os.sched_getaffinity(0))
     systems = [
         hf_system(
             root,

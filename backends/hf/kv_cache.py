@@ -18,7 +18,11 @@ Owner: the engine thread (via the runner); nothing here is thread-safe.
 
 from __future__ import annotations
 
+import logging
+
 import torch
+
+log = logging.getLogger(__name__)
 
 
 class SlotKVCache:
@@ -89,6 +93,13 @@ class SlotKVCache:
         for name in ("k", "v"):
             setattr(self, name, self._grown(getattr(self, name), new_slots, new_cap))
         self.slots, self.capacity = new_slots, new_cap
+        log.info(
+            "kv cache grown to %d slots x %d positions: %.1f MiB (%d bytes per token)",
+            new_slots,
+            new_cap,
+            self.nbytes / 2**20,
+            self.bytes_per_token,
+        )
 
     def move(self, src: int, dst: int, length: int) -> None:
         """Copy the first ``length`` positions of slot ``src`` into slot ``dst``."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import yaml
@@ -46,7 +47,10 @@ def test_models_suite_covers_every_system_with_one_budget() -> None:
         assert model.scheduling == mode and model.dtype == "bfloat16"
         assert not model.prefix_caching  # the same prompts repeat across levels
         assert model.compile_attention
+        assert model.threads == len(os.sched_getaffinity(0))
         assert configs[f"llmso-hf-{mode}"].server.port == 18000
+    one = _configs(models_suite(ROOT, "/m", hf_threads=1))["llmso-hf-continuous"].models[0]
+    assert isinstance(one, HFModelConfig) and one.threads == 1
     vllm = next(s for s in spec.systems if s.label == "vllm-cpu")
     assert "/models/smol" in vllm.command and "--enforce-eager" in vllm.command
     assert vllm.env["VLLM_CPU_KVCACHE_SPACE"] == "2"
