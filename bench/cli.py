@@ -101,6 +101,9 @@ def _add_suite(sub: Any) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
     p.add_argument("--no-vllm", action="store_true", help="Leave vLLM out of the models suite.")
     p.add_argument("--systems", default=None, help="Only these labels, comma-separated.")
+    p.add_argument(
+        "--hf-threads", type=int, default=None, help="torch threads of llmso hf (default: all)."
+    )
     p.add_argument("--slo-ttft-ms", type=float, default=None, help="Override the suite's SLO.")
     p.add_argument("--slo-itl-ms", type=float, default=None, help="Override the suite's SLO.")
     p.add_argument("--workdir", type=Path, default=None)
@@ -241,6 +244,7 @@ def _cmd_suite(args: argparse.Namespace) -> int:
             concurrency=args.concurrency,
             dtype=args.dtype,
             include_vllm=not args.no_vllm,
+            hf_threads=args.hf_threads,
         )
     else:
         spec = overhead_suite(root, quick=args.quick, concurrency=args.concurrency)

@@ -28,11 +28,12 @@ def gpu_models_suite(
     concurrency: tuple[int, ...] | None = None,
     dtype: str = "bfloat16",
     include_vllm: bool = True,
+    hf_threads: int | None = None,
 ) -> CompareSpec:
     """hf continuous on ``cuda``, vLLM from ``.venv-vllm-cuda``, transformers on ``cuda``."""
     levels = concurrency or ((1, 4) if quick else (1, 4, 16, 64))
     max_seqs = 64
-    threads = min(8, len(os.sched_getaffinity(0)))
+    threads = hf_threads or min(8, len(os.sched_getaffinity(0)))
     systems = [
         hf_system(
             root,

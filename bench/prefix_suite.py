@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from bench.kv_memory import kv_notes
 from bench.machine import venv_package_version
 from bench.spec import CompareSpec
 from bench.suites import MODEL_NAME, hf_system, vllm_system
@@ -24,11 +25,12 @@ def prefix_suite(
     concurrency: tuple[int, ...] | None = None,
     dtype: str = "bfloat16",
     include_vllm: bool = True,
+    hf_threads: int | None = None,
 ) -> CompareSpec:
     """hf continuous with and without the prefix cache, and vLLM-CPU with its own on."""
     levels = concurrency or ((1, 2) if quick else (1, 4, 16))
     max_seqs = 64
-    threads = len(os.sched_getaffinity(0))
+    threads = hf_threads or len(os.sched_getaffinity(0))
     systems = [
         hf_system(
             root,
@@ -38,6 +40,7 @@ def prefix_suite(
             max_seqs=max_seqs,
             threads=threads,
             prefix_caching=caching,
+            compile_attention=True,  # kept only where it times faster at load
         )
         for label, caching in (("llmso-hf-prefix-cache", True), ("llmso-hf-no-prefix-cache", False))
     ]
@@ -75,8 +78,10 @@ def prefix_suite(
             "question unique to each request; warm-up requests fill the caches",
             f"vLLM: {vllm_version or 'not installed'}, --enforce-eager, --enable-prefix-caching, "
             "VLLM_CPU_KVCACHE_SPACE=2, max_num_seqs 64",
-            "llmso: hf continuous, prefix_cache_tokens 8192 (16-token blocks), on vs off",
+            "llmso: hf continuous, prefix_cache_tokens 8192 (16-token blocks), on vs off; "
+            "compile_attention true",
             f"torch intra-op threads: {threads}",
+            *kv_notes(model_path, dtype, vllm_space_gib=2, prefix_tokens=8192),
         ),
         systems=tuple(systems),
     )

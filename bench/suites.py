@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from bench.kv_memory import kv_notes
 from bench.machine import venv_package_version
 from bench.spec import CompareSpec, ServiceSpec, SystemSpec
 
@@ -20,7 +21,14 @@ HF_MODES = ("sequential", "static", "continuous")
 
 
 def _gateway_yaml_hf(
-    mode: str, *, dtype: str, max_seqs: int, threads: int, prefix_caching: bool, device: str
+    mode: str,
+    *,
+    dtype: str,
+    max_seqs: int,
+    threads: int,
+    prefix_caching: bool,
+    device: str,
+    compile_attention: bool,
 ) -> str:
     return f"""\
 server:
@@ -38,6 +46,7 @@ models:
     max_queue: 1024
     threads: {threads}
     prefix_caching: {str(prefix_caching).lower()}
+    compile_attention: {str(compile_attention).lower()}
 """
 
 
@@ -52,6 +61,7 @@ def hf_system(
     prefix_caching: bool,
     device: str = "auto",
     venv: str = ".venv",
+    compile_attention: bool = False,
 ) -> SystemSpec:
     """The gateway (from ``root/venv``) serving SmolLM2 with its hf backend in ``mode``."""
     path = f"{{workdir}}/gateway-{label}.yaml"
@@ -66,6 +76,7 @@ def hf_system(
                 threads=threads,
                 prefix_caching=prefix_caching,
                 device=device,
+                compile_attention=compile_attention,
             )
         },
         base_url="http://127.0.0.1:{port}/v1",
@@ -160,13 +171,15 @@ def models_suite(
     concurrency: tuple[int, ...] | None = None,
     dtype: str = "bfloat16",
     include_vllm: bool = True,
+    hf_threads: int | None = None,
 ) -> CompareSpec:
     """hf x3 modes, vLLM-CPU and the transformers reference on one model folder."""
-    levels = concurrency or ((1, 2) if quick else (1, 4, 16))
+    levels = concurrency or ((1, 2) if quick else (1, 4, 16, 64))
     max_seqs = 64  # the gateway's continuous batcher and vLLM get the same batch cap
     # torch intra-op threads, pinned alike for the gateway and the reference (vLLM binds
     # its OpenMP threads to every usable core by itself).
     threads = len(os.sched_getaffinity(0))
+    gateway_threads = hf_threads or threads  # --hf-threads: the gateway alone
     python = str(root / ".venv/bin/python")
     # Prefix caching off on both sides: the same prompts repeat across levels (the
     # prefix suite measures the cache).
@@ -177,8 +190,9 @@ def models_suite(
             mode,
             dtype=dtype,
             max_seqs=max_seqs,
-            threads=threads,
+            threads=gateway_threads,
             prefix_caching=False,
+            compile_attention=True,  # kept only where it times faster at load
         )
         for mode in HF_MODES
     ]
@@ -208,7 +222,7 @@ def models_suite(
         warmup=1 if quick else 2,
         timeout_s=300,
         # Caps a slow system's level (it then shows fewer requests): with 4 servers x 3 levels
-        # the measured part stays under ~15 min even in the worst case.
+        # the measured part stays under ~25 min (4 levels) even in the worst case.
         level_duration_s=75,
         # Interactive-chat targets for a small model on CPU; goodput counts requests meeting both.
         slo_ttft_ms=1000,
@@ -220,8 +234,11 @@ def models_suite(
             "VLLM_CPU_KVCACHE_SPACE=2, max_num_seqs 64, prefix caching off (both engines)",
             "systems alternate per concurrency level (order rotates); all stay resident",
             "transformers-generate is sequential in-process (concurrency 1 only)",
-            f"torch intra-op threads: {threads} for the gateway and the reference",
+            f"torch intra-op threads: {gateway_threads} for the gateway, {threads} for the "
+            "reference",
+            "llmso hf: compile_attention true (inductor decode attention, where faster)",
             "goodput: requests with TTFT <= 1000 ms and mean inter-token gap <= 100 ms",
+            *kv_notes(model_path, dtype, vllm_space_gib=2, prefix_tokens=None),
         ),
         systems=tuple(systems),
     )

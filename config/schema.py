@@ -125,6 +125,11 @@ class HFModelConfig(ModelBase):
     prefix_cache_tokens: int = Field(
         8192, ge=16, le=1_048_576, description="KV budget of the prefix cache, in tokens."
     )
+    compile_attention: bool = Field(
+        False,
+        description="continuous, half precision on CPU: also try an inductor-compiled decode "
+        "attention at load (a compile of ~20 s on 2 cores) and keep it where it is faster.",
+    )
     task: Literal["generate", "embed"] = Field(
         "generate",
         description="'embed': a pooling model served on /v1/embeddings (batches up to "

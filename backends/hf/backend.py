@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import queue
 import time
@@ -161,12 +162,28 @@ class HFBackend:
             # One spare slot: moving a half-prefilled request out of the way when another
             # request's choices take their places never runs out of room.
             runner = llama_runner.LlamaRunner(
-                loaded.model, max_slots=config.max_num_seqs + 1, max_context=loaded.max_context
+                loaded.model,
+                max_slots=config.max_num_seqs + 1,
+                max_context=loaded.max_context,
+                compile_attention=config.compile_attention,
             )
-        log.info("%s: decode attention via %s", config.name, runner.decode_impl)
+        log.info(
+            "%s: decode attention via %s (long spans: %s); timed at load, ms per 3 calls: %s",
+            config.name,
+            runner.decode_impl,
+            runner.decode_impl_long,
+            {
+                shape: {impl: round(t * 1e3, 3) for impl, t in runs.items()}
+                for shape, runs in runner.decode_timings.items()
+            },
+        )
         prefix = None
         if config.prefix_caching:
             prefix = PrefixCache(runner.cache, max_tokens=config.prefix_cache_tokens)
+            # The pool grows up to its budget while serving: the registry's budget counts it.
+            loaded = dataclasses.replace(
+                loaded, memory_bytes=loaded.memory_bytes + prefix.max_nbytes
+            )
 
         def continuous_policy(table: TokenTable) -> StepPolicy:
             return ContinuousScheduler(

@@ -18,7 +18,11 @@ Owner: the engine thread (via the runner); nothing here is thread-safe.
 
 from __future__ import annotations
 
+import logging
+
 import torch
+
+log = logging.getLogger(__name__)
 
 
 class SlotKVCache:
@@ -49,9 +53,32 @@ class SlotKVCache:
         self.k = self._alloc(self.slots, self.capacity)
         self.v = self._alloc(self.slots, self.capacity)
 
+    @property
+    def bytes_per_token(self) -> int:
+        """K and V of one position in every layer: layers x 2 x kv_heads x head_dim x
+        the element size (the layout's real cost; vLLM's paged blocks cost the same)."""
+        element = torch.empty((), dtype=self.dtype).element_size()
+        return self.layers * 2 * self.kv_heads * self.head_dim * element
+
+    @property
+    def nbytes(self) -> int:
+        """What the two tensors hold now (slots x capacity positions)."""
+        return 2 * self.k.numel() * self.k.element_size()
+
     def _alloc(self, slots: int, capacity: int) -> torch.Tensor:
         shape = (self.layers, slots, self.kv_heads, capacity, self.head_dim)
         return torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+    def _grown(self, old: torch.Tensor, slots: int, capacity: int) -> torch.Tensor:
+        """A larger tensor holding ``old``; only the new region is zeroed (the decode
+        attention reads stale positions under a -inf mask, which garbage NaNs would
+        poison), so a growth writes each byte once instead of twice."""
+        shape = (self.layers, slots, self.kv_heads, capacity, self.head_dim)
+        new = torch.empty(shape, dtype=self.dtype, device=self.device)
+        new[:, : self.slots, :, : self.capacity] = old
+        new[:, : self.slots, :, self.capacity :].zero_()
+        new[:, self.slots :].zero_()
+        return new
 
     def ensure(self, slots: int, capacity: int) -> None:
         """Grow (geometrically, keeping contents) so that ``slots`` x ``capacity`` fit."""
@@ -64,11 +91,15 @@ class SlotKVCache:
         if capacity > self.capacity:
             new_cap = min(self.max_capacity, max(capacity, 2 * self.capacity))
         for name in ("k", "v"):
-            old: torch.Tensor = getattr(self, name)
-            new = self._alloc(new_slots, new_cap)
-            new[:, : self.slots, :, : self.capacity] = old
-            setattr(self, name, new)
+            setattr(self, name, self._grown(getattr(self, name), new_slots, new_cap))
         self.slots, self.capacity = new_slots, new_cap
+        log.info(
+            "kv cache grown to %d slots x %d positions: %.1f MiB (%d bytes per token)",
+            new_slots,
+            new_cap,
+            self.nbytes / 2**20,
+            self.bytes_per_token,
+        )
 
     def move(self, src: int, dst: int, length: int) -> None:
         """Copy the first ``length`` positions of slot ``src`` into slot ``dst``."""

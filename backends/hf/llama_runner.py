@@ -24,10 +24,20 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from backends.hf.decode_attention import (
+    Attend,
+    compiled_reduce,
+    decode_matmul,
+    decode_sdpa,
+)
 from backends.hf.kv_cache import SlotKVCache
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama"})
 _PACK_BATCH_HINT = 16  # oneDNN picks its blocking for about this many rows
+# Decode steps reading at least this many cached positions (rows x span) use the kernel
+# timed on a large shape: the compiled one pays ~0.1 ms of guards per call, which only a
+# large, memory-bound attention repays.
+LONG_DECODE_KEYS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +57,7 @@ class _Step:
     n: int
     num_decode: int
     span_len: int
+    attend: str
     cos: torch.Tensor
     sin: torch.Tensor
     write_idx: torch.Tensor
@@ -89,7 +100,9 @@ def supports(model: Any) -> bool:
 class LlamaRunner:
     """Packed forward over slot-cached sequences. See the module docstring."""
 
-    def __init__(self, model: Any, *, max_slots: int, max_context: int) -> None:
+    def __init__(
+        self, model: Any, *, max_slots: int, max_context: int, compile_attention: bool = False
+    ) -> None:
         config = model.config
         inner = model.model
         param = next(model.parameters())
@@ -108,8 +121,10 @@ class LlamaRunner:
         self.vocab_size = int(config.vocab_size)
         self.embed = inner.embed_tokens.weight.detach()
         self.norm = inner.norm.weight.detach()
-        self.lm_head = model.lm_head.weight.detach()
         self.prepack = _can_prepack(self.device, self.dtype)
+        # Packed too: at 1-16 decode rows the vocabulary projection measured 3.6/5.3 ms
+        # unpacked vs 2.4/3.2 ms packed on the AMD box (bitwise-identical logits).
+        self.lm_head = self._pack(model.lm_head.weight.detach().contiguous())
         self.layers = [self._take_layer(layer) for layer in inner.layers]
         self.max_context = max_context
         cos, sin = self._rope_table(inner, max_context)
@@ -117,8 +132,11 @@ class LlamaRunner:
         self.cos = cos
         # rotate_half(x) * sin == flip_halves(x) * [-sin_lo, sin_hi]
         self.sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
-        self.decode_impl = "matmul"
-        self.decode_impl = self._pick_decode_attention()
+        self._kernels: dict[str, Attend] = {"sdpa": decode_sdpa, "matmul": decode_matmul}
+        if compile_attention and self.upcast and self.device.type == "cpu":
+            self._kernels["compiled"] = compiled_reduce()
+        self.decode_timings: dict[str, dict[str, float]] = {}  # shape -> kernel -> seconds
+        self.decode_impl, self.decode_impl_long = self._pick_decode_attention()
         self.cache = SlotKVCache(
             layers=len(self.layers),
             kv_heads=self.kv_heads,
@@ -191,7 +209,7 @@ class LlamaRunner:
             x = self._layer(index, layer, x, step)
         rows = torch.tensor(logit_rows, dtype=torch.long, device=self.device)
         h = self._norm(x.index_select(0, rows), self.norm)
-        return F.linear(h, self.lm_head).float()
+        return self._linear(h, self.lm_head).float()
 
     def _prepare(
         self,
@@ -220,13 +238,17 @@ class LlamaRunner:
         slot_t = torch.tensor(slots, dtype=torch.long, device=dev)
         bias: torch.Tensor | None = None
         span_len = 0
+        attend = self.decode_impl
         if num_decode:
             span_len = max(decode_positions) + 1
-            bias = self._decode_bias(pos_t[:num_decode], span_len)
+            if num_decode * span_len >= LONG_DECODE_KEYS:
+                attend = self.decode_impl_long
+            bias = self._decode_bias(pos_t[:num_decode], span_len, attend)
         step = _Step(
             n=len(tokens),
             num_decode=num_decode,
             span_len=span_len,
+            attend=attend,
             cos=self.cos[pos_t][:, None, :],
             sin=self.sin_signed[pos_t][:, None, :],
             write_idx=self.cache.write_index(slot_t, pos_t),
@@ -236,12 +258,12 @@ class LlamaRunner:
         )
         return step, ids_t, logit_rows
 
-    def _decode_bias(self, positions: torch.Tensor, span_len: int) -> torch.Tensor:
+    def _decode_bias(self, positions: torch.Tensor, span_len: int, impl: str) -> torch.Tensor:
         """Additive mask, 0 up to each row's own position: ``[D, 1, 1, span]`` in the model
-        dtype for SDPA, or fp32 ``[D*kv_heads, 1, span]`` for the matmul path."""
+        dtype for SDPA, or fp32 ``[D*kv_heads, 1, span]`` for the matmul/compiled paths."""
         keys = torch.arange(span_len, device=self.device)
         allowed = keys[None, :] <= positions[:, None]
-        sdpa = self.decode_impl == "sdpa"
+        sdpa = impl == "sdpa"
         dtype = self.dtype if sdpa else torch.float32
         bias = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
         bias.masked_fill_(~allowed, float("-inf"))
@@ -303,66 +325,71 @@ class LlamaRunner:
         """One query per decoding slot ``0..D-1``; keys are read as a view of the cache."""
         d, span = step.num_decode, step.span_len
         assert step.bias is not None
-        attend = _decode_sdpa if self.decode_impl == "sdpa" else _decode_matmul
-        return attend(q[:d], k_cache[:d, :, :span], v_cache[:d, :, :span], step.bias, self.scale)
+        attend = self._kernels[step.attend]
+        # q contiguous (a small copy; one row stays a strided view): the layouts the
+        # compiled kernel is warmed for
+        qd = q[:d].contiguous()
+        return attend(qd, k_cache[:d, :, :span], v_cache[:d, :, :span], step.bias, self.scale)
 
-    def _pick_decode_attention(self) -> str:
-        """fp32: the matmuls (bit-stable across batch sizes). Half precision on CUDA: SDPA.
-        Half precision on CPU: whichever is faster here, timed on a synthetic batch at
+    def _pick_decode_attention(self) -> tuple[str, str]:
+        """The kernels for short and for long (``LONG_DECODE_KEYS``) decode steps.
+
+        fp32: the matmuls (bit-stable across batch sizes). Half precision on CUDA: SDPA.
+        Half precision on CPU: whichever is faster here, timed on synthetic batches at
         load. SDPA's CPU kernel measured ~1.6x faster than the matmuls on an AMX Xeon but
         ~6x slower on an AMD EPYC (its bf16 GEMMs take MKL's generic paths there), where
-        upcasting to fp32 matmuls wins; both compute the same attention in fp32."""
+        upcasting to fp32 matmuls wins; all compute the same attention in fp32. With
+        ``compile_attention`` the compiled kernel competes too (compiled here, at load)."""
         if not self.upcast:
-            return "matmul"
+            return "matmul", "matmul"
         if self.device.type != "cpu":
-            return "sdpa"
-        rows, span = 8, 256
-        shape = (rows, self.kv_heads, span, self.head_dim)
+            return "sdpa", "sdpa"
         gen = torch.Generator(device=self.device).manual_seed(0)  # leave the global RNG be
+        if "compiled" in self._kernels:
+            self._warm_compiled(*self._probe(8, 256, gen))
+        short = self._fastest(*self._probe(8, 256, gen))
+        return short, self._fastest(*self._probe(16, 512, gen))
+
+    def _probe(
+        self, rows: int, span: int, gen: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """A query and K/V caches of twice ``span`` positions, strided like a step's: the
+        query a view of the fused q/k projection, K/V views of a larger cache."""
+        shape = (rows, self.kv_heads, 2 * span, self.head_dim)
         k = torch.randn(shape, generator=gen, device=self.device).to(self.dtype)
         v = torch.randn(shape, generator=gen, device=self.device).to(self.dtype)
-        q_shape = (rows, self.heads, self.head_dim)
+        q_shape = (rows, self.heads + self.kv_heads, self.head_dim)
         q = torch.randn(q_shape, generator=gen, device=self.device).to(self.dtype)
-        positions = torch.full((rows,), span - 1, device=self.device)
-        timings: dict[str, list[float]] = {"sdpa": [], "matmul": []}
-        for _ in range(5):  # interleaved, so drift of a shared machine hits both alike
-            for impl, attend in (("sdpa", _decode_sdpa), ("matmul", _decode_matmul)):
-                self.decode_impl = impl
-                bias = self._decode_bias(positions, span)
+        return q[:, : self.heads], k, v, span
+
+    def _fastest(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, span: int) -> str:
+        positions = torch.full((q.shape[0],), span - 1, device=self.device)
+        biases = {impl: self._decode_bias(positions, span, impl) for impl in self._kernels}
+        timings: dict[str, list[float]] = {impl: [] for impl in self._kernels}
+        q = q.contiguous()
+        for rep in range(8):  # interleaved, so drift of a shared machine hits all alike
+            for impl, attend in self._kernels.items():
                 began = time.perf_counter()
                 for _ in range(3):
-                    attend(q, k, v, bias, self.scale)
-                timings[impl].append(time.perf_counter() - began)
+                    attend(q, k[:, :, :span], v[:, :, :span], biases[impl], self.scale)
+                if rep:  # the first round warms each kernel's allocations
+                    timings[impl].append(time.perf_counter() - began)
         # the fastest run of each: interference on a shared machine only ever adds time
-        return min(timings, key=lambda impl: min(timings[impl]))
+        best = {impl: min(runs) for impl, runs in timings.items()}
+        self.decode_timings[f"{q.shape[0]}x{span}"] = best
+        return min(best, key=best.__getitem__)
+
+    def _warm_compiled(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, span: int) -> None:
+        """Compile for every guard a step can hit (one row is specialised; a span equal to
+        the capacity is a contiguous view), so no step recompiles on the engine thread."""
+        rows = q.shape[0]
+        for d, length in ((1, span), (rows, span), (rows, k.shape[2]), (1, 2)):
+            positions = torch.full((d,), length - 1, device=self.device)
+            bias = self._decode_bias(positions, length, "compiled")
+            kd, vd = k[:d, :, :length], v[:d, :, :length]
+            self._kernels["compiled"](q[:d].contiguous(), kd, vd, bias, self.scale)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if self.upcast:  # as transformers does: normalise in fp32, scale in the model dtype
             return F.rms_norm(x.float(), (self.hidden,), None, self.eps).to(self.dtype) * weight
         return F.rms_norm(x, (self.hidden,), weight, self.eps)
-
-
-def _decode_sdpa(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """SDPA's fused kernel (accumulates in fp32) over ``[D, kv_heads, span, head_dim]``."""
-    d, heads, hd = q.shape
-    out = F.scaled_dot_product_attention(
-        q.unsqueeze(2), k, v, attn_mask=bias, scale=scale, enable_gqa=True
-    )
-    return out.view(d, heads * hd)
-
-
-def _decode_matmul(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """Two fp32 batched matmuls, the query heads sharing a kv head folded into the M
-    dimension (no key repetition); half-precision operands are upcast (the strided cache
-    view is copied either way) and the result cast back."""
-    d, heads, hd = q.shape
-    kvh, span = k.shape[1], k.shape[2]
-    qd = q.reshape(d * kvh, heads // kvh, hd).float()
-    kd = k.reshape(d * kvh, span, hd).float()
-    vd = v.reshape(d * kvh, span, hd).float()
-    scores = torch.baddbmm(bias, qd, kd.transpose(1, 2), alpha=scale)
-    return torch.bmm(scores.softmax(-1), vd).view(d, heads * hd).to(q.dtype)

@@ -1,7 +1,9 @@
 """The hf backend's memory estimate before loading, from its weight files' headers.
 
-The estimate covers weights only (parameters x bytes of the dtype the engine will use),
-not the KV cache or activations: set ``memory_bytes`` in the config for a real budget.
+The estimate covers the weights (parameters x bytes of the dtype the engine will use) and,
+for the continuous modes with prefix caching, the prefix pool at its full budget
+(``prefix_cache_tokens`` x the KV bytes per token from ``config.json``); not the running
+sequences' slot cache or activations: set ``memory_bytes`` in the config for a real budget.
 Blocking file I/O: call from a worker thread. The registry asks through
 ``backends.factory.memory_estimate``.
 """
@@ -42,7 +44,12 @@ def estimate_memory_bytes(config: HFModelConfig) -> int:
         return config.memory_bytes
     try:
         folder = _local_folder(config.source)
-        return weights_bytes(folder, config.dtype) if folder is not None else 0
+        if folder is None:
+            return 0
+        pool = 0
+        if config.prefix_caching and config.scheduling != "static" and config.task == "generate":
+            pool = config.prefix_cache_tokens * kv_bytes_per_token(folder, config.dtype)
+        return weights_bytes(folder, config.dtype) + pool
     except (OSError, ValueError) as exc:
         log.info("model %s: cannot estimate memory (%s); counting 0", config.name, exc)
         return 0
@@ -55,6 +62,24 @@ def weights_bytes(folder: Path, dtype: str = "auto") -> int:
     if files:
         return sum(_safetensors_bytes(path, target) for path in files)
     return sum(path.stat().st_size for path in folder.glob("*.bin"))
+
+
+def kv_bytes_per_token(folder: Path, dtype: str = "auto") -> int:
+    """layers x 2 x kv_heads x head_dim x element bytes from ``config.json``; 0 when the
+    config does not say (the engine's real layout: ``SlotKVCache.bytes_per_token``)."""
+    path = folder / "config.json"
+    if not path.is_file():
+        return 0
+    cfg = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        layers = int(cfg["num_hidden_layers"])
+        heads = int(cfg["num_attention_heads"])
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+    except (KeyError, TypeError, ValueError):
+        return 0
+    element = _DTYPE_BYTES.get(dtype) or _DTYPE_BYTES.get(str(cfg.get("dtype")), 4)
+    return layers * 2 * kv_heads * head_dim * element
 
 
 def _safetensors_bytes(path: Path, target: int | None) -> int:

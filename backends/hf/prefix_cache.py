@@ -84,6 +84,11 @@ class PrefixCache:
         return len(self._blocks)
 
     @property
+    def max_nbytes(self) -> int:
+        """What the pool holds once grown to its budget (what a memory budget must see)."""
+        return self.max_blocks * self.block_size * self._cache.bytes_per_token
+
+    @property
     def nbytes(self) -> int:
         if self._k is None:
             return 0

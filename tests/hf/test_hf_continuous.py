@@ -10,13 +10,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 from backends.base import Backend, ContextLengthExceeded, GenerationRequest, TextDelta
 from backends.hf.backend import HFBackend
+from backends.hf.memory import estimate_memory_bytes, kv_bytes_per_token, weights_bytes
 from tests.contract.backend_suite import BackendContract
-from tests.hf.helpers import RecordingObserver, chat, collect, completion, config
+from tests.hf.helpers import RecordingObserver, chat, collect, completion, config, model_path
 
 PROMPTS = [
     "The capital of France is",
@@ -61,7 +63,12 @@ async def alone(backend: HFBackend) -> list[str]:
 async def test_info_reports_context_and_memory(backend: HFBackend) -> None:
     info = backend.info()
     assert info.max_context == 8192
-    assert info.memory_bytes is not None and 400e6 < info.memory_bytes < 700e6
+    # fp32 weights, plus the prefix pool at its budget (on by default): what the registry
+    # must count before that pool has grown
+    pool = 8192 * kv_bytes_per_token(Path(model_path()), "float32")
+    assert pool == 8192 * 30 * 2 * 3 * 64 * 4
+    assert info.memory_bytes is not None and 400e6 < info.memory_bytes - pool < 700e6
+    assert estimate_memory_bytes(config()) == weights_bytes(Path(model_path()), "float32") + pool
     assert await backend.ready()
 
 

@@ -23,7 +23,8 @@ def test_prepacked_linears_match_plain_ones(monkeypatch: pytest.MonkeyPatch) -> 
         monkeypatch.setattr(llama_runner, "_can_prepack", lambda device, dtype: False)
         plain = LlamaRunner(loaded.model, max_slots=4, max_context=512)
         assert packed.prepack and not plain.prepack
-        packed.decode_impl = plain.decode_impl  # compare the linears, not the attention
+        # compare the linears, not the attention
+        packed.decode_impl, packed.decode_impl_long = plain.decode_impl, plain.decode_impl_long
         results = []
         for runner in (plain, packed):
             chunks = [

