@@ -1,9 +1,9 @@
 """One attempt at one upstream request: send, check the answer, relay the stream.
 
-``UpstreamStream`` wraps a single aiohttp response. It is owned by the coroutine that
-runs the request (the backend's ``generate``) and must be closed by it: ``close()`` on a
-stream that has not ended drops the connection, which is how an engine learns that the
-client left and aborts the generation.
+``UpstreamStream`` wraps a single response of the lean client (``backends.http1``). It
+is owned by the coroutine that runs the request (the backend's ``generate``) and must be
+closed by it: ``close()`` on a stream that has not ended drops the connection, which is
+how an engine learns that the client left and aborts the generation.
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from typing import Any
-
-import aiohttp
 
 from backends.base import (
     BackendError,
@@ -23,6 +21,7 @@ from backends.base import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+from backends.http1 import Pool, Response
 from backends.openai_proxy.errors import from_exception, from_status
 from backends.openai_proxy.stream import ChunkTranslator, SSEDecoder
 
@@ -81,7 +80,7 @@ class UpstreamStream:
         self._metrics = metrics
         self._decoder = SSEDecoder()
         self.translator = translator
-        self._response: aiohttp.ClientResponse | None = None
+        self._response: Response | None = None
         self._sent = 0.0
         self._first_seen = False
         self._got_bytes = False
@@ -89,27 +88,25 @@ class UpstreamStream:
         self.ended = False
         self.waited = 0.0
 
-    async def open(
-        self, session: aiohttp.ClientSession, body: bytes, headers: dict[str, str] | None = None
-    ) -> None:
+    async def open(self, pool: Pool, body: bytes, headers: dict[str, str] | None = None) -> None:
         """POST ``body`` (with extra ``headers``, e.g. W3C trace context); raises the mapped
         ``BackendError`` unless the answer is 200."""
         self._sent = time.perf_counter()
         try:
-            response = await session.post(self._url, data=body, headers=headers)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            response = await pool.post(self._url, body, headers)
+        except OSError as exc:
             self.waited += time.perf_counter() - self._sent
             raise self._fail(from_exception(exc, url=self._url)) from exc
         self._response = response
         if response.status != 200:
             try:
-                raw = await response.content.read(_MAX_ERROR_BODY)
-            except (aiohttp.ClientError, TimeoutError, OSError):
+                raw = await response.read(_MAX_ERROR_BODY)
+            except OSError:
                 raw = b""
             self.waited += time.perf_counter() - self._sent
             self._outcome = str(response.status)
             self._metrics.count(self._outcome)
-            raise from_status(response.status, raw, response.headers.get("Retry-After"))
+            raise from_status(response.status, raw, response.header("Retry-After"))
         self.waited += time.perf_counter() - self._sent
 
     async def first_events(self) -> list[BackendEvent]:
@@ -127,8 +124,8 @@ class UpstreamStream:
             raise UpstreamUnavailable(f"stream from {self._url} was closed")
         began = time.perf_counter()
         try:
-            data = await response.content.readany()
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            data = await response.read_some()
+        except OSError as exc:
             self.waited += time.perf_counter() - began
             error = from_exception(exc, url=self._url)
             if not self._got_bytes and not isinstance(error, UpstreamTimeout):

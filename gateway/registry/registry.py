@@ -120,10 +120,10 @@ class ModelRegistry:
         try:
             decision = routing.route(requested, models, self._index, self._state_of)
         except ModelNotFound:
-            self._metrics.route_decisions.labels("not_found").inc()
+            self._metrics.decided("not_found")
             log.info("route %r: no such model or capability", requested)
             raise
-        self._metrics.route_decisions.labels(decision.reason).inc()
+        self._metrics.decided(decision.reason)
         log.debug("route %r -> %s (%s)", requested, ", ".join(decision.candidates), decision.reason)
         return decision
 
@@ -205,7 +205,7 @@ class ModelRegistry:
         return diff
 
     def record_fallback(self, from_model: str, to_model: str, reason: str) -> None:
-        self._metrics.route_decisions.labels("fallback").inc()
+        self._metrics.decided("fallback")
         log.warning("fallback from %s to %s: %s", from_model, to_model, reason)
 
     # ------------------------------------------------------------------ admission
