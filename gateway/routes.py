@@ -247,13 +247,12 @@ class GenerationCall:
         try:
             await self._start(200, self._headers(generation, *_SSE_HEADERS))
             send = self._send
-            last = False
             async for batch, last in batches:
-                body = batch[0] if len(batch) == 1 else b"".join(batch)
+                body = batch[0] if len(batch) == 1 else b"".join(batch)  # [] at an end
                 if last:
                     self._complete = True
                 await send({"type": "http.response.body", "body": body, "more_body": not last})
-            if not last:
+            if not self._complete:
                 self._complete = True
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:

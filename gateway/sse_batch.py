@@ -54,35 +54,48 @@ class _Resume:
 async def ready_batches(
     frames: AsyncGenerator[bytes, None],
 ) -> AsyncGenerator[tuple[list[bytes], bool], None]:
-    """``(frames ready together, is last)`` for the frames of ``frames``, in order; a batch
-    is never empty, and ``is last`` is True when ``frames`` ended right after it (so the
-    edge can end the body in the same send), False when that is not known yet.
+    """``(frames ready together, is last)`` for the frames of ``frames``, in order.
+
+    ``is last`` is True when nothing more will follow, so the edge ends the body in the
+    same send: ``frames`` ended right after the batch, or yielded an empty frame (the
+    producer's "that was all", ``gateway.responses.END_OF_FRAMES``; the batch is then
+    handed out at once, and the producer's cleanup runs on the next step). A batch is
+    never empty unless it is the last. Frames after an empty one are dropped.
 
     Closing this generator closes ``frames`` (also when a step of it is suspended)."""
     batch: list[bytes] = []
+    ended = False
     try:
         while True:
             step = frames.__anext__()
             try:
                 pending = step.send(None)
             except StopIteration as done:  # ready without waiting
-                batch.append(done.value)
-                continue
+                frame = done.value
             except StopAsyncIteration:
                 break
-            # The producer would wait: hand out what is ready, then wait with it.
-            if batch:
-                ready, batch = batch, []
+            else:
+                # The producer would wait: hand out what is ready, then wait with it.
+                if batch:
+                    ready, batch = batch, []
+                    try:
+                        yield ready, False
+                    except BaseException as exc:  # closed (client gone) while it waits
+                        with contextlib.suppress(StopAsyncIteration):
+                            await _Resume(step, None, throw=exc)
+                        raise
                 try:
-                    yield ready, False
-                except BaseException as exc:  # closed (client gone) while the step waits
-                    with contextlib.suppress(StopAsyncIteration):
-                        await _Resume(step, None, throw=exc)
-                    raise
-            try:
-                batch.append(await _Resume(step, pending))
-            except StopAsyncIteration:
-                break
+                    frame = await _Resume(step, pending)
+                except StopAsyncIteration:
+                    break
+            if ended:
+                continue
+            if frame:
+                batch.append(frame)
+                continue
+            ended = True
+            ready, batch = batch, []
+            yield ready, True
         if batch:
             yield batch, True
     finally:

@@ -8,6 +8,7 @@ from collections.abc import AsyncGenerator
 
 import pytest
 
+from gateway.responses import END_OF_FRAMES
 from gateway.sse_batch import ready_batches
 
 
@@ -116,3 +117,31 @@ async def test_a_producer_error_propagates_after_the_ready_frames() -> None:
     assert await anext(batches) == ([b"a"], False)
     with pytest.raises(ValueError, match="boom"):
         await anext(batches)
+
+
+async def test_an_empty_frame_ends_the_output_before_the_producer_cleans_up() -> None:
+    order: list[str] = []
+
+    async def frames() -> AsyncGenerator[bytes, None]:
+        try:
+            yield b"a"
+            yield b"[DONE]"
+            yield END_OF_FRAMES
+            yield b"dropped"
+        finally:
+            order.append("cleanup")
+
+    batches = ready_batches(frames())
+    assert await anext(batches) == ([b"a", b"[DONE]"], True)
+    order.append("sent")
+    assert [batch async for batch in batches] == []
+    assert order == ["sent", "cleanup"]
+
+
+async def test_an_end_right_after_a_wait_is_an_empty_last_batch() -> None:
+    async def frames() -> AsyncGenerator[bytes, None]:
+        yield b"a"
+        await asyncio.sleep(0)
+        yield END_OF_FRAMES
+
+    assert await _collect(frames()) == [([b"a"], False), ([], True)]
