@@ -16,7 +16,6 @@ from backends.base import (
     BackendError,
     BackendEvent,
     Overloaded,
-    TextDelta,
     UpstreamBadResponse,
     UpstreamTimeout,
     UpstreamUnavailable,
@@ -137,16 +136,12 @@ class UpstreamStream:
         try:
             if data:
                 self._got_bytes = True
-                for payload in self._decoder.feed(data):
-                    self.translator.translate(payload, out)
+                self.translator.translate_all(self._decoder.feed(data), out)
             else:
-                for payload in self._decoder.flush():
-                    self.translator.translate(payload, out)
+                self.translator.translate_all(self._decoder.flush(), out)
                 self._end(out, now)
         except BackendError as exc:
             raise self._fail(exc) from exc
-        if len(out) > 1:
-            out = _coalesce(out)
         if out and not self._first_seen:
             self._first_seen = True
             self._metrics.ttft.observe(now - self._sent)
@@ -182,31 +177,6 @@ class UpstreamStream:
             self._outcome = _label(cause or error)
             self._metrics.count(self._outcome)
         return error
-
-
-def _coalesce(events: list[BackendEvent]) -> list[BackendEvent]:
-    """Merge adjacent deltas of the same choice that arrived in one read.
-
-    An engine that is ahead of us (or a burst after a network hiccup) leaves several
-    chunks in the buffer; relaying them as one delta costs the gateway one SSE write
-    instead of many, and the client sees what vLLM itself sends under load. A delta's
-    ``logprobs`` and ``num_tokens`` still cover exactly the tokens behind its text.
-    """
-    merged: list[BackendEvent] = []
-    last: TextDelta | None = None
-    for event in events:
-        if type(event) is TextDelta and last is not None and last.index == event.index:
-            last = TextDelta(
-                event.index,
-                last.text + event.text,
-                last.logprobs + event.logprobs,
-                last.num_tokens + event.num_tokens,
-            )
-            merged[-1] = last
-            continue
-        merged.append(event)
-        last = event if type(event) is TextDelta else None
-    return merged
 
 
 def _label(error: BackendError) -> str:
