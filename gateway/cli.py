@@ -80,6 +80,7 @@ def _serve(config: AppConfig, settings: Settings, host: str | None, port: int | 
     if bind_port is None:
         bind_port = config.server.port
     from gateway.drain import CloseWhileDraining, DrainingServer
+    from gateway.edge_transport import CoalescingHttpToolsProtocol
 
     app = build_app(
         config,
@@ -93,7 +94,7 @@ def _serve(config: AppConfig, settings: Settings, host: str | None, port: int | 
         host=bind_host,
         port=bind_port,
         loop="uvloop",
-        http="httptools",
+        http=CoalescingHttpToolsProtocol,  # httptools, headers sent with the first body bytes
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=math.ceil(config.server.drain_timeout),
