@@ -90,6 +90,7 @@ class CompletionService:
         self._registry = registry
         self._metrics = metrics
         self._backend_metrics = backend_metrics
+        self._overhead: dict[tuple[str, str], Any] = {}  # children, one per model
 
     async def open(self, request: GenerationRequest, record: RequestRecord) -> Generation:
         decision = self._registry.route(request.model)
@@ -233,9 +234,11 @@ class CompletionService:
         if upstream is None:
             return
         overhead = max(0.0, generation.record.elapsed - upstream)
-        self._backend_metrics.overhead.labels(generation.model, generation.backend).observe(
-            overhead
-        )
+        key = (generation.model, generation.backend)
+        child = self._overhead.get(key)
+        if child is None:
+            child = self._overhead[key] = self._backend_metrics.overhead.labels(*key)
+        child.observe(overhead)
 
 
 async def _aclose(events: AsyncIterator[BackendEvent]) -> None:

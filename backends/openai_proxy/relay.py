@@ -9,7 +9,7 @@ how an engine learns that the client left and aborts the generation.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from backends.base import (
@@ -46,9 +46,14 @@ class HopMetrics:
     requests: Any
     """``upstream_requests`` family; labelled per outcome with ``labels``."""
     labels: tuple[str, str]
+    children: dict[str, Any] = field(default_factory=dict)
+    """``requests`` children by outcome, looked up once each (outcomes are a fixed set)."""
 
     def count(self, status: str) -> None:
-        self.requests.labels(*self.labels, status).inc()
+        child = self.children.get(status)
+        if child is None:
+            child = self.children[status] = self.requests.labels(*self.labels, status)
+        child.inc()
 
 
 class UpstreamStream:

@@ -24,6 +24,7 @@ class RegistryMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self._states: dict[str, tuple[tuple[ModelState, Any], ...]] = {}
         self._decisions: dict[str, Any] = {}
+        self._inflight: dict[str, Any] = {}
         self.model_state = Gauge(
             "llmso_model_state",
             "1 for the model's current lifecycle state, 0 for others.",
@@ -78,6 +79,13 @@ class RegistryMetrics:
             )
         for each, child in children:
             child.set(1 if each is state else 0)
+
+    def inflight_of(self, model: str) -> Any:
+        """The ``inflight`` child of ``model`` (cached)."""
+        child = self._inflight.get(model)
+        if child is None:
+            child = self._inflight[model] = self.inflight.labels(model)
+        return child
 
     def decided(self, reason: str) -> None:
         """Count one routing decision (children cached: reasons are a fixed set)."""

@@ -263,14 +263,14 @@ class ModelRegistry:
         instance.inflight += 1
         instance.idle.clear()
         entry.touch()
-        self._metrics.inflight.labels(instance.name).inc()
+        self._metrics.inflight_of(instance.name).inc()
         if entry.instance is instance and entry.state is ModelState.READY:
             self._life.set_state(entry, ModelState.ACTIVE)
 
     def _release(self, entry: Entry, instance: Instance) -> None:
         instance.inflight -= 1
         entry.touch()
-        self._metrics.inflight.labels(instance.name).dec()
+        self._metrics.inflight_of(instance.name).dec()
         if instance.inflight == 0:
             instance.idle.set()
             if entry.instance is instance and entry.state is ModelState.ACTIVE:
