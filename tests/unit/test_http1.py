@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any
 
 import pytest
 import uvloop
@@ -17,12 +18,24 @@ from backends import http1
 from backends.base import UpstreamBadResponse, UpstreamTimeout, UpstreamUnavailable
 from backends.openai_proxy.errors import from_exception
 
+_LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "asyncio": asyncio.new_event_loop,
+    "uvloop": uvloop.new_event_loop,
+}
 
-@pytest.fixture(scope="session", params=["asyncio", "uvloop"])
-def event_loop_policy(request: pytest.FixtureRequest) -> asyncio.AbstractEventLoopPolicy:
-    if request.param == "uvloop":
-        return uvloop.EventLoopPolicy()
-    return asyncio.DefaultEventLoopPolicy()
+
+def on_both_loops(test: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[str], None]:
+    """Run ``test`` once on each loop, each in a loop of its own (the suite's shared
+    session loop would hide which one ran)."""
+
+    @pytest.mark.parametrize("loop", sorted(_LOOPS))
+    def run(loop: str) -> None:
+        with asyncio.Runner(loop_factory=_LOOPS[loop]) as runner:
+            runner.run(test())
+
+    run.__name__ = test.__name__
+    run.__doc__ = test.__doc__
+    return run
 
 
 class _App:
@@ -63,8 +76,8 @@ class _App:
         self.headers.append(dict(request.headers))
 
 
-@pytest.fixture
-async def app() -> AsyncIterator[tuple[_App, str]]:
+@contextlib.asynccontextmanager
+async def _app() -> AsyncIterator[tuple[_App, str]]:
     state = _App()
     server = web.Application()
     server.router.add_post("/chunked", state.chunked)
@@ -115,41 +128,41 @@ async def _body(response: http1.Response) -> bytes:
     return b"".join(parts)
 
 
-async def test_a_chunked_stream_arrives_whole_and_the_connection_is_reused(
-    app: tuple[_App, str],
-) -> None:
-    state, root = app
-    pool = http1.Pool(headers={"Authorization": "Bearer k"})
-    try:
-        for _ in range(3):
-            response = await pool.post(root + "/chunked", b'{"a": 1}', {"traceparent": "00-x"})
-            assert response.status == 200
-            assert response.header("content-type") == "text/event-stream"
-            assert await _body(response) == b"".join(b"data: %d\n\n" % i for i in range(5))
-            response.release()
-    finally:
+@on_both_loops
+async def test_a_chunked_stream_arrives_whole_and_the_connection_is_reused() -> None:
+    async with _app() as (state, root):
+        pool = http1.Pool(headers={"Authorization": "Bearer k"})
+        try:
+            for _ in range(3):
+                response = await pool.post(root + "/chunked", b'{"a": 1}', {"traceparent": "00-x"})
+                assert response.status == 200
+                assert response.header("content-type") == "text/event-stream"
+                assert await _body(response) == b"".join(b"data: %d\n\n" % i for i in range(5))
+                response.release()
+        finally:
+            await pool.close()
+        assert state.bodies == [b'{"a": 1}'] * 3
+        assert state.headers[0]["Authorization"] == "Bearer k"
+        assert state.headers[0]["traceparent"] == "00-x"
+        assert len(set(state.peers)) == 1  # one keep-alive connection served all three
+
+
+@on_both_loops
+async def test_a_content_length_answer_and_its_headers() -> None:
+    async with _app() as (state, root):
+        pool = http1.Pool()
+        response = await pool.post(root + "/sized", b"{}")
+        assert (response.status, response.header("Retry-After")) == (429, "3")
+        assert await response.read(64 * 1024) == b'{"error": "busy"}'
+        assert response.complete
+        response.release()
+        again = await pool.post(root + "/sized", b"{}")
+        assert await again.read(4) == b'{"er'  # limit honoured
+        again.close()  # not read to the end: dropped, not reused
+        third = await pool.post(root + "/sized", b"{}")
+        third.release()
         await pool.close()
-    assert state.bodies == [b'{"a": 1}'] * 3
-    assert state.headers[0]["Authorization"] == "Bearer k"
-    assert state.headers[0]["traceparent"] == "00-x"
-    assert len(set(state.peers)) == 1  # one keep-alive connection served all three
-
-
-async def test_a_content_length_answer_and_its_headers(app: tuple[_App, str]) -> None:
-    state, root = app
-    pool = http1.Pool()
-    response = await pool.post(root + "/sized", b"{}")
-    assert (response.status, response.header("Retry-After")) == (429, "3")
-    assert await response.read(64 * 1024) == b'{"error": "busy"}'
-    assert response.complete
-    response.release()
-    again = await pool.post(root + "/sized", b"{}")
-    assert await again.read(4) == b'{"er'  # limit honoured
-    again.close()  # not read to the end: dropped, not reused
-    third = await pool.post(root + "/sized", b"{}")
-    third.release()
-    await pool.close()
-    assert len(set(state.peers[:2])) == 1 and state.peers[2] != state.peers[1]
+        assert len(set(state.peers[:2])) == 1 and state.peers[2] != state.peers[1]
 
 
 def _answering(raw: bytes) -> contextlib.AbstractAsyncContextManager[str]:
@@ -163,6 +176,7 @@ def _answering(raw: bytes) -> contextlib.AbstractAsyncContextManager[str]:
     return _raw_server(handle)
 
 
+@on_both_loops
 async def test_a_close_mid_body_is_an_unavailable_upstream() -> None:
     chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n"
     async with _answering(chunked) as root:
@@ -176,6 +190,7 @@ async def test_a_close_mid_body_is_an_unavailable_upstream() -> None:
     assert isinstance(from_exception(caught.value, url=root), UpstreamUnavailable)
 
 
+@on_both_loops
 async def test_a_body_until_eof_ends_cleanly_and_is_not_reused() -> None:
     async with _answering(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nall of it") as root:
         pool = http1.Pool()
@@ -186,6 +201,7 @@ async def test_a_body_until_eof_ends_cleanly_and_is_not_reused() -> None:
         await pool.close()
 
 
+@on_both_loops
 async def test_a_stale_keep_alive_connection_is_replaced_once() -> None:
     served = 0
 
@@ -210,25 +226,27 @@ async def test_a_stale_keep_alive_connection_is_replaced_once() -> None:
     assert served == 2
 
 
-async def test_read_timeout_and_total_timeout(app: tuple[_App, str]) -> None:
-    _, root = app
-    pool = http1.Pool(read_timeout=0.1)
-    response = await pool.post(root + "/stall", b"{}")
-    assert await response.read_some() == b"first"
-    with pytest.raises(http1.ReadTimeout) as caught:
+@on_both_loops
+async def test_read_timeout_and_total_timeout() -> None:
+    async with _app() as (_, root):
+        pool = http1.Pool(read_timeout=0.1)
+        response = await pool.post(root + "/stall", b"{}")
+        assert await response.read_some() == b"first"
+        with pytest.raises(http1.ReadTimeout) as caught:
+            await response.read_some()
+        response.close()
+        assert isinstance(from_exception(caught.value, url=root), UpstreamTimeout)
+        total = http1.Pool(read_timeout=10, total_timeout=0.15)
+        response = await total.post(root + "/stall", b"{}")
         await response.read_some()
-    response.close()
-    assert isinstance(from_exception(caught.value, url=root), UpstreamTimeout)
-    total = http1.Pool(read_timeout=10, total_timeout=0.15)
-    response = await total.post(root + "/stall", b"{}")
-    await response.read_some()
-    with pytest.raises(http1.ReadTimeout):
-        await response.read_some()
-    response.close()
-    await pool.close()
-    await total.close()
+        with pytest.raises(http1.ReadTimeout):
+            await response.read_some()
+        response.close()
+        await pool.close()
+        await total.close()
 
 
+@on_both_loops
 async def test_headers_that_never_come_time_out() -> None:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _read_request(reader)
@@ -241,22 +259,24 @@ async def test_headers_that_never_come_time_out() -> None:
         await pool.close()
 
 
-async def test_cancelling_a_read_leaves_the_response_closable(app: tuple[_App, str]) -> None:
-    _, root = app
-    pool = http1.Pool()
-    response = await pool.post(root + "/stall", b"{}")
-    await response.read_some()
-    reader = asyncio.ensure_future(response.read_some())
-    await asyncio.sleep(0.01)
-    reader.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await reader
-    response.close()
-    with pytest.raises(http1.RemoteClosed):
+@on_both_loops
+async def test_cancelling_a_read_leaves_the_response_closable() -> None:
+    async with _app() as (_, root):
+        pool = http1.Pool()
+        response = await pool.post(root + "/stall", b"{}")
         await response.read_some()
-    await pool.close()
+        reader = asyncio.ensure_future(response.read_some())
+        await asyncio.sleep(0.01)
+        reader.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+        response.close()
+        with pytest.raises(http1.RemoteClosed):
+            await response.read_some()
+        await pool.close()
 
 
+@on_both_loops
 async def test_refused_and_invalid_answers_map_to_proxy_errors() -> None:
     pool = http1.Pool(connect_timeout=1.0)
     with pytest.raises(OSError) as refused:
@@ -278,6 +298,10 @@ async def test_refused_and_invalid_answers_map_to_proxy_errors() -> None:
         await http1.Pool().post("ftp://host/x", b"")
 
 
-async def test_runs_on_the_loop_it_says(event_loop_policy: asyncio.AbstractEventLoopPolicy) -> None:
-    uv = isinstance(event_loop_policy, uvloop.EventLoopPolicy)
-    assert isinstance(asyncio.get_running_loop(), uvloop.Loop) == uv
+@pytest.mark.parametrize("loop", sorted(_LOOPS))
+def test_each_variant_runs_on_its_own_loop(loop: str) -> None:
+    async def kind() -> type:
+        return type(asyncio.get_running_loop())
+
+    with asyncio.Runner(loop_factory=_LOOPS[loop]) as runner:
+        assert (runner.run(kind()) is uvloop.Loop) == (loop == "uvloop")
