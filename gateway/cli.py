@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import math
 import sys
@@ -80,6 +81,7 @@ def _serve(config: AppConfig, settings: Settings, host: str | None, port: int | 
     if bind_port is None:
         bind_port = config.server.port
     from gateway.drain import CloseWhileDraining, DrainingServer
+    from gateway.edge_transport import CoalescingHttpToolsProtocol
 
     app = build_app(
         config,
@@ -93,13 +95,23 @@ def _serve(config: AppConfig, settings: Settings, host: str | None, port: int | 
         host=bind_host,
         port=bind_port,
         loop="uvloop",
-        http="httptools",
+        http=CoalescingHttpToolsProtocol,  # httptools, headers sent with the first body bytes
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=math.ceil(config.server.drain_timeout),
     )
+    _tune_gc()
     DrainingServer(server_config, drain, config.server.drain_grace).run()
     return 0
+
+
+def _tune_gc() -> None:
+    """Fewer, cheaper garbage collections on the request path (profiled at ~2 % of the
+    gateway's CPU per streamed request): what start-up built lives as long as the process
+    and is frozen out of the collector's scans, and the young generation is collected
+    every 20,000 net allocations instead of 700 (one streamed request makes ~1,000)."""
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)
 
 
 if __name__ == "__main__":

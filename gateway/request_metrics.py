@@ -50,6 +50,7 @@ class GatewayMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self._series: dict[tuple[str, str], ModelSeries] = {}
+        self._finished: dict[tuple[str, str, str], Any] = {}
         self.finish_sinks: list[Callable[[RequestRecord], None]] = []
         hop = ("model", "backend")
         self.requests = Counter(
@@ -124,6 +125,14 @@ class GatewayMetrics:
             hop,
             registry=registry,
         )
+
+    def finished(self, model: str, backend: str, status: str) -> None:
+        """Count one finished request (children cached: the label sets are bounded)."""
+        key = (model, backend, status)
+        child = self._finished.get(key)
+        if child is None:
+            child = self._finished[key] = self.requests.labels(model, backend, status)
+        child.inc()
 
     def series(self, model: str, backend: str) -> ModelSeries:
         key = (model, backend)

@@ -128,7 +128,7 @@ class RequestRecord:
             if self._series is not None:
                 self._observe_finish(self._metrics, self._series)
             else:
-                self._metrics.requests.labels(UNROUTED, "none", self.status).inc()
+                self._metrics.finished(UNROUTED, "none", self.status)
             for sink in self._metrics.finish_sinks:
                 sink(self)
         if request_log.isEnabledFor(logging.INFO):
@@ -136,7 +136,7 @@ class RequestRecord:
 
     def _observe_finish(self, metrics: GatewayMetrics, series: ModelSeries) -> None:
         series.inflight.dec()
-        metrics.requests.labels(self.model, self.backend, self.status).inc()
+        metrics.finished(self.model, self.backend, self.status)
         series.duration.observe(self.elapsed)
         if self.inference_start_time is not None and self.queue_start_time is not None:
             series.queue_time.observe(max(0.0, self.inference_start_time - self.queue_start_time))

@@ -16,6 +16,10 @@ import orjson
 from backends.base import FinishReason, RequestKind, TokenLogprob, ToolCallDelta, Usage
 
 SSE_DONE = b"data: [DONE]\n\n"
+END_OF_FRAMES = b""
+"""Yielded by a frame producer after its last frame: nothing more will be sent, so the
+edge completes the response at once (``gateway.sse_batch``); the producer's cleanup runs
+when it is stepped again. An empty frame carries nothing, so other consumers may send it."""
 
 
 def new_id(kind: RequestKind) -> str:

@@ -41,6 +41,7 @@ from gateway.openai_responses.wire import ResponsesRequest
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from gateway.request_record import RequestRecord
 from gateway.service import Generation, server_timing
+from gateway.sse_batch import ready_batches
 from gateway.timing import timing_header
 from gateway.trace_context import client_trace_headers
 from gateway.translate import chat_request, report_unknown_fields
@@ -241,15 +242,21 @@ class GenerationCall:
             await self._respond(200, body, self._headers(generation, _JSON))
 
     async def _stream(self, generation: Generation, frames: AsyncGenerator[bytes, None]) -> None:
+        # Every frame that is ready goes out in one send; the last batch ends the body.
+        batches = ready_batches(frames)
         try:
             await self._start(200, self._headers(generation, *_SSE_HEADERS))
             send = self._send
-            async for frame in frames:
-                await send({"type": "http.response.body", "body": frame, "more_body": True})
-            self._complete = True
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            async for batch, last in batches:
+                body = batch[0] if len(batch) == 1 else b"".join(batch)  # [] at an end
+                if last:
+                    self._complete = True
+                await send({"type": "http.response.body", "body": body, "more_body": not last})
+            if not self._complete:
+                self._complete = True
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
-            await frames.aclose()
+            await batches.aclose()
 
     @contextlib.asynccontextmanager
     async def _watch_disconnect(self) -> Any:

@@ -39,7 +39,15 @@ from gateway.frontdoor.keys import allowed_candidates
 from gateway.registry import ModelRegistry
 from gateway.request_metrics import GatewayMetrics
 from gateway.request_record import RequestRecord
-from gateway.responses import SSE_DONE, ChoiceAccumulator, ChunkWriter, full_response, new_id, sse
+from gateway.responses import (
+    END_OF_FRAMES,
+    SSE_DONE,
+    ChoiceAccumulator,
+    ChunkWriter,
+    full_response,
+    new_id,
+    sse,
+)
 from gateway.timing import timing_header
 
 log = logging.getLogger(__name__)
@@ -82,6 +90,7 @@ class CompletionService:
         self._registry = registry
         self._metrics = metrics
         self._backend_metrics = backend_metrics
+        self._overhead: dict[tuple[str, str], Any] = {}  # children, one per model
 
     async def open(self, request: GenerationRequest, record: RequestRecord) -> Generation:
         decision = self._registry.route(request.model)
@@ -179,48 +188,57 @@ class CompletionService:
             generation.request.sampling.logprobs is not None,
         )
         chat = generation.request.kind.value == "chat"
+        ended = False
         try:
-            if chat:
-                for index in range(generation.request.sampling.n):
-                    yield writer.role(index)
-            async for event in generation.all_events():
-                if event is not generation.first:
-                    record.observe(event)
-                if isinstance(event, TextDelta):
-                    if event.text or event.logprobs:
-                        yield writer.text(event.index, event.text, event.logprobs)
-                elif isinstance(event, ToolCallDelta):
-                    yield writer.tool_call(event)
-                elif isinstance(event, Finished):
-                    yield writer.finish(event.index, event.reason)
-                elif isinstance(event, Usage) and include_usage:
-                    yield writer.usage(event)
-        except BackendError as exc:
-            record.fail("error", exc.error_type)
-            log.warning("request %s failed mid-stream: %s", record.request_id, exc.message)
-            yield sse(error_payload(exc))
+            try:
+                if chat:
+                    for index in range(generation.request.sampling.n):
+                        yield writer.role(index)
+                async for event in generation.all_events():
+                    if event is not generation.first:
+                        record.observe(event)
+                    if isinstance(event, TextDelta):
+                        if event.text or event.logprobs:
+                            yield writer.text(event.index, event.text, event.logprobs)
+                    elif isinstance(event, ToolCallDelta):
+                        yield writer.tool_call(event)
+                    elif isinstance(event, Finished):
+                        yield writer.finish(event.index, event.reason)
+                    elif isinstance(event, Usage) and include_usage:
+                        yield writer.usage(event)
+            except BackendError as exc:
+                record.fail("error", exc.error_type)
+                log.warning("request %s failed mid-stream: %s", record.request_id, exc.message)
+                yield sse(error_payload(exc))
+            except Exception as exc:
+                record.fail("error", "server_error")
+                log.exception("request %s failed mid-stream", record.request_id)
+                yield sse(error_payload(BackendError(f"internal error: {type(exc).__name__}")))
+            yield SSE_DONE
+            ended = True
+            # The client has all it gets: the edge ends the response now, and the
+            # bookkeeping below (backend close, metrics, log line) runs after that.
+            yield END_OF_FRAMES
         except (asyncio.CancelledError, GeneratorExit):
-            record.fail("disconnected", None)
+            if not ended:
+                record.fail("disconnected", None)
             raise
-        except Exception as exc:
-            record.fail("error", "server_error")
-            log.exception("request %s failed mid-stream", record.request_id)
-            yield sse(error_payload(BackendError(f"internal error: {type(exc).__name__}")))
         finally:
             await generation.close()
             if record.status == "ok":
                 self.observe_overhead(generation)
             record.finish()
-        yield SSE_DONE
 
     def observe_overhead(self, generation: Generation) -> None:
         upstream = generation.record.upstream_seconds
         if upstream is None:
             return
         overhead = max(0.0, generation.record.elapsed - upstream)
-        self._backend_metrics.overhead.labels(generation.model, generation.backend).observe(
-            overhead
-        )
+        key = (generation.model, generation.backend)
+        child = self._overhead.get(key)
+        if child is None:
+            child = self._overhead[key] = self._backend_metrics.overhead.labels(*key)
+        child.observe(overhead)
 
 
 async def _aclose(events: AsyncIterator[BackendEvent]) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from backends import http1
 from backends.base import (
     BackendError,
     Overloaded,
@@ -48,14 +49,16 @@ def from_status(status: int, body: bytes, retry_after: str | None = None) -> Bac
 
 def from_exception(exc: BaseException, *, url: str) -> BackendError:
     """The error for an exception raised by the HTTP client while talking to ``url``."""
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+    if isinstance(exc, aiohttp.ConnectionTimeoutError | http1.ConnectTimeout):
         return UpstreamUnavailable(f"cannot connect to {url}: connect timed out")
     if isinstance(exc, TimeoutError):
         return UpstreamTimeout(f"upstream {url} timed out")
     if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ServerDisconnectedError):
         return UpstreamUnavailable(f"cannot reach {url}: {exc}")
-    if isinstance(exc, aiohttp.ClientPayloadError):  # the connection dropped mid-body
+    if isinstance(exc, aiohttp.ClientPayloadError | http1.RemoteClosed):  # dropped mid-body
         return UpstreamUnavailable(f"lost the connection to {url} mid-stream: {exc}")
+    if isinstance(exc, http1.ProtocolError):
+        return UpstreamBadResponse(f"upstream {url} sent invalid HTTP: {exc}")
     if isinstance(exc, aiohttp.ClientError | OSError):
         return UpstreamUnavailable(f"connection to {url} failed: {exc}")
     return UpstreamBadResponse(f"upstream {url} failed: {exc!r}")

@@ -1,28 +1,26 @@
 """One attempt at one upstream request: send, check the answer, relay the stream.
 
-``UpstreamStream`` wraps a single aiohttp response. It is owned by the coroutine that
-runs the request (the backend's ``generate``) and must be closed by it: ``close()`` on a
-stream that has not ended drops the connection, which is how an engine learns that the
-client left and aborts the generation.
+``UpstreamStream`` wraps a single response of the lean client (``backends.http1``). It
+is owned by the coroutine that runs the request (the backend's ``generate``) and must be
+closed by it: ``close()`` on a stream that has not ended drops the connection, which is
+how an engine learns that the client left and aborts the generation.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
-
-import aiohttp
 
 from backends.base import (
     BackendError,
     BackendEvent,
     Overloaded,
-    TextDelta,
     UpstreamBadResponse,
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+from backends.http1 import Pool, Response
 from backends.openai_proxy.errors import from_exception, from_status
 from backends.openai_proxy.stream import ChunkTranslator, SSEDecoder
 
@@ -48,9 +46,14 @@ class HopMetrics:
     requests: Any
     """``upstream_requests`` family; labelled per outcome with ``labels``."""
     labels: tuple[str, str]
+    children: dict[str, Any] = field(default_factory=dict)
+    """``requests`` children by outcome, looked up once each (outcomes are a fixed set)."""
 
     def count(self, status: str) -> None:
-        self.requests.labels(*self.labels, status).inc()
+        child = self.children.get(status)
+        if child is None:
+            child = self.children[status] = self.requests.labels(*self.labels, status)
+        child.inc()
 
 
 class UpstreamStream:
@@ -81,7 +84,7 @@ class UpstreamStream:
         self._metrics = metrics
         self._decoder = SSEDecoder()
         self.translator = translator
-        self._response: aiohttp.ClientResponse | None = None
+        self._response: Response | None = None
         self._sent = 0.0
         self._first_seen = False
         self._got_bytes = False
@@ -89,27 +92,25 @@ class UpstreamStream:
         self.ended = False
         self.waited = 0.0
 
-    async def open(
-        self, session: aiohttp.ClientSession, body: bytes, headers: dict[str, str] | None = None
-    ) -> None:
+    async def open(self, pool: Pool, body: bytes, headers: dict[str, str] | None = None) -> None:
         """POST ``body`` (with extra ``headers``, e.g. W3C trace context); raises the mapped
         ``BackendError`` unless the answer is 200."""
         self._sent = time.perf_counter()
         try:
-            response = await session.post(self._url, data=body, headers=headers)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            response = await pool.post(self._url, body, headers)
+        except OSError as exc:
             self.waited += time.perf_counter() - self._sent
             raise self._fail(from_exception(exc, url=self._url)) from exc
         self._response = response
         if response.status != 200:
             try:
-                raw = await response.content.read(_MAX_ERROR_BODY)
-            except (aiohttp.ClientError, TimeoutError, OSError):
+                raw = await response.read(_MAX_ERROR_BODY)
+            except OSError:
                 raw = b""
             self.waited += time.perf_counter() - self._sent
             self._outcome = str(response.status)
             self._metrics.count(self._outcome)
-            raise from_status(response.status, raw, response.headers.get("Retry-After"))
+            raise from_status(response.status, raw, response.header("Retry-After"))
         self.waited += time.perf_counter() - self._sent
 
     async def first_events(self) -> list[BackendEvent]:
@@ -127,8 +128,8 @@ class UpstreamStream:
             raise UpstreamUnavailable(f"stream from {self._url} was closed")
         began = time.perf_counter()
         try:
-            data = await response.content.readany()
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            data = await response.read_some()
+        except OSError as exc:
             self.waited += time.perf_counter() - began
             error = from_exception(exc, url=self._url)
             if not self._got_bytes and not isinstance(error, UpstreamTimeout):
@@ -140,16 +141,12 @@ class UpstreamStream:
         try:
             if data:
                 self._got_bytes = True
-                for payload in self._decoder.feed(data):
-                    self.translator.translate(payload, out)
+                self.translator.translate_all(self._decoder.feed(data), out)
             else:
-                for payload in self._decoder.flush():
-                    self.translator.translate(payload, out)
+                self.translator.translate_all(self._decoder.flush(), out)
                 self._end(out, now)
         except BackendError as exc:
             raise self._fail(exc) from exc
-        if len(out) > 1:
-            out = _coalesce(out)
         if out and not self._first_seen:
             self._first_seen = True
             self._metrics.ttft.observe(now - self._sent)
@@ -185,31 +182,6 @@ class UpstreamStream:
             self._outcome = _label(cause or error)
             self._metrics.count(self._outcome)
         return error
-
-
-def _coalesce(events: list[BackendEvent]) -> list[BackendEvent]:
-    """Merge adjacent deltas of the same choice that arrived in one read.
-
-    An engine that is ahead of us (or a burst after a network hiccup) leaves several
-    chunks in the buffer; relaying them as one delta costs the gateway one SSE write
-    instead of many, and the client sees what vLLM itself sends under load. A delta's
-    ``logprobs`` and ``num_tokens`` still cover exactly the tokens behind its text.
-    """
-    merged: list[BackendEvent] = []
-    last: TextDelta | None = None
-    for event in events:
-        if type(event) is TextDelta and last is not None and last.index == event.index:
-            last = TextDelta(
-                event.index,
-                last.text + event.text,
-                last.logprobs + event.logprobs,
-                last.num_tokens + event.num_tokens,
-            )
-            merged[-1] = last
-            continue
-        merged.append(event)
-        last = event if type(event) is TextDelta else None
-    return merged
 
 
 def _label(error: BackendError) -> str:

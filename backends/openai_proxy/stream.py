@@ -73,7 +73,18 @@ class SSEDecoder:
 class ChunkTranslator:
     """Stateful translation of one stream's chunks (one request, ``n`` choices)."""
 
-    __slots__ = ("_calls", "_chat", "_finished", "_n", "counted_tokens", "done", "usage")
+    __slots__ = (
+        "_calls",
+        "_chat",
+        "_finished",
+        "_n",
+        "_run",
+        "_run_index",
+        "_run_tokens",
+        "counted_tokens",
+        "done",
+        "usage",
+    )
 
     def __init__(self, *, chat: bool, n: int) -> None:
         self._chat = chat
@@ -86,10 +97,28 @@ class ChunkTranslator:
         """``(prompt_tokens, completion_tokens)`` reported by the upstream."""
         self.counted_tokens = 0
         """Completion tokens counted from the deltas (fallback when ``usage`` is None)."""
+        # translate_all: the run of same-choice deltas not emitted yet, as (text, logprobs).
+        self._run: list[tuple[str, tuple[TokenLogprob, ...]]] | None = None
+        self._run_index = 0
+        self._run_tokens = 0
 
     @property
     def all_finished(self) -> bool:
         return len(self._finished) >= self._n
+
+    def translate_all(self, payloads: list[bytes], out: list[BackendEvent]) -> None:
+        """``translate`` every payload of one read, merging adjacent deltas of the same
+        choice into one ``TextDelta`` (an engine that is ahead of us leaves several chunks
+        in a read; relayed as one delta they cost the gateway one SSE frame, and the
+        client sees what vLLM itself sends under load). A merged delta's ``logprobs`` and
+        ``num_tokens`` cover exactly the tokens behind its text; each run is built once."""
+        self._run = []
+        try:
+            for payload in payloads:
+                self.translate(payload, out)
+            self._end_run(out)
+        finally:
+            self._run = None
 
     def translate(self, payload: bytes, out: list[BackendEvent]) -> None:
         """Append the events carried by one ``data:`` payload to ``out``."""
@@ -138,16 +167,40 @@ class ChunkTranslator:
         if text or logprobs:
             num_tokens = len(logprobs) or 1
             self.counted_tokens += num_tokens
-            out.append(TextDelta(index, text or "", logprobs, num_tokens))
+            run = self._run
+            if run is None:
+                out.append(TextDelta(index, text or "", logprobs, num_tokens))
+            else:
+                if run and self._run_index != index:
+                    self._end_run(out)
+                self._run_index = index
+                self._run_tokens += num_tokens
+                run.append((text or "", logprobs))
         reason = choice.get("finish_reason")
         if reason:
+            self._end_run(out)
             self._finished.add(index)
             out.append(Finished(index, _REASONS.get(reason, "stop")))
+
+    def _end_run(self, out: list[BackendEvent]) -> None:
+        """Emit the pending run of deltas (``translate_all``) as one ``TextDelta``."""
+        run = self._run
+        if not run:
+            return
+        if len(run) == 1:
+            text, logprobs = run[0]
+        else:
+            text = "".join(part for part, _ in run)
+            logprobs = tuple(entry for _, entry_list in run for entry in entry_list)
+        out.append(TextDelta(self._run_index, text, logprobs, self._run_tokens))
+        run.clear()
+        self._run_tokens = 0
 
     def _tool_calls(self, index: int, calls: Any, out: list[BackendEvent]) -> None:
         """Relay tool-call deltas as they came, normalised to OpenAI's framing: id and
         name on a call's first delta only (some engines repeat them on every delta, some
         omit the id), argument fragments untouched."""
+        self._end_run(out)
         for call in calls if isinstance(calls, list) else ():
             if not isinstance(call, dict):
                 raise UpstreamBadResponse("upstream sent a tool call that is not an object")

@@ -7,6 +7,7 @@ from fixed sets in this package.
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -17,9 +18,13 @@ LOAD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320,
 
 
 class RegistryMetrics:
-    """Families for model lifecycle and routing. Created once per app."""
+    """Families for model lifecycle and routing. Created once per app; its caches of
+    labelled children are used on the event loop only."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
+        self._states: dict[str, tuple[tuple[ModelState, Any], ...]] = {}
+        self._decisions: dict[str, Any] = {}
+        self._inflight: dict[str, Any] = {}
         self.model_state = Gauge(
             "llmso_model_state",
             "1 for the model's current lifecycle state, 0 for others.",
@@ -65,11 +70,33 @@ class RegistryMetrics:
         )
 
     def set_state(self, model: str, state: ModelState) -> None:
-        for each in ModelState:
-            self.model_state.labels(model, each.value).set(1 if each is state else 0)
+        # Every request of an idle model flips it READY -> ACTIVE -> READY: the children
+        # are looked up once per model, not with labels() per state per flip.
+        children = self._states.get(model)
+        if children is None:
+            children = self._states[model] = tuple(
+                (each, self.model_state.labels(model, each.value)) for each in ModelState
+            )
+        for each, child in children:
+            child.set(1 if each is state else 0)
+
+    def inflight_of(self, model: str) -> Any:
+        """The ``inflight`` child of ``model`` (cached)."""
+        child = self._inflight.get(model)
+        if child is None:
+            child = self._inflight[model] = self.inflight.labels(model)
+        return child
+
+    def decided(self, reason: str) -> None:
+        """Count one routing decision (children cached: reasons are a fixed set)."""
+        child = self._decisions.get(reason)
+        if child is None:
+            child = self._decisions[reason] = self.route_decisions.labels(reason)
+        child.inc()
 
     def forget(self, model: str) -> None:
         """Drop a removed model's per-state series so it stops being reported."""
+        self._states.pop(model, None)
         for each in ModelState:
             with contextlib.suppress(KeyError):
                 self.model_state.remove(model, each.value)

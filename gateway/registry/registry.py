@@ -121,10 +121,10 @@ class ModelRegistry:
         try:
             decision = routing.route(requested, models, self._index, self._state_of)
         except ModelNotFound:
-            self._metrics.route_decisions.labels("not_found").inc()
+            self._metrics.decided("not_found")
             log.info("route %r: no such model or capability", requested)
             raise
-        self._metrics.route_decisions.labels(decision.reason).inc()
+        self._metrics.decided(decision.reason)
         log.debug("route %r -> %s (%s)", requested, ", ".join(decision.candidates), decision.reason)
         return decision
 
@@ -206,7 +206,7 @@ class ModelRegistry:
         return diff
 
     def record_fallback(self, from_model: str, to_model: str, reason: str) -> None:
-        self._metrics.route_decisions.labels("fallback").inc()
+        self._metrics.decided("fallback")
         log.warning("fallback from %s to %s: %s", from_model, to_model, reason)
 
     # ------------------------------------------------------------------ admission
@@ -264,14 +264,14 @@ class ModelRegistry:
         instance.inflight += 1
         instance.idle.clear()
         entry.touch()
-        self._metrics.inflight.labels(instance.name).inc()
+        self._metrics.inflight_of(instance.name).inc()
         if entry.instance is instance and entry.state is ModelState.READY:
             self._life.set_state(entry, ModelState.ACTIVE)
 
     def _release(self, entry: Entry, instance: Instance) -> None:
         instance.inflight -= 1
         entry.touch()
-        self._metrics.inflight.labels(instance.name).dec()
+        self._metrics.inflight_of(instance.name).dec()
         if instance.inflight == 0:
             instance.idle.set()
             if entry.instance is instance and entry.state is ModelState.ACTIVE:

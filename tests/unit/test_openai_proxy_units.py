@@ -14,6 +14,7 @@ from backends.base import (
     RequestKind,
     SamplingParams,
     TextDelta,
+    ToolCallDelta,
     UpstreamBadResponse,
     UpstreamRejected,
     UpstreamTimeout,
@@ -217,21 +218,34 @@ def test_breaker_opens_cools_down_and_closes() -> None:
 
 def test_deltas_read_together_are_coalesced_per_choice() -> None:
     from backends.base import TokenLogprob
-    from backends.openai_proxy.relay import _coalesce
 
     lp = TokenLogprob("b", -1.0, (98,))
-    events: list[BackendEvent] = [
-        TextDelta(0, "a"),
-        TextDelta(0, "b", (lp,)),
-        TextDelta(1, "x"),
-        TextDelta(0, "c"),
-        Finished(0, "stop"),
-        TextDelta(0, "d"),
+    wire_lp = {"content": [{"token": "b", "logprob": -1.0, "bytes": [98], "top_logprobs": []}]}
+    call = {"index": 0, "id": "c1", "function": {"name": "f", "arguments": ""}}
+    payloads = [
+        _chunk(index=0, delta={"content": "a"}),
+        _chunk(index=0, delta={"content": "b"}, logprobs=wire_lp),
+        _chunk(index=1, delta={"content": "x"}),
+        _chunk(index=0, delta={"content": "c"}),
+        _chunk(index=0, delta={"content": "d"}),
+        _chunk(index=1, delta={"tool_calls": [call]}),
+        _chunk(index=1, delta={"content": "y"}),
+        _chunk(index=0, delta={"content": "e"}, finish_reason="stop"),
+        _chunk(index=0, delta={"content": "late"}),  # after its finish: ignored
     ]
-    assert _coalesce(events) == [
+    t = ChunkTranslator(chat=True, n=2)
+    out: list[BackendEvent] = []
+    t.translate_all(payloads, out)
+    assert out == [
         TextDelta(0, "ab", (lp,), 2),
         TextDelta(1, "x"),
-        TextDelta(0, "c"),
+        TextDelta(0, "cd", (), 2),
+        ToolCallDelta(1, 0, "c1", "f", ""),
+        TextDelta(1, "y"),
+        TextDelta(0, "e"),
         Finished(0, "stop"),
-        TextDelta(0, "d"),
     ]
+    assert t.counted_tokens == 8
+    single: list[BackendEvent] = []
+    t.translate_all([_chunk(index=1, delta={"content": "z"})], single)
+    assert single == [TextDelta(1, "z")]
