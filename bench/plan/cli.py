@@ -163,7 +163,7 @@ async def validate(
                 model.max_queue,
                 prompt_tokens=model.prompt_tokens,
             )
-            draw = random.Random(seed * 1000 + k)
+            draw = random.Random(f"prompts-{seed}-{k}")  # not the arrivals' stream
             chosen = [draw.choice(pool) for _ in range(num_requests + 2)]
             load = LoadSpec(rate=rate, num_requests=num_requests, warmup=2, seed=seed * 1000 + k)
             run = await run_level(session, options, chosen, load)

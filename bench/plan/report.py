@@ -109,7 +109,7 @@ def _explain(r: Recommendation, profile: Profile) -> list[str]:
     lines.append(
         f"- Engine fitted to those levels (docs/plan.md): a prefill step costs "
         f"{e.prefill_fixed_s * 1000:.1f} ms + {e.prefill_per_token_s * 1000:.2f} ms per prompt "
-        f"token (least squares of TTFT on prompt tokens at the lowest level); a decode step "
+        f"token (Theil-Sen line of TTFT on prompt tokens at the lowest level); a decode step "
         f"of d sequences: {steps} (median inter-token gap at concurrency d); prompts: the "
         f"measured lengths, mean {e.mean_prompt_tokens:.0f} tokens."
     )
