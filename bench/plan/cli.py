@@ -105,6 +105,9 @@ class Check:
     measured_e2e_p95_ms: float | None
     # 90 % bootstrap interval of the measured E2E p95 (its sampling error)
     measured_e2e_p95_interval_ms: tuple[float, float] | None
+    # the replay's 10th-percentile inter-token gap over the calibration's at its lowest
+    # level: well above 1, the machine ran slower during the replay than when calibrated
+    speed_ratio: float | None = None
 
     @property
     def e2e_error(self) -> float | None:
@@ -173,6 +176,9 @@ async def validate(
             if e2e:
                 low, high = bootstrap_p95(e2e, seed=seed)
                 interval = (low * 1000, high * 1000)
+            gaps = [g for r in run.measured if r.ok for g in r.itls]
+            calibrated = percentile(curve.levels[0].itl_s, 10)
+            replayed = percentile(gaps, 10)
             checks.append(
                 Check(
                     model=name,
@@ -186,6 +192,7 @@ async def validate(
                     predicted_e2e_p95_ms=predicted.e2e_p95_s * 1000,
                     measured_e2e_p95_ms=summary.e2e_ms.p95,
                     measured_e2e_p95_interval_ms=interval,
+                    speed_ratio=replayed / calibrated if replayed and calibrated else None,
                 )
             )
     return checks
@@ -194,8 +201,8 @@ async def validate(
 def _check_table(checks: list[Check]) -> str:
     rows = [
         "| model | rate (util.) | max_num_seqs | ok/n | TTFT p95 pred / meas ms | TTFT error "
-        "| E2E p95 pred / meas ms (90 % interval) | E2E error |",
-        "|" + "---|" * 8,
+        "| E2E p95 pred / meas ms (90 % interval) | E2E error | speed ratio |",
+        "|" + "---|" * 9,
     ]
     for c in checks:
         meas_t = "-" if c.measured_ttft_p95_ms is None else f"{c.measured_ttft_p95_ms:.0f}"
@@ -205,10 +212,11 @@ def _check_table(checks: list[Check]) -> str:
             meas_e += f" ({low:.0f}-{high:.0f})"
         err_t = "-" if c.ttft_error is None else f"{c.ttft_error:+.0%}"
         err = "-" if c.e2e_error is None else f"{c.e2e_error:+.0%}"
+        speed = "-" if c.speed_ratio is None else f"{c.speed_ratio:.2f}"
         rows.append(
             f"| {c.model} | {c.rate:g} ({c.utilization:.0%}) | {c.max_num_seqs} "
             f"| {c.ok}/{c.requests} | {c.predicted_ttft_p95_ms:.0f} / {meas_t} | {err_t} "
-            f"| {c.predicted_e2e_p95_ms:.0f} / {meas_e} | {err} |"
+            f"| {c.predicted_e2e_p95_ms:.0f} / {meas_e} | {err} | {speed} |"
         )
     return "\n".join(rows) + "\n"
 

@@ -144,6 +144,7 @@ def _check(
         )
     )
     print(check, f"E2E error {check.e2e_error:+.1%}, TTFT error {check.ttft_error:+.1%}")
+    assert check.speed_ratio is not None
     assert check.ok == check.requests, check
     return check
 
@@ -171,7 +172,8 @@ def test_validate_predicts_the_measured_p95(
         assert check.e2e_error is not None
         if abs(check.e2e_error) > BOUND:
             warnings.warn(
-                f"plan validation at {share:.0%} of capacity missed ({check}); "
+                f"plan validation at {share:.0%} of capacity missed by {check.e2e_error:+.0%} "
+                f"(replay/calibration speed ratio {check.speed_ratio:.2f}; {check}); "
                 "retrying once after a fresh calibration",
                 stacklevel=1,
             )

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.plan.cli import bootstrap_p95
 from bench.plan.cli import main as plan_main
 from bench.plan.engine import EngineModel, fit_engine, simulate
 from bench.plan.inputs import Curve, Level, ModelProfile, Prices, Slo, load_cold_starts
@@ -200,3 +201,12 @@ def test_plan_cli_on_the_committed_results(tmp_path: Path) -> None:
     assert "max_num_seqs:" in smol["config"]
     assert (tmp_path / "plan.png").stat().st_size > 0
     assert plan_main(["--results", "missing.json", "--profile", "x.yaml"]) == 2
+
+
+def test_bootstrap_interval_holds_the_p95_and_narrows_with_more_samples() -> None:
+    few = [i / 60 for i in range(60)]
+    many = [i / 600 for i in range(600)]
+    low, high = bootstrap_p95(few)
+    assert low <= statistics.quantiles(few, n=20)[-1] <= high
+    many_low, many_high = bootstrap_p95(many)
+    assert many_high - many_low < high - low
