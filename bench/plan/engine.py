@@ -98,9 +98,11 @@ def fit_engine(curve: Curve, max_num_seqs: int) -> EngineModel:
         )
     prompts = [float(p) for p in low.prompt_tokens_s] or [low.prompt_tokens] * len(low.ttft_s)
     a, b = _line(prompts, list(low.ttft_s))
-    if b < 0 or a < 0:
+    if b < 0:
         a, b = statistics.median(low.ttft_s), 0.0
         notes.append("TTFT does not grow with prompt tokens here: prefill taken as constant")
+    elif a < 0:
+        a = 0.0  # a noisy line through the origin's far side; a step costs at least nothing
     elif b == 0:
         notes.append("all measured prompts had one length: prefill cost per token unknown")
     decode: list[tuple[int, float]] = []
@@ -118,7 +120,9 @@ def fit_engine(curve: Curve, max_num_seqs: int) -> EngineModel:
         prefill_per_token_s=b,
         decode_steps=tuple(decode),
         decode_jitter=tuple(g / step_low for g in lowest.itl_s),
-        prefill_jitter=tuple(t / (a + b * p) for t, p in zip(low.ttft_s, prompts, strict=True)),
+        prefill_jitter=tuple(
+            t / max(a + b * p, 1e-6) for t, p in zip(low.ttft_s, prompts, strict=True)
+        ),
         prompt_tokens=tuple(round(p) for p in prompts),
         sources=tuple(lv.source for lv in used),
         notes=tuple(notes),
