@@ -6,9 +6,10 @@
                [--model NAME] [--rates 0.5,1] [--num-requests 20] [--max-num-seqs N]
 
 ``--validate`` replays each rate (default: the profile's peak) open loop (Poisson arrivals,
-``bench.loadgen``) against a running gateway and prints predicted vs measured p95 for one
-replica with that gateway's ``max_num_seqs``. Exit codes: 0 ok, 1 no request succeeded,
-2 bad input.
+``bench.loadgen``; prompts drawn at random, seeded, from the built-in ones or ``--prompts``)
+against a running gateway and prints predicted vs measured p95 for one replica with that
+gateway's ``max_num_seqs``, with a bootstrap interval of the measured p95. Exit codes: 0 ok,
+1 no request succeeded, 2 bad input.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import argparse
 import asyncio
 import json
 import logging
+import random
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -30,8 +33,8 @@ from bench.plan.inputs import load_profile as read_profile
 from bench.plan.model import predict
 from bench.plan.recommend import Recommendation, recommend
 from bench.plan.report import markdown, write
-from bench.prompts import builtin_prompts
-from bench.stats import summarize
+from bench.prompts import Prompt, builtin_prompts, load_prompts
+from bench.stats import percentile, summarize
 
 log = logging.getLogger("bench.plan")
 
@@ -53,7 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--base-url", default=None, help="e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--model", default=None, help="Validate this profile model only.")
     p.add_argument("--rates", type=_rates, default=None, help="Default: the profile's peak.")
-    p.add_argument("--num-requests", type=int, default=30)
+    p.add_argument("--num-requests", type=int, default=60)
+    p.add_argument("--prompts", type=Path, default=None, help="JSON-lines prompts to replay.")
     p.add_argument("--max-num-seqs", type=int, default=None, help="The gateway's setting.")
     p.add_argument("--seed", type=int, default=0)
     return p
@@ -91,6 +95,7 @@ def plan(
 class Check:
     model: str
     rate: float
+    utilization: float  # rate / the measured capacity at max_num_seqs
     max_num_seqs: int
     ok: int
     requests: int
@@ -98,12 +103,32 @@ class Check:
     measured_ttft_p95_ms: float | None
     predicted_e2e_p95_ms: float
     measured_e2e_p95_ms: float | None
+    # 90 % bootstrap interval of the measured E2E p95 (its sampling error)
+    measured_e2e_p95_interval_ms: tuple[float, float] | None
+    # the replay's 10th-percentile inter-token gap over the calibration's at its lowest
+    # level: well above 1, the machine ran slower during the replay than when calibrated
+    speed_ratio: float | None = None
 
     @property
     def e2e_error(self) -> float | None:
         if self.measured_e2e_p95_ms is None:
             return None
         return self.predicted_e2e_p95_ms / self.measured_e2e_p95_ms - 1.0
+
+    @property
+    def ttft_error(self) -> float | None:
+        if self.measured_ttft_p95_ms is None:
+            return None
+        return self.predicted_ttft_p95_ms / self.measured_ttft_p95_ms - 1.0
+
+
+def bootstrap_p95(
+    values: Sequence[float], rounds: int = 1000, seed: int = 0
+) -> tuple[float, float]:
+    """5th and 95th percentile of the p95 of ``rounds`` resamples (with replacement)."""
+    rng = random.Random(seed)
+    stats = sorted(percentile(rng.choices(values, k=len(values)), 95) or 0.0 for _ in range(rounds))
+    return stats[int(0.05 * (rounds - 1))], stats[int(0.95 * (rounds - 1))]
 
 
 async def validate(
@@ -116,27 +141,49 @@ async def validate(
     max_num_seqs: int,
     num_requests: int,
     seed: int = 0,
+    prompts: Sequence[Prompt] | None = None,
 ) -> list[Check]:
     """Predicted vs measured p95 at each rate for one replica (the running gateway).
 
     The prediction's batch cap is the highest measured level not above ``max_num_seqs``.
+    Each request's prompt is drawn independently (seeded) from ``prompts`` (default: the
+    built-in ones), as the model assumes; replaying them in order would make the prompt
+    lengths a fixed cycle that the model does not describe.
     """
     batch = max(lv.concurrency for lv in curve.levels if lv.concurrency <= max_num_seqs)
     options = RequestOptions(
         base_url=base_url, model=name, max_tokens=round(model.output_tokens), ignore_eos=True
     )
-    prompts = builtin_prompts(256)
+    pool = tuple(prompts or builtin_prompts(256))
     checks = []
     async with new_session(64) as session:
-        for rate in rates:
-            predicted = predict(curve, model.output_tokens, rate, batch, model.max_queue)
-            load = LoadSpec(rate=rate, num_requests=num_requests, warmup=1, seed=seed)
-            run = await run_level(session, options, prompts, load)
+        for k, rate in enumerate(rates):
+            predicted = predict(
+                curve,
+                model.output_tokens,
+                rate,
+                batch,
+                model.max_queue,
+                prompt_tokens=model.prompt_tokens,
+            )
+            draw = random.Random(f"prompts-{seed}-{k}")  # not the arrivals' stream
+            chosen = [draw.choice(pool) for _ in range(num_requests + 2)]
+            load = LoadSpec(rate=rate, num_requests=num_requests, warmup=2, seed=seed * 1000 + k)
+            run = await run_level(session, options, chosen, load)
             summary = summarize(run.results)
+            e2e = [r.e2e for r in run.measured if r.ok]
+            interval = None
+            if e2e:
+                low, high = bootstrap_p95(e2e, seed=seed)
+                interval = (low * 1000, high * 1000)
+            gaps = [g for r in run.measured if r.ok for g in r.itls]
+            calibrated = percentile(curve.levels[0].itl_s, 10)
+            replayed = percentile(gaps, 10)
             checks.append(
                 Check(
                     model=name,
                     rate=rate,
+                    utilization=predicted.utilization,
                     max_num_seqs=batch,
                     ok=summary.ok,
                     requests=summary.requests,
@@ -144,6 +191,8 @@ async def validate(
                     measured_ttft_p95_ms=summary.ttft_ms.p95,
                     predicted_e2e_p95_ms=predicted.e2e_p95_s * 1000,
                     measured_e2e_p95_ms=summary.e2e_ms.p95,
+                    measured_e2e_p95_interval_ms=interval,
+                    speed_ratio=replayed / calibrated if replayed and calibrated else None,
                 )
             )
     return checks
@@ -151,18 +200,23 @@ async def validate(
 
 def _check_table(checks: list[Check]) -> str:
     rows = [
-        "| model | rate | max_num_seqs | ok/n | TTFT p95 pred / meas ms "
-        "| E2E p95 pred / meas ms | E2E error |",
-        "|" + "---|" * 7,
+        "| model | rate (util.) | max_num_seqs | ok/n | TTFT p95 pred / meas ms | TTFT error "
+        "| E2E p95 pred / meas ms (90 % interval) | E2E error | speed ratio |",
+        "|" + "---|" * 9,
     ]
     for c in checks:
         meas_t = "-" if c.measured_ttft_p95_ms is None else f"{c.measured_ttft_p95_ms:.0f}"
         meas_e = "-" if c.measured_e2e_p95_ms is None else f"{c.measured_e2e_p95_ms:.0f}"
+        if c.measured_e2e_p95_interval_ms is not None:
+            low, high = c.measured_e2e_p95_interval_ms
+            meas_e += f" ({low:.0f}-{high:.0f})"
+        err_t = "-" if c.ttft_error is None else f"{c.ttft_error:+.0%}"
         err = "-" if c.e2e_error is None else f"{c.e2e_error:+.0%}"
+        speed = "-" if c.speed_ratio is None else f"{c.speed_ratio:.2f}"
         rows.append(
-            f"| {c.model} | {c.rate:g} | {c.max_num_seqs} | {c.ok}/{c.requests} "
-            f"| {c.predicted_ttft_p95_ms:.0f} / {meas_t} | {c.predicted_e2e_p95_ms:.0f} / {meas_e} "
-            f"| {err} |"
+            f"| {c.model} | {c.rate:g} ({c.utilization:.0%}) | {c.max_num_seqs} "
+            f"| {c.ok}/{c.requests} | {c.predicted_ttft_p95_ms:.0f} / {meas_t} | {err_t} "
+            f"| {c.predicted_e2e_p95_ms:.0f} / {meas_e} | {err} | {speed} |"
         )
     return "\n".join(rows) + "\n"
 
@@ -197,12 +251,13 @@ def _run(args: argparse.Namespace) -> int:
                 max_num_seqs=batch,
                 num_requests=args.num_requests,
                 seed=args.seed,
+                prompts=load_prompts(args.prompts) if args.prompts else None,
             )
         )
     print(_check_table(checks), end="")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        data = [{**asdict(c), "e2e_error": c.e2e_error} for c in checks]
+        data = [{**asdict(c), "e2e_error": c.e2e_error, "ttft_error": c.ttft_error} for c in checks]
         (args.out / "validate.json").write_text(json.dumps(data, indent=1) + "\n")
     return 0 if any(c.ok for c in checks) else 1
 

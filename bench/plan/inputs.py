@@ -2,7 +2,8 @@
 
 - A **curve** is one system's closed-loop levels from ``llmso bench`` result files
   (``results.json``): per concurrency level the throughput and every measured request's
-  TTFT and E2E, kept as samples so percentiles of mixtures can be computed later.
+  TTFT, E2E, prompt and output tokens and inter-chunk gaps, kept as samples (the engine
+  model in ``bench.plan.engine`` is fitted to them).
 - The **profile** (YAML) says, per model, which measured system serves it, its request
   rate (one Poisson rate or 24 hourly rates), its tokens, the SLOs and the prices.
 - **Cold starts** come from a Prometheus scrape of the gateway (``llmso_model_load_seconds``
@@ -17,6 +18,7 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,9 @@ class Level:
     output_tokens: float  # mean per request
     prompt_tokens: float  # mean per request
     source: str  # "file#system@c=N"
+    prompt_tokens_s: tuple[int, ...] = ()  # per request, paired with ttft_s (0: unknown)
+    output_tokens_s: tuple[int, ...] = ()  # per request, paired with ttft_s
+    itl_s: tuple[float, ...] = ()  # every gap between consecutive chunks, pooled
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +92,9 @@ def _level(run: dict[str, Any], path: Path) -> Level | None:
         output_tokens=sum(float(s["output_tokens"]) for s in samples) / len(samples),
         prompt_tokens=sum(float(s.get("prompt_tokens") or 0) for s in samples) / len(samples),
         source=f"{path}#{run['system']}@c={concurrency}",
+        prompt_tokens_s=tuple(int(s.get("prompt_tokens") or 0) for s in samples),
+        output_tokens_s=tuple(int(s["output_tokens"]) for s in samples),
+        itl_s=tuple(b - a for s in samples for a, b in pairwise(s.get("chunk_times", ()))),
     )
 
 

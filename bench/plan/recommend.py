@@ -82,7 +82,14 @@ def search(curve: Curve, profile: ModelProfile, slo: Slo) -> tuple[bool, Choice,
         here = [
             Choice(replicas, p, meets(p, slo))
             for p in (
-                predict(curve, profile.output_tokens, rate, level.concurrency, profile.max_queue)
+                predict(
+                    curve,
+                    profile.output_tokens,
+                    rate,
+                    level.concurrency,
+                    profile.max_queue,
+                    prompt_tokens=profile.prompt_tokens,
+                )
                 for level in curve.levels
             )
         ]
@@ -116,21 +123,15 @@ def recommend(
     cold_start: tuple[float | None, str],
 ) -> Recommendation:
     feasible, choice, tried = search(curve, profile, slo)
-    notes: list[str] = []
-    measured_out = curve.levels[0].output_tokens
-    if abs(profile.output_tokens - measured_out) > 0.25 * measured_out:
-        notes.append(
-            f"profile output tokens {profile.output_tokens:g} differ from the measured "
-            f"{measured_out:.0f}: decode time scaled per sample (an assumption, not a measurement)"
-        )
+    notes = list(choice.prediction.notes)
     if not feasible:
         notes.append(
             f"no configuration up to {profile.max_replicas} replicas meets the SLO; "
             "shown: the best one tried"
         )
-    if choice.prediction.above_measured > 0.01:
+    if choice.prediction.queued_fraction > 0.01:
         notes.append(
-            f"{choice.prediction.above_measured:.1%} of arrivals find max_num_seqs busy and "
+            f"{choice.prediction.queued_fraction:.1%} of arrivals find max_num_seqs busy and "
             "queue (modelled as waiting, never as a larger batch than measured)"
         )
     requests_per_day = sum(rate * 3600 for rate in profile.hourly)

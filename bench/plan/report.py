@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.plan.inputs import Curve, Profile
-from bench.plan.model import predict, scale_level
+from bench.plan.model import predict
 from bench.plan.recommend import Recommendation
 
 
@@ -36,7 +36,7 @@ def to_json(recs: Sequence[Recommendation], profile: Profile) -> dict[str, Any]:
                     "e2e_p95_ms": p.e2e_p95_s * 1000,
                     "mean_e2e_ms": p.mean_e2e_s * 1000,
                     "reject_fraction": p.reject_fraction,
-                    "queued_fraction": p.above_measured,
+                    "queued_fraction": p.queued_fraction,
                 },
                 "headroom_tokens_per_s": r.headroom_tokens_per_s,
                 "cold_start_s": r.cold_start_s,
@@ -48,6 +48,12 @@ def to_json(recs: Sequence[Recommendation], profile: Profile) -> dict[str, Any]:
                 "lazy_cost_per_day": r.lazy_cost_per_day,
                 "cost_per_million_output_tokens": r.cost_per_million_output_tokens,
                 "output_tokens_per_day": r.output_tokens_per_day,
+                "engine": {
+                    "prefill_fixed_ms": p.engine.prefill_fixed_s * 1000,
+                    "prefill_per_token_ms": p.engine.prefill_per_token_s * 1000,
+                    "decode_step_ms": {str(c): s * 1000 for c, s in p.engine.decode_steps},
+                    "mean_prompt_tokens": p.engine.mean_prompt_tokens,
+                },
                 "sources": list(p.sources),
                 "notes": r.notes,
                 "config": r.config_snippet(mp.max_queue, mp.idle_ttl_s),
@@ -98,11 +104,20 @@ def _explain(r: Recommendation, profile: Profile) -> list[str]:
         + f"; capacity at max_num_seqs={p.max_num_seqs}: {p.capacity_rps:.3g} req/s "
         "(Little's law: concurrency / mean E2E of that level)."
     )
+    e = p.engine
+    steps = ", ".join(f"s({c}) = {s * 1000:.1f} ms" for c, s in e.decode_steps)
     lines.append(
-        f"- Predicted per replica (flow-equivalent server, docs/plan.md): TTFT p95 "
-        f"{_ms(p.ttft_p95_s)} ms, E2E p95 {_ms(p.e2e_p95_s)} ms, mean E2E {_ms(p.mean_e2e_s)} ms, "
-        f"utilization {p.utilization:.0%}, rejected {p.reject_fraction:.2%}, "
-        f"queued behind a full batch {p.above_measured:.1%}."
+        f"- Engine fitted to those levels (docs/plan.md): a prefill step costs "
+        f"{e.prefill_fixed_s * 1000:.1f} ms + {e.prefill_per_token_s * 1000:.2f} ms per prompt "
+        f"token (Theil-Sen line of TTFT on prompt tokens at the lowest level); a decode step "
+        f"of d sequences: {steps} (median inter-token gap at concurrency d); prompts: the "
+        f"measured lengths, mean {e.mean_prompt_tokens:.0f} tokens."
+    )
+    lines.append(
+        f"- Predicted per replica (that engine simulated over 4,000 Poisson arrivals): "
+        f"TTFT p95 {_ms(p.ttft_p95_s)} ms, E2E p95 {_ms(p.e2e_p95_s)} ms, mean E2E "
+        f"{_ms(p.mean_e2e_s)} ms, utilization {p.utilization:.0%}, rejected "
+        f"{p.reject_fraction:.2%}, waited for a free slot {p.queued_fraction:.1%}."
     )
     lines.append(
         f"- Headroom at peak: {r.headroom_tokens_per_s:.0f} output tokens/s "
@@ -147,15 +162,20 @@ def plot(
         batch = r.choice.prediction.max_num_seqs
         capacity = r.choice.prediction.capacity_rps
         rates = [capacity * f / 20 for f in range(1, 20)]
-        preds = [predict(curve, mp.output_tokens, x, batch, mp.max_queue) for x in rates]
+        preds = [
+            predict(curve, mp.output_tokens, x, batch, mp.max_queue, prompt_tokens=mp.prompt_tokens)
+            for x in rates
+        ]
         ax.plot(rates, [p.e2e_p95_s * 1000 for p in preds], label="predicted E2E p95")
         ax.plot(rates, [p.ttft_p95_s * 1000 for p in preds], label="predicted TTFT p95")
         for level in curve.levels:
             if level.concurrency <= batch:
-                scaled = scale_level(level, mp.output_tokens)
-                e2e_p95 = scaled.e2e[int(0.95 * (len(scaled.e2e) - 1))] * 1000
-                ax.scatter([scaled.throughput], [e2e_p95], marker="x", color="black")
-                ax.annotate(f"measured c={level.concurrency}", (scaled.throughput, e2e_p95))
+                e2e = sorted(level.e2e_s)
+                e2e_p95 = e2e[int(0.95 * (len(e2e) - 1))] * 1000
+                throughput = level.concurrency / (sum(e2e) / len(e2e))
+                label = f"measured c={level.concurrency} ({level.output_tokens:.0f} tok)"
+                ax.scatter([throughput], [e2e_p95], marker="x", color="black")
+                ax.annotate(label, (throughput, e2e_p95))
         for value, label in ((slo.e2e_p95_ms, "E2E SLO"), (slo.ttft_p95_ms, "TTFT SLO")):
             if value is not None:
                 ax.axhline(value, linestyle="--", color="red", alpha=0.6)

@@ -1,16 +1,24 @@
 """``llmso plan`` against the real hf backend: calibrate, predict, replay, compare.
 
-One gateway (SmolLM2, hf, continuous) serves three steps in this module: a closed-loop
-calibration run with ``llmso bench`` (c = 1, 2, few tokens), a plan from that file plus a
-``/metrics`` scrape (the measured cold start), and ``llmso plan --validate``'s replay at two
-low Poisson rates, whose measured E2E p95 must be within 30 % of the prediction. The
-prediction comes from the calibration made minutes earlier on the same (possibly loaded)
-machine, so both see the same speed. The rates are fractions of the calibrated capacity.
+One gateway (SmolLM2, hf, continuous, ``max_num_seqs: 4``) serves three steps in this
+module: a closed-loop calibration run with ``llmso bench`` (c = 1, 2, 4; 8 output tokens),
+a plan from that file plus a ``/metrics`` scrape (the measured cold start), and
+``llmso plan --validate``'s replay at 25 % and 40 % of the calibrated capacity, whose
+measured E2E p95 must be within 30 % of the prediction (the issue's bound). The prediction
+comes from the calibration made seconds earlier on the same (possibly loaded) machine, so
+both see the same speed.
+
+Prefix caching is off: with it, a prompt's prefill cost depends on which prompts came
+before (the model has no term for that), and the replayed prompts repeat the calibration's.
+The prompts are the built-in ones up to ~110 tokens, so a rate is replayed with 60 requests
+in well under a minute.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,15 +27,20 @@ import pytest
 import yaml
 
 from bench.cli import main as bench_main
+from bench.plan.cli import Check, validate
 from bench.plan.cli import main as plan_main
-from bench.plan.cli import validate
-from bench.plan.inputs import load_cold_starts, load_curves, load_profile
+from bench.plan.inputs import ModelProfile, load_cold_starts, load_curves, load_profile
+from bench.plan.model import capacity
+from bench.prompts import Prompt, builtin_prompts
 from tests.tools.servers import RunningServer, gateway
 
 pytestmark = pytest.mark.e2e
 
 MODEL = "SmolLM2-135M-Instruct"
 TOKENS = 8
+BATCH = 4
+REQUESTS = 60  # per replayed rate: enough that the measured p95 is not just the maximum
+BOUND = 0.30
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +54,9 @@ def server() -> Iterator[RunningServer]:
                 "dtype": "float32",
                 "max_context": 1024,
                 "scheduling": "continuous",
-                "max_num_seqs": 2,  # the highest calibrated level, so the model's cap is real
+                "max_num_seqs": BATCH,  # the highest calibrated level: the model's cap is real
                 "threads": 1,
+                "prefix_caching": False,
             }
         ]
     }
@@ -50,11 +64,22 @@ def server() -> Iterator[RunningServer]:
         yield running
 
 
+def _short_prompts() -> tuple[Prompt, ...]:
+    return tuple(p for p in builtin_prompts(48) if len(p.text) < 300)  # 39 to 87 tokens
+
+
 def _calibrate(server: RunningServer, out: Path) -> Path:
-    """Closed loop at c = 1, 2 with ``llmso bench run``; returns its results.json."""
+    """Closed loop at c = 1, 2, 4 with ``llmso bench run``; returns its results.json.
+
+    12 requests at c = 1 fit the prefill line (TTFT on prompt tokens, robust to a stall);
+    the higher levels only give median inter-token gaps, which 12 requests pin down."""
+    out.mkdir(parents=True, exist_ok=True)
+    prompts = out / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(p.text) + "\n" for p in _short_prompts()))
     args = ["run", "--base-url", f"{server.url}/v1", "--model", MODEL, "--label", "hf"]
-    args += ["--concurrency", "1,2", "--num-requests", "6", "--warmup", "1"]
-    assert bench_main([*args, "--max-tokens", str(TOKENS), "--out", str(out)]) == 0
+    args += ["--concurrency", f"1,2,{BATCH}", "--num-requests", "12", "--warmup", "2"]
+    args += ["--prompts", str(prompts), "--max-tokens", str(TOKENS), "--out", str(out)]
+    assert bench_main(args) == 0
     return out / "results.json"
 
 
@@ -97,15 +122,47 @@ def test_plan_uses_the_measured_cold_start(
     assert (out / "plan.png").stat().st_size > 0
 
 
-def test_validate_predicts_the_measured_p95(server: RunningServer, tmp_path: Path) -> None:
-    """``--validate``'s replay at two low rates, each right after its own calibration.
+def _check(
+    server: RunningServer, calibration: Path, model: ModelProfile, share: float, seed: int
+) -> Check:
+    """Replay ``share`` of the capacity calibrated in ``calibration``; predicted vs measured.
 
-    Asserted: every replayed request succeeds and the predicted E2E p95 is within a factor
-    2.5 of the measured one (a units or model error is off by far more). The issue's goal,
-    within 30 %, is what ``llmso plan --validate`` reports; with 16 requests a p95 is
-    nearly the maximum, and on this shared 2-core machine the measured p95 of the same
-    rate moved between 0.44 s and 0.81 s from one try to the next, so 30 % is reported,
-    not asserted (docs/plan.md has the measured errors)."""
+    ``seed`` picks the arrivals and prompts: a retry draws new ones."""
+    curve = load_curves([calibration])["hf"]
+    rate = round(share * capacity(curve, BATCH), 3)
+    (check,) = asyncio.run(
+        validate(
+            f"{server.url}/v1",
+            MODEL,
+            curve,
+            model,
+            rates=(rate,),
+            max_num_seqs=BATCH,
+            num_requests=REQUESTS,
+            prompts=_short_prompts(),
+            seed=seed,
+        )
+    )
+    print(check, f"E2E error {check.e2e_error:+.1%}, TTFT error {check.ttft_error:+.1%}")
+    assert check.speed_ratio is not None
+    assert check.ok == check.requests, check
+    return check
+
+
+def test_validate_predicts_the_measured_p95(
+    server: RunningServer, calibration: Path, tmp_path: Path
+) -> None:
+    """``--validate``'s replay at 25 % and 40 % of capacity: the predicted E2E p95 within
+    30 % of the measured one at both.
+
+    The capacity is the closed-loop one at c = 4, where four prefills share a step; under
+    Poisson arrivals they do not, so the engine is busier than the share says; at 50 % a
+    10 % change of the machine's speed between calibration and replay moved the p95 by
+    more than 30 % (docs/plan.md, run 7).
+
+    Each rate is predicted from a calibration made just before it (the module's for the
+    first): a machine's speed drifts, and the prediction should see the replay's. A rate
+    that misses gets one retry after a fresh calibration, reported as a warning."""
     profile = tmp_path / "profile.yaml"
     doc = {
         "slo": {"e2e_p95_ms": 60000},
@@ -114,23 +171,18 @@ def test_validate_predicts_the_measured_p95(server: RunningServer, tmp_path: Pat
     }
     profile.write_text(yaml.safe_dump(doc))
     model = load_profile(profile).models[MODEL]
-    for fraction in (0.1, 0.2):
-        curve = load_curves([_calibrate(server, tmp_path / f"cal-{fraction}")])["hf"]
-        level = curve.at(2)
-        capacity = level.concurrency / (sum(level.e2e_s) / len(level.e2e_s))
-        rate = round(fraction * capacity, 3)
-        (check,) = asyncio.run(
-            validate(
-                f"{server.url}/v1",
-                MODEL,
-                curve,
-                model,
-                rates=(rate,),
-                max_num_seqs=2,
-                num_requests=16,
-            )
-        )
-        print(check, f"error {check.e2e_error}")
-        assert check.ok == check.requests, check
+    for share in (0.25, 0.4):
+        fresh = calibration if share == 0.25 else _calibrate(server, tmp_path / f"cal-{share}")
+        check = _check(server, fresh, model, share, seed=1)
         assert check.e2e_error is not None
-        assert 1 / 2.5 <= 1 + check.e2e_error <= 2.5, check
+        if abs(check.e2e_error) > BOUND:
+            warnings.warn(
+                f"plan validation at {share:.0%} of capacity missed by {check.e2e_error:+.0%} "
+                f"(replay/calibration speed ratio {check.speed_ratio:.2f}; {check}); "
+                "retrying once after a fresh calibration",
+                stacklevel=1,
+            )
+            again = _calibrate(server, tmp_path / f"recalibration-{share}")
+            check = _check(server, again, model, share, seed=2)
+            assert check.e2e_error is not None
+        assert abs(check.e2e_error) <= BOUND, check
