@@ -32,6 +32,7 @@ from backends.base import (
     UnsupportedFeature,
     Usage,
 )
+from gateway.endpoints import ChatPresenter
 from gateway.frontdoor.door import admit
 from gateway.protocol import CompletionRequest
 from gateway.request_record import RequestRecord
@@ -182,7 +183,8 @@ class CompletionCall(GenerationCall):
         record.requested_model = wire.model
         include_usage = bool(wire.stream_options and wire.stream_options.include_usage)
         if plan.simple:
-            await self._serve(plan.requests[0], stream=wire.stream, include_usage=include_usage)
+            presenter = ChatPresenter(self._state.service, include_usage)
+            await self._serve(plan.requests[0], stream=wire.stream, presenter=presenter)
             return
         service = self._state.service
         # One admission for the whole list (the key's models, limits, priority); the

@@ -52,17 +52,20 @@ Prepare = Callable[[Any], Awaitable[Prepared]]
 class ChatPresenter:
     """Chat completion and legacy completion bodies and chunks, from the service."""
 
-    __slots__ = ("_include_usage", "_service")
+    __slots__ = ("_include_usage", "_legacy", "_service")
 
-    def __init__(self, service: CompletionService, include_usage: bool) -> None:
+    def __init__(
+        self, service: CompletionService, include_usage: bool, *, legacy_functions: bool = False
+    ) -> None:
         self._service = service
         self._include_usage = include_usage
+        self._legacy = legacy_functions
 
     async def body(self, generation: Generation) -> bytes:
-        return orjson.dumps(await self._service.complete(generation))
+        return orjson.dumps(await self._service.complete(generation, self._legacy))
 
     def frames(self, generation: Generation) -> AsyncGenerator[bytes, None]:
-        return self._service.stream(generation, self._include_usage)
+        return self._service.stream(generation, self._include_usage, self._legacy)
 
 
 def parse_wire(model: type[_ModelT], body: Any) -> _ModelT:

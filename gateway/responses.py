@@ -108,9 +108,12 @@ def full_response(
     choices: Sequence[ChoiceAccumulator],
     usage: Usage,
     want_logprobs: bool,
+    legacy_functions: bool = False,
 ) -> dict[str, Any]:
+    """``legacy_functions``: the request used ``functions``, so a call is answered as the
+    old ``function_call`` (its first call; legacy requests allow one) with that reason."""
     rendered = [
-        _chat_choice(index, choice, want_logprobs)
+        _chat_choice(index, choice, want_logprobs, legacy_functions)
         if kind is RequestKind.CHAT
         else _completion_choice(index, choice, want_logprobs)
         for index, choice in enumerate(choices)
@@ -125,19 +128,31 @@ def full_response(
     }
 
 
-def _chat_choice(index: int, choice: ChoiceAccumulator, want_logprobs: bool) -> dict[str, Any]:
+def _chat_choice(
+    index: int, choice: ChoiceAccumulator, want_logprobs: bool, legacy: bool
+) -> dict[str, Any]:
     text = "".join(choice.parts)
     message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+    reason: str = choice.finish_reason or "stop"
     if choice.tool_calls:
         # As OpenAI: a turn that only calls tools has null content.
         message["content"] = text or None
-        message["tool_calls"] = choice.rendered_tool_calls()
+        calls = choice.rendered_tool_calls()
+        if legacy:
+            message["function_call"] = calls[0]["function"]
+            reason = _legacy_reason(reason)
+        else:
+            message["tool_calls"] = calls
     return {
         "index": index,
         "message": message,
         "logprobs": chat_logprobs(choice.logprobs) if want_logprobs else None,
-        "finish_reason": choice.finish_reason or "stop",
+        "finish_reason": reason,
     }
+
+
+def _legacy_reason(reason: str) -> str:
+    return "function_call" if reason == "tool_calls" else reason
 
 
 def _completion_choice(
@@ -154,12 +169,20 @@ def _completion_choice(
 class ChunkWriter:
     """Frames stream chunks for one response: fixed id, created and model on each."""
 
-    __slots__ = ("_chat", "_head", "_offsets", "_want_logprobs")
+    __slots__ = ("_chat", "_head", "_legacy", "_offsets", "_want_logprobs")
 
     def __init__(
-        self, kind: RequestKind, response_id: str, created: int, model: str, want_logprobs: bool
+        self,
+        kind: RequestKind,
+        response_id: str,
+        created: int,
+        model: str,
+        want_logprobs: bool,
+        *,
+        legacy_functions: bool = False,
     ) -> None:
         self._chat = kind is RequestKind.CHAT
+        self._legacy = legacy_functions
         obj = "chat.completion.chunk" if self._chat else "text_completion"
         self._head = {"id": response_id, "object": obj, "created": created, "model": model}
         self._want_logprobs = want_logprobs
@@ -180,9 +203,19 @@ class ChunkWriter:
             choice = {"index": index, "text": text, "logprobs": rendered, "finish_reason": None}
         return sse({**self._head, "choices": [choice]})
 
-    def tool_call(self, delta: ToolCallDelta) -> bytes:
+    def tool_call(self, delta: ToolCallDelta) -> bytes | None:
         """A call's first chunk names it (index, id, type, name); later ones add only
-        argument fragments: the shape the OpenAI SDK's stream helper accumulates."""
+        argument fragments: the shape the OpenAI SDK's stream helper accumulates. For a
+        legacy ``functions`` request: ``function_call`` deltas (name, then arguments) of
+        the first call, and ``None`` (nothing to send) for any other."""
+        if self._legacy:
+            if delta.call_index:
+                return None  # one function_call per turn; an engine's extra calls are dropped
+            function: dict[str, Any] = {"arguments": delta.arguments_fragment}
+            if delta.id is not None:
+                function = {"name": delta.name or "", **function}
+            choice = self._chat_choice(delta.index, {"function_call": function}, None, None)
+            return sse({**self._head, "choices": [choice]})
         call: dict[str, Any] = {"index": delta.call_index}
         if delta.id is not None:
             call["id"] = delta.id
@@ -195,7 +228,8 @@ class ChunkWriter:
 
     def finish(self, index: int, reason: FinishReason) -> bytes:
         if self._chat:
-            choice = self._chat_choice(index, {}, reason, None)
+            shown = _legacy_reason(reason) if self._legacy else reason
+            choice = self._chat_choice(index, {}, shown, None)
         else:
             choice = {"index": index, "text": "", "logprobs": None, "finish_reason": reason}
         return sse({**self._head, "choices": [choice]})

@@ -171,7 +171,10 @@ class GenerationCall:
         record.requested_model = wire.model  # known even when translate refuses
         request = translate(wire, record.request_id, record.arrival_time)
         include_usage = bool(wire.stream_options and wire.stream_options.include_usage)
-        await self._serve(request, stream=wire.stream, include_usage=include_usage)
+        # A legacy `functions` request is answered in its own shape (`function_call`).
+        legacy = bool(getattr(wire, "functions", None))
+        presenter = ChatPresenter(self._state.service, include_usage, legacy_functions=legacy)
+        await self._serve(request, stream=wire.stream, presenter=presenter)
 
     async def guarded(self, work: Awaitable[None]) -> None:
         """Await ``work`` (one request's serving), render what it raises as an error
@@ -226,13 +229,11 @@ class GenerationCall:
         request: GenerationRequest,
         *,
         stream: bool,
-        include_usage: bool = False,
-        presenter: Presenter | None = None,
+        presenter: Presenter,
     ) -> None:
         request = await admit(self._scope, request)  # key's models and limits (frontdoor)
         service = self._state.service
         request = _with_session(self.traced(request), _header(self._scope, b"x-session-id"))
-        presenter = presenter or ChatPresenter(service, include_usage)
         async with self._watch_disconnect():
             generation = await service.open(request, self.record)
             if stream:

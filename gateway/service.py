@@ -140,8 +140,11 @@ class CompletionService:
             created=int(record.arrival_time),
         )
 
-    async def complete(self, generation: Generation) -> dict[str, Any]:
-        """Collect every event into one response body. Closes the generation."""
+    async def complete(
+        self, generation: Generation, legacy_functions: bool = False
+    ) -> dict[str, Any]:
+        """Collect every event into one response body. Closes the generation.
+        ``legacy_functions``: a call is rendered as the old ``function_call``."""
         choices = [ChoiceAccumulator() for _ in range(generation.request.sampling.n)]
         usage = Usage(0, 0)
         try:
@@ -169,10 +172,11 @@ class CompletionService:
             choices=choices,
             usage=usage,
             want_logprobs=generation.request.sampling.logprobs is not None,
+            legacy_functions=legacy_functions,
         )
 
     async def stream(
-        self, generation: Generation, include_usage: bool
+        self, generation: Generation, include_usage: bool, legacy_functions: bool = False
     ) -> AsyncGenerator[bytes, None]:
         """SSE frames: role, deltas, finish per choice, usage if asked, ``[DONE]``.
 
@@ -186,6 +190,7 @@ class CompletionService:
             generation.created,
             generation.model,
             generation.request.sampling.logprobs is not None,
+            legacy_functions=legacy_functions,
         )
         chat = generation.request.kind.value == "chat"
         ended = False
@@ -201,7 +206,8 @@ class CompletionService:
                         if event.text or event.logprobs:
                             yield writer.text(event.index, event.text, event.logprobs)
                     elif isinstance(event, ToolCallDelta):
-                        yield writer.tool_call(event)
+                        if (frame := writer.tool_call(event)) is not None:
+                            yield frame
                     elif isinstance(event, Finished):
                         yield writer.finish(event.index, event.reason)
                     elif isinstance(event, Usage) and include_usage:

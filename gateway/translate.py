@@ -56,7 +56,8 @@ def chat_request(wire: ChatCompletionRequest, request_id: str, arrival: float) -
         user=wire.user,
         tools=specs,
         tool_choice=tool_wire.tool_choice(wire, specs),
-        parallel_tool_calls=wire.parallel_tool_calls,
+        # Legacy `functions` answer with one `function_call`: ask for one call.
+        parallel_tool_calls=False if wire.functions else wire.parallel_tool_calls,
         response_format=tool_wire.response_format(wire),
         logit_bias=_logit_bias(wire),
         passthrough=_passthrough(wire),

@@ -238,3 +238,58 @@ async def test_non_streamed_tool_calls(sdk: openai.AsyncOpenAI, upstream: Upstre
     message = body["choices"][0]["message"]
     assert message["content"] is None and body["choices"][0]["finish_reason"] == "tool_calls"
     assert [c["function"]["arguments"] for c in message["tool_calls"]] == ['{"city": "Oslo"}'] * 2
+
+
+LEGACY_FUNCTION = TOOL["function"]
+
+
+async def test_legacy_functions_get_a_function_call(
+    sdk: openai.AsyncOpenAI, upstream: Upstream
+) -> None:
+    """A ``functions`` request is answered in its own era's shape: ``message.function_call``
+    (the first call only; one is asked for upstream) and finish reason ``function_call``."""
+    upstream.repeat_ids = False
+    raw = await sdk.chat.completions.with_raw_response.create(
+        model="proxy",
+        messages=[{"role": "user", "content": "weather?"}],
+        functions=[LEGACY_FUNCTION],  # type: ignore[list-item]
+        function_call={"name": "get_weather"},
+    )
+    body = json.loads(raw.text)
+    validate("CreateChatCompletionResponse", body)
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "function_call"
+    assert "tool_calls" not in choice["message"] and choice["message"]["content"] is None
+    call = choice["message"]["function_call"]
+    assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Oslo"}
+    sent = upstream.bodies[-1]
+    assert sent["parallel_tool_calls"] is False
+    assert sent["tools"] == [{"type": "function", "function": LEGACY_FUNCTION}]
+
+
+async def test_legacy_functions_stream_function_call_deltas(
+    sdk: openai.AsyncOpenAI, upstream: Upstream
+) -> None:
+    upstream.repeat_ids = True
+    stream = await sdk.chat.completions.create(
+        model="proxy",
+        messages=[{"role": "user", "content": "weather?"}],
+        functions=[LEGACY_FUNCTION],  # type: ignore[list-item]
+        stream=True,
+    )
+    names, arguments, reasons = [], [], []
+    async for chunk in stream:
+        validate(
+            "CreateChatCompletionStreamResponse", chunk.model_dump(mode="json", exclude_unset=True)
+        )
+        for choice in chunk.choices:
+            assert choice.delta.tool_calls is None
+            if choice.delta.function_call is not None:
+                names.append(choice.delta.function_call.name)
+                arguments.append(choice.delta.function_call.arguments or "")
+            if choice.finish_reason is not None:
+                reasons.append(choice.finish_reason)
+    assert [n for n in names if n is not None] == ["get_weather"]  # named once, first
+    assert names[0] == "get_weather"
+    assert json.loads("".join(arguments)) == {"city": "Oslo"}  # the second call dropped
+    assert reasons == ["function_call"]
