@@ -119,6 +119,11 @@ class HFModelConfig(ModelBase):
         "thread", description="Run the engine in this process or in its own worker process."
     )
     threads: int | None = Field(None, gt=0, description="torch intra-op threads.")
+    adaptive_threads: bool = Field(
+        True,
+        description="continuous, on CPU: run small steps (a few tokens) on one thread and "
+        "larger ones on all `threads`, leaving a core to the event loop (docs/hf.md).",
+    )
     prefix_caching: bool = Field(
         True, description="continuous: reuse the KV of shared block-aligned prompt prefixes."
     )
