@@ -5,11 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import os
 import sys
 from pathlib import Path
 
-from backends.openmp import apply_wait_policy
 from config.loader import ConfigError, load_config
 from config.schema import AppConfig, HFModelConfig
 from gateway.logs import configure_logging
@@ -28,8 +26,6 @@ def main(argv: list[str] | None = None) -> int:
         from bench.plan.cli import main as plan_main
 
         return plan_main(argv[1:])
-    # Before anything imports torch: OpenMP reads its wait policy once (backends/openmp.py).
-    apply_wait_policy(os.environ)
     args = _parser().parse_args(argv)
     settings = Settings()
     configure_logging(settings.log_level, settings.log_format)

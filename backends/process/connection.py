@@ -37,7 +37,6 @@ from backends.base import (
 from backends.embeddings import EmbeddingRequest, EmbeddingResult
 from backends.errors import WorkerStartError
 from backends.hop_metrics import WorkerObserver
-from backends.openmp import apply_wait_policy
 from backends.process import protocol as p
 
 log = logging.getLogger(__name__)
@@ -88,7 +87,6 @@ def _worker_env(extra: Mapping[str, str]) -> dict[str, str]:
     root = str(Path(backends.__file__).resolve().parent.parent)
     paths = [root, *(x for x in env.get("PYTHONPATH", "").split(os.pathsep) if x)]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    apply_wait_policy(env)  # also when the gateway was not started by `llmso serve`
     env.update(extra)
     return env
 
