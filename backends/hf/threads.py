@@ -5,7 +5,8 @@ the gateway's event loop. A small step (a few decode rows) gains little from a s
 thread but keeps it busy at every barrier, taking the core the loop needs to stream
 tokens; a large step is matmul-bound and gains from every core. So a step of at most
 ``small_tokens`` packed tokens runs on one thread, a larger one on ``maximum``
-(measurements: docs/hf_profile.md, "Threads per step").
+(measurements: docs/hf_profile.md, "Threads and the OpenMP wait policy"; it
+pays off only with OMP_WAIT_POLICY=PASSIVE, hence opt-in).
 
 Owner: the engine thread (``torch.set_num_threads`` sets the calling thread's OpenMP
 team size, so it must run on the thread that steps the model). Not thread-safe.
