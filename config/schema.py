@@ -119,6 +119,11 @@ class HFModelConfig(ModelBase):
         "thread", description="Run the engine in this process or in its own worker process."
     )
     threads: int | None = Field(None, gt=0, description="torch intra-op threads.")
+    adaptive_threads: bool = Field(
+        False,
+        description="continuous, on CPU: run small steps (<= 8 tokens) on one thread and "
+        "larger ones on all `threads`; pays off with OMP_WAIT_POLICY=PASSIVE (docs/hf.md).",
+    )
     prefix_caching: bool = Field(
         True, description="continuous: reuse the KV of shared block-aligned prompt prefixes."
     )

@@ -22,6 +22,7 @@ import logging
 import queue
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 from backends.base import (
     TEXT_GENERATION,
@@ -44,9 +45,13 @@ from backends.hf.outputs import Item, StepOutputs
 from backends.hf.prefix_cache import PrefixCache
 from backends.hf.scheduler import ContinuousScheduler
 from backends.hf.static import StaticScheduler
+from backends.hf.threads import StepThreads
 from backends.hf.waiting import shed_limit
 from backends.hop_metrics import WorkerObserver
 from config.schema import HFModelConfig
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +171,7 @@ class HFBackend:
                 max_slots=config.max_num_seqs + 1,
                 max_context=loaded.max_context,
                 compile_attention=config.compile_attention,
+                step_threads=_step_threads(config, loaded.device),
             )
         log.info(
             "%s: decode attention via %s (long spans: %s); timed at load, ms per 3 calls: %s",
@@ -302,3 +308,11 @@ class HFBackend:
 def _dispatch(out: StepOutputs) -> None:
     for sink, item in out:
         sink.queue.put_nowait(item)
+
+
+def _step_threads(config: HFModelConfig, device: torch.device) -> StepThreads | None:
+    """Per-step thread counts only matter on CPU, and only with more than one thread."""
+    threads = threads_for(config)
+    if not config.adaptive_threads or device.type != "cpu" or threads < 2:
+        return None
+    return StepThreads(threads)

@@ -31,6 +31,7 @@ from backends.hf.decode_attention import (
     decode_sdpa,
 )
 from backends.hf.kv_cache import SlotKVCache
+from backends.hf.threads import StepThreads
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama"})
 _PACK_BATCH_HINT = 16  # oneDNN picks its blocking for about this many rows
@@ -101,7 +102,13 @@ class LlamaRunner:
     """Packed forward over slot-cached sequences. See the module docstring."""
 
     def __init__(
-        self, model: Any, *, max_slots: int, max_context: int, compile_attention: bool = False
+        self,
+        model: Any,
+        *,
+        max_slots: int,
+        max_context: int,
+        compile_attention: bool = False,
+        step_threads: StepThreads | None = None,
     ) -> None:
         config = model.config
         inner = model.model
@@ -136,6 +143,7 @@ class LlamaRunner:
         if compile_attention and self.upcast and self.device.type == "cpu":
             self._kernels["compiled"] = compiled_reduce()
         self.decode_timings: dict[str, dict[str, float]] = {}  # shape -> kernel -> seconds
+        self.step_threads = step_threads  # None: the caller's thread count for every step
         self.decode_impl, self.decode_impl_long = self._pick_decode_attention()
         self.cache = SlotKVCache(
             layers=len(self.layers),
@@ -203,6 +211,8 @@ class LlamaRunner:
         prefill chunk with ``want_logits`` (its last token), in that order.
 
         Decode row ``i`` must belong to the sequence in cache slot ``i``."""
+        if self.step_threads is not None:
+            self.step_threads.apply(len(decode_tokens) + sum(len(c.tokens) for c in prefills))
         step, ids, logit_rows = self._prepare(decode_tokens, decode_positions, prefills)
         x = F.embedding(ids, self.embed)
         for index, layer in enumerate(self.layers):

@@ -1,0 +1,42 @@
+"""The torch intra-op thread count of each engine step on CPU.
+
+Why per step: the engine's OpenMP team shares the process, and usually the cores, with
+the gateway's event loop. A small step (a few decode rows) gains little from a second
+thread but keeps it busy at every barrier, taking the core the loop needs to stream
+tokens; a large step is matmul-bound and gains from every core. So a step of at most
+``small_tokens`` packed tokens runs on one thread, a larger one on ``maximum``
+(measurements: docs/hf_profile.md, "Threads and the OpenMP wait policy"; it
+pays off only with OMP_WAIT_POLICY=PASSIVE, hence opt-in).
+
+Owner: the engine thread (``torch.set_num_threads`` sets the calling thread's OpenMP
+team size, so it must run on the thread that steps the model). Not thread-safe.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Steps of up to this many packed tokens run on one thread. Measured on the 2-vCPU AMD
+# EPYC, load ~3, passive OpenMP waiting (docs/hf_profile.md): one thread was 0.86-0.94x
+# of two's step time at 1-8 decode rows, 1.04x at 12, 1.10x at 16, 1.24x at 32.
+SMALL_STEP_TOKENS = 8
+
+
+class StepThreads:
+    """Switches the calling thread's team between 1 and ``maximum`` threads per step;
+    ``set_num_threads`` is called only when the count changes."""
+
+    def __init__(self, maximum: int, small_tokens: int = SMALL_STEP_TOKENS) -> None:
+        self.maximum = maximum
+        self.small_tokens = small_tokens
+        self.current = 0  # unknown until the first step sets it
+
+    def for_tokens(self, tokens: int) -> int:
+        return 1 if tokens <= self.small_tokens else self.maximum
+
+    def apply(self, tokens: int) -> int:
+        wanted = self.for_tokens(tokens)
+        if wanted != self.current:
+            torch.set_num_threads(wanted)
+            self.current = wanted
+        return wanted

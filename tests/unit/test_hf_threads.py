@@ -1,0 +1,49 @@
+"""Per-step thread counts (``StepThreads``)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from backends.hf.threads import StepThreads
+
+
+def _on_own_thread(body: object) -> None:
+    # The count is per OpenMP thread: run where it cannot leak into other tests.
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            body()  # type: ignore[operator]
+        except BaseException as exc:
+            errors.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join()
+    if errors:
+        raise errors[0]
+
+
+def test_small_steps_run_on_one_thread_large_on_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    real = torch.set_num_threads
+
+    def counting(n: int) -> None:
+        calls.append(n)
+        real(n)
+
+    monkeypatch.setattr(torch, "set_num_threads", counting)
+
+    def body() -> None:
+        threads = StepThreads(2, small_tokens=8)
+        seen = []
+        for tokens in (1, 8, 9, 300, 64, 3, 2):
+            threads.apply(tokens)
+            seen.append(torch.get_num_threads())
+        assert seen == [1, 1, 2, 2, 2, 1, 1]
+
+    _on_own_thread(body)
+    assert calls == [1, 2, 1]  # unchanged counts skip the call
