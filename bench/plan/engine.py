@@ -16,8 +16,10 @@ Step times, fitted to the closed-loop levels of one ``llmso bench`` curve
   prompt tokens at concurrency 1, where each TTFT is exactly one such step (plus the
   gateway's own few milliseconds, which ``a`` absorbs);
 - a step decoding ``d`` sequences costs ``s(d)``: the median inter-token gap measured at
-  concurrency ``d``, linear between measured levels (the lowest level's below it); ``d``
-  never exceeds ``max_num_seqs``, which is a measured level, so nothing is extrapolated;
+  concurrency ``d``, linear between measured levels (the lowest level's below it, and a
+  note names the batch sizes so interpolated: the cost need not be monotone in ``d``);
+  ``d`` never exceeds ``max_num_seqs``, which is a measured level, so nothing is
+  extrapolated;
 - a step decoding ``d`` and prefilling ``P`` costs ``s(d) + b·P`` (an assumption: the
   forward's fixed cost is paid once; closed-loop levels run in lockstep and never show
   such a step).
@@ -116,6 +118,14 @@ def fit_engine(curve: Curve, max_num_seqs: int) -> EngineModel:
         raise ValueError(f"{curve.system}: no inter-token gaps measured (stream with >1 token)")
     if decode[-1][0] != max_num_seqs:
         raise ValueError(f"{curve.system}@c={max_num_seqs}: no inter-token gaps measured")
+    skipped = sorted(set(range(decode[0][0], max_num_seqs + 1)) - {c for c, _ in decode})
+    if skipped:
+        # A forward's cost need not be monotone in the batch (kernels pick paths by
+        # shape): SmolLM2's hf decode step at batch 3 measured 50 % above batch 4.
+        notes.append(
+            f"decode step at batch {', '.join(map(str, skipped))} interpolated between "
+            "measured levels (measure every level up to max_num_seqs to know them)"
+        )
     lowest = next(lv for lv in used if lv.itl_s)
     step_low = statistics.median(lowest.itl_s)
     return EngineModel(

@@ -1,6 +1,7 @@
 """The engine model on a given schedule (``llmso plan --validate``'s replayed arrivals):
 exact on deterministic steps, the same engine as the Poisson simulation, and the warm-up
-requests of a replay load the engine without being scored."""
+requests of a replay load the engine without being scored; and the fit says which decode
+steps it interpolated."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from bench.client import RequestResult
 from bench.plan.cli import replayed_p95s
-from bench.plan.engine import EngineModel, replay, simulate
+from bench.plan.engine import EngineModel, fit_engine, replay, simulate
 from bench.plan.inputs import Curve, Level, ModelProfile
 
 
@@ -134,3 +135,31 @@ def test_the_replayed_warmup_loads_the_engine_but_is_not_scored() -> None:
     ttft, e2e = replayed_p95s(Curve("s", (level,)), model, results, max_num_seqs=1)
     assert ttft == pytest.approx((0.6 - 0.1 + 0.2) * 1000)
     assert e2e == pytest.approx((0.9 - 0.1) * 1000)
+
+
+def _closed_level(concurrency: int, itl: float) -> Level:
+    return Level(
+        concurrency=concurrency,
+        requests_per_s=1.0,
+        output_tokens_per_s=8.0,
+        ttft_s=(0.2,) * 4,
+        e2e_s=(0.2 + 7 * itl,) * 4,
+        output_tokens=8.0,
+        prompt_tokens=50.0,
+        source=f"synthetic@c={concurrency}",
+        prompt_tokens_s=(50,) * 4,
+        output_tokens_s=(8,) * 4,
+        itl_s=(itl,) * 28,
+    )
+
+
+def test_the_fit_names_the_batch_sizes_it_interpolated() -> None:
+    """A decode step's cost need not be monotone in the batch: one that was not measured
+    is interpolated, and the fit says which."""
+    sparse = fit_engine(Curve("s", (_closed_level(1, 0.05), _closed_level(4, 0.07))), 4)
+    assert sparse.decode_step(3) == pytest.approx(0.05 + 0.02 * 2 / 3)
+    assert any("batch 2, 3 interpolated" in note for note in sparse.notes)
+    levels = (0.05, 0.08, 0.1, 0.07)
+    full = fit_engine(Curve("f", tuple(_closed_level(c, s) for c, s in enumerate(levels, 1))), 4)
+    assert full.decode_step(3) == pytest.approx(0.1)
+    assert not any("interpolated" in note for note in full.notes)
