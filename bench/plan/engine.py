@@ -16,8 +16,10 @@ Step times, fitted to the closed-loop levels of one ``llmso bench`` curve
   prompt tokens at concurrency 1, where each TTFT is exactly one such step (plus the
   gateway's own few milliseconds, which ``a`` absorbs);
 - a step decoding ``d`` sequences costs ``s(d)``: the median inter-token gap measured at
-  concurrency ``d``, linear between measured levels (the lowest level's below it); ``d``
-  never exceeds ``max_num_seqs``, which is a measured level, so nothing is extrapolated;
+  concurrency ``d``, linear between measured levels (the lowest level's below it, and a
+  note names the batch sizes so interpolated: the cost need not be monotone in ``d``);
+  ``d`` never exceeds ``max_num_seqs``, which is a measured level, so nothing is
+  extrapolated;
 - a step decoding ``d`` and prefilling ``P`` costs ``s(d) + b·P`` (an assumption: the
   forward's fixed cost is paid once; closed-loop levels run in lockstep and never show
   such a step).
@@ -28,7 +30,9 @@ at concurrency 1: decode steps from ``ITL / median ITL``, prefill steps from
 ``TTFT / fitted TTFT``. So a noisy machine's calibration predicts a noisy tail, and a
 slow step delays everything behind it, as it does in the engine. :func:`simulate` runs the
 engine over many simulated requests (deterministic seed) and reads quantiles from the
-simulated distribution.
+simulated distribution; :func:`replay` runs it over a given schedule instead (a replayed
+load test's realised arrivals and prompts), many times, to compare with what was measured
+on that schedule.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import math
 import random
 import statistics
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bench.plan.inputs import Curve
@@ -113,6 +118,14 @@ def fit_engine(curve: Curve, max_num_seqs: int) -> EngineModel:
         raise ValueError(f"{curve.system}: no inter-token gaps measured (stream with >1 token)")
     if decode[-1][0] != max_num_seqs:
         raise ValueError(f"{curve.system}@c={max_num_seqs}: no inter-token gaps measured")
+    skipped = sorted(set(range(decode[0][0], max_num_seqs + 1)) - {c for c, _ in decode})
+    if skipped:
+        # A forward's cost need not be monotone in the batch (kernels pick paths by
+        # shape): SmolLM2's hf decode step at batch 3 measured 50 % above batch 4.
+        notes.append(
+            f"decode step at batch {', '.join(map(str, skipped))} interpolated between "
+            "measured levels (measure every level up to max_num_seqs to know them)"
+        )
     lowest = next(lv for lv in used if lv.itl_s)
     step_low = statistics.median(lowest.itl_s)
     return EngineModel(
@@ -152,17 +165,111 @@ def simulate(
     warmup: int = 200,
     seed: int = 0,
 ) -> Simulated:
-    """Run the engine (module docstring) over ``warmup + requests`` Poisson arrivals.
+    """Run the engine (module docstring) over ``warmup + requests`` Poisson arrivals, each
+    with a prompt length drawn from the measured ones (times ``prompt_scale``)."""
+    rng = random.Random(seed)
+    total = warmup + requests
+    arrivals = list(itertools.accumulate(rng.expovariate(rate) for _ in range(total)))
+    prompts = [rng.choice(engine.prompt_tokens) for _ in range(total)]
+    return replay(
+        engine,
+        arrivals=arrivals,
+        prompt_tokens=prompts,
+        prompt_scale=prompt_scale,
+        output_tokens=output_tokens,
+        max_num_seqs=max_num_seqs,
+        max_queue=max_queue,
+        warmup=warmup,
+        rounds=1,
+        rng=rng,
+    )
+
+
+def replay(
+    engine: EngineModel,
+    *,
+    arrivals: Sequence[float],
+    prompt_tokens: Sequence[int],
+    output_tokens: float,
+    max_num_seqs: int,
+    max_queue: int,
+    prompt_scale: float = 1.0,
+    warmup: int = 0,
+    rounds: int = 200,
+    seed: int = 0,
+    rng: random.Random | None = None,
+) -> Simulated:
+    """Run the engine over one given schedule (``arrivals``, ascending, with each request's
+    ``prompt_tokens``, whose prefill cost ``prompt_scale`` rescales) ``rounds`` times, each
+    with fresh step-time factors (drawn from ``rng``, default seeded by ``seed``), and pool
+    the latencies of the requests after the first ``warmup`` over all rounds.
+
+    A replayed load test's realised arrivals and prompts, predicted this way, take the
+    sampling of arrivals out of a comparison with what was measured on them."""
+    if len(arrivals) != len(prompt_tokens):
+        raise ValueError("one prompt length per arrival")
+    rng = rng or random.Random(seed)
+    per_token = engine.prefill_per_token_s * prompt_scale
+    prefill = [per_token * p for p in prompt_tokens]
+    ttft: list[float] = []
+    e2e: list[float] = []
+    rejected = queued = 0
+    for _ in range(rounds):
+        run = _run(
+            engine,
+            arrivals,
+            prefill,
+            output_tokens=output_tokens,
+            max_num_seqs=max_num_seqs,
+            max_queue=max_queue,
+            rng=rng,
+            warmup=warmup,
+        )
+        ttft += run.ttft(warmup)
+        e2e += run.e2e(warmup)
+        rejected += run.rejected
+        queued += run.queued
+    offered = (len(arrivals) - warmup) * rounds
+    return Simulated(tuple(ttft), tuple(e2e), offered, rejected, queued)
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """Per-request latencies of one simulated schedule (``nan``: rejected)."""
+
+    ttft_s: list[float]
+    e2e_s: list[float]
+    rejected: int  # counted from ``warmup`` on
+    queued: int
+
+    def _kept(self, warmup: int) -> list[int]:
+        return [i for i in range(warmup, len(self.e2e_s)) if not math.isnan(self.e2e_s[i])]
+
+    def ttft(self, warmup: int) -> tuple[float, ...]:
+        return tuple(self.ttft_s[i] for i in self._kept(warmup))
+
+    def e2e(self, warmup: int) -> tuple[float, ...]:
+        return tuple(self.e2e_s[i] for i in self._kept(warmup))
+
+
+def _run(
+    engine: EngineModel,
+    arrivals: Sequence[float],
+    prefill: Sequence[float],
+    *,
+    output_tokens: float,
+    max_num_seqs: int,
+    max_queue: int,
+    rng: random.Random,
+    warmup: int,
+) -> _Run:
+    """The engine's steps over ``arrivals`` (each request's prefill cost in ``prefill``).
 
     Between events the batch is constant, so the loop jumps over runs of identical decode
     steps: its cost is a few iterations per request, not one per token.
     """
-    rng = random.Random(seed)
-    total = warmup + requests
+    total = len(arrivals)
     out = max(1, round(output_tokens))
-    arrivals = list(itertools.accumulate(rng.expovariate(rate) for _ in range(total)))
-    per_token = engine.prefill_per_token_s * prompt_scale
-    prefill = [per_token * rng.choice(engine.prompt_tokens) for _ in range(total)]
     prefill_jitter, decode_jitter = engine.prefill_jitter, engine.decode_jitter
     steps = [0.0] + [engine.decode_step(d) for d in range(1, max_num_seqs + 1)]
     ttft = [math.nan] * total
@@ -202,7 +309,4 @@ def simulate(
         while running and running[0][0] <= step:
             _, i = heapq.heappop(running)
             e2e[i] = clock - arrivals[i]
-    kept = [i for i in range(warmup, total) if not math.isnan(e2e[i])]  # not rejected
-    return Simulated(
-        tuple(ttft[i] for i in kept), tuple(e2e[i] for i in kept), requests, rejected, queued
-    )
+    return _Run(ttft, e2e, rejected, queued)

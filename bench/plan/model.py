@@ -8,13 +8,19 @@ is measured, not simulated: Little's law on the closed-loop level ``max_num_seqs
 
 ``max_num_seqs`` must be a measured level, so the engine never runs a batch larger than
 one that was measured; load beyond it waits FIFO (and the share that waited is reported).
+
+``predict_schedule`` is the same engine on one given schedule (a replayed load test's
+realised arrivals and prompts), simulated 200 times with fresh step-time factors: what the
+model says those very requests' p95s were, for ``--validate`` to compare with the measured
+ones without the sampling error of the arrivals.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bench.plan.engine import EngineModel, fit_engine, simulate
+from bench.plan.engine import EngineModel, fit_engine, replay, simulate
 from bench.plan.inputs import Curve
 from bench.stats import percentile
 
@@ -103,6 +109,32 @@ def predict(
         engine=engine,
         notes=tuple(notes),
     )
+
+
+def predict_schedule(
+    curve: Curve,
+    output_tokens: float,
+    arrivals: Sequence[float],
+    prompt_tokens: Sequence[int],
+    *,
+    max_num_seqs: int,
+    max_queue: int,
+    warmup: int = 0,
+) -> tuple[float, float]:
+    """Predicted (TTFT p95, E2E p95) of the requests after the first ``warmup`` of one
+    schedule: ``arrivals`` (ascending, seconds) with each request's ``prompt_tokens``."""
+    sim = replay(
+        fit_engine(curve, max_num_seqs),
+        arrivals=arrivals,
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        max_num_seqs=max_num_seqs,
+        max_queue=max_queue,
+        warmup=warmup,
+    )
+    if not sim.e2e_s:
+        raise ValueError("every request of the schedule was rejected")
+    return _p95(sim.ttft_s), _p95(sim.e2e_s)
 
 
 def _p95(values: tuple[float, ...]) -> float:

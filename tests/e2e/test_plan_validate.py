@@ -1,14 +1,15 @@
 """``llmso plan`` against the real hf backend: calibrate, predict, replay, compare.
 
 One gateway (SmolLM2, hf, continuous, ``max_num_seqs: 4``) serves three steps in this
-module: a closed-loop calibration run with ``llmso bench`` (c = 1, 2, 4; 8 output tokens),
+module: a closed-loop calibration run with ``llmso bench`` (c = 1 .. 4; 8 output tokens),
 a plan from that file plus a ``/metrics`` scrape (the measured cold start), and
 ``llmso plan --validate``'s replay at 25 % and 40 % of the calibrated capacity, whose
-measured E2E p95 is compared with the prediction: the issue's 30 % is the goal, reported
-(a miss is a warning, after one retry); what the suite asserts is the factor 2 that every
-measured run met after its retry (docs/plan.md has the runs). The prediction
-comes from the calibration made seconds earlier on the same (possibly loaded) machine, so
-both see the same speed.
+measured E2E p95 must be within the issue's 30 % of the model's prediction for the
+replayed requests (their realised arrival times and prompt lengths; docs/plan.md has the
+runs). The Poisson prediction, what a plan reports, is printed and held to a factor 2: a
+p95 of 60 Poisson arrivals has a sampling error of about -20 %/+40 % by itself. The
+prediction comes from the calibration made seconds earlier on the same machine, so both
+see the same speed.
 
 Prefix caching is off: with it, a prompt's prefill cost depends on which prompts came
 before (the model has no term for that), and the replayed prompts repeat the calibration's.
@@ -21,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,11 +44,10 @@ MODEL = "SmolLM2-135M-Instruct"
 TOKENS = 8
 BATCH = 4
 REQUESTS = 60  # per replayed rate: enough that the measured p95 is not just the maximum
-GOAL = 0.30  # the issue's bound: a miss (after one retry) is reported as a warning
-# What is asserted: predicted/measured within a factor 2. With 60 requests the measured
-# p95 alone has a 90 % interval of about -20 %/+40 % at 25 % load, and the shared 2 cores
-# move it further, so 30 % cannot be asserted without flaking (docs/plan.md).
-BOUND_LOW, BOUND_HIGH = -0.5, 1.0
+# The issue's bound on the E2E p95 predicted for the replayed arrivals and prompts.
+BOUND = 0.30
+# The Poisson prediction's: predicted/measured within a factor 2.
+POISSON_LOW, POISSON_HIGH = -0.5, 1.0
 # Above this many cores taken by other processes during a replay, a miss is not judged.
 BUSY_CORES = 0.3
 
@@ -79,15 +78,18 @@ def _short_prompts() -> tuple[Prompt, ...]:
 
 
 def _calibrate(server: RunningServer, out: Path) -> Path:
-    """Closed loop at c = 1, 2, 4 with ``llmso bench run``; returns its results.json.
+    """Closed loop at c = 1 .. 4 with ``llmso bench run``; returns its results.json.
 
     12 requests at c = 1 fit the prefill line (TTFT on prompt tokens, robust to a stall);
-    the higher levels only give median inter-token gaps, which 12 requests pin down."""
+    the higher levels only give median inter-token gaps, which 12 requests pin down. Every
+    batch size is measured: this engine's decode step at batch 3 costs more than at 4
+    (docs/plan.md), which interpolating between 2 and 4 would miss."""
     out.mkdir(parents=True, exist_ok=True)
     prompts = out / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(p.text) + "\n" for p in _short_prompts()))
     args = ["run", "--base-url", f"{server.url}/v1", "--model", MODEL, "--label", "hf"]
-    args += ["--concurrency", f"1,2,{BATCH}", "--num-requests", "12", "--warmup", "2"]
+    levels = ",".join(str(c) for c in range(1, BATCH + 1))
+    args += ["--concurrency", levels, "--num-requests", "12", "--warmup", "2"]
     args += ["--prompts", str(prompts), "--max-tokens", str(TOKENS), "--out", str(out)]
     assert bench_main(args) == 0
     return out / "results.json"
@@ -138,7 +140,7 @@ def _check(
     """Replay ``share`` of the capacity calibrated in ``calibration``; predicted vs measured,
     and the cores other processes took meanwhile.
 
-    ``seed`` picks the arrivals and prompts: a retry draws new ones."""
+    ``seed`` picks the arrivals and prompts."""
     curve = load_curves([calibration])["hf"]
     rate = round(share * capacity(curve, BATCH), 3)
     foreign = ForeignCpu([server.process.pid, os.getpid()])
@@ -157,30 +159,30 @@ def _check(
         )
     )
     foreign.stop()
-    print(
-        check,
-        f"E2E error {check.e2e_error:+.1%}, TTFT error {check.ttft_error:+.1%}, "
-        f"other processes {foreign.cores:.2f} cores",
-    )
+    print(check, f"other processes {foreign.cores:.2f} cores")
     assert check.speed_ratio is not None
     assert check.ok == check.requests, check
+    print(
+        f"on the replayed arrivals: E2E error {check.replayed_e2e_error:+.1%}, TTFT error "
+        f"{check.replayed_ttft_error:+.1%}; Poisson: E2E error {check.e2e_error:+.1%}, TTFT "
+        f"error {check.ttft_error:+.1%}"
+    )
     return check, foreign.cores
 
 
 def test_validate_predicts_the_measured_p95(
     server: RunningServer, calibration: Path, tmp_path: Path
 ) -> None:
-    """``--validate``'s replay at 25 % and 40 % of capacity: the predicted E2E p95 within
-    a factor 2 of the measured one at both, and the 30 % goal reported.
+    """``--validate``'s replay at 25 % and 40 % of capacity: the E2E p95 the model predicts
+    for the replayed requests within 30 % of the measured one at both, and the Poisson
+    prediction within a factor 2.
 
     The capacity is the closed-loop one at c = 4, where four prefills share a step; under
     Poisson arrivals they do not, so the engine is busier than the share says; at 50 % a
     10 % change of the machine's speed between calibration and replay moved the p95 by
-    more than 30 % (docs/plan.md, run 7).
-
-    Each rate is predicted from a calibration made just before it (the module's for the
-    first): a machine's speed drifts, and the prediction should see the replay's. A rate
-    that misses gets one retry after a fresh calibration, reported as a warning."""
+    more than 30 % (docs/plan.md). Each rate is predicted from a calibration made just
+    before it (the module's for the first): a machine's speed drifts, and the prediction
+    should see the replay's."""
     profile = tmp_path / "profile.yaml"
     doc = {
         "slo": {"e2e_p95_ms": 60000},
@@ -192,28 +194,15 @@ def test_validate_predicts_the_measured_p95(
     for share in (0.25, 0.4):
         fresh = calibration if share == 0.25 else _calibrate(server, tmp_path / f"cal-{share}")
         check, foreign = _check(server, fresh, model, share, seed=1)
-        assert check.e2e_error is not None
-        if abs(check.e2e_error) > GOAL:
-            warnings.warn(
-                f"plan validation at {share:.0%} of capacity missed by {check.e2e_error:+.0%} "
-                f"(replay/calibration speed ratio {check.speed_ratio:.2f}; {check}); "
-                "retrying once after a fresh calibration",
-                stacklevel=1,
-            )
-            again = _calibrate(server, tmp_path / f"recalibration-{share}")
-            check, foreign = _check(server, again, model, share, seed=2)
-            assert check.e2e_error is not None
-            if abs(check.e2e_error) > GOAL:
-                warnings.warn(
-                    f"plan validation at {share:.0%} of capacity: the retry missed the 30 % "
-                    f"goal too, by {check.e2e_error:+.0%} ({check})",
-                    stacklevel=1,
-                )
-        if not BOUND_LOW <= check.e2e_error <= BOUND_HIGH and foreign > BUSY_CORES:
+        error, poisson = check.replayed_e2e_error, check.e2e_error
+        assert error is not None and poisson is not None
+        missed = abs(error) > BOUND or not POISSON_LOW <= poisson <= POISSON_HIGH
+        if missed and foreign > BUSY_CORES:
             # The prediction is for an engine that has the machine; one that shared it
             # with other work measures that work, not the model (docs/plan.md).
             pytest.skip(
                 f"plan validation at {share:.0%}: other processes used {foreign:.2f} of the "
-                f"cores during the replay; error {check.e2e_error:+.0%} not judged ({check})"
+                f"cores during the replay; error {error:+.0%} not judged ({check})"
             )
-        assert BOUND_LOW <= check.e2e_error <= BOUND_HIGH, check
+        assert abs(error) <= BOUND, check
+        assert POISSON_LOW <= poisson <= POISSON_HIGH, check
