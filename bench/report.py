@@ -80,7 +80,7 @@ def markdown_table(records: Sequence[RunRecord]) -> str:
             f"| {r.system} | {r.load} | {'yes' if r.stream else 'no'} | {s.ok}/{s.requests} "
             f"| {s.requests_per_s:.2f} | {s.output_tokens_per_s:.1f} | {_triple(s.ttft_ms)} "
             f"| {_triple(s.itl_ms)} | {_triple(s.e2e_ms)} | {goodput} "
-            f"| {_opt(r.server_cpu_ms_per_request, '.1f')} "
+            f"| {_opt(r.server_cpu_ms_per_request, '.2f')} "
             f"| {_opt(r.client_cpu_ms_per_request, '.2f')} |"
         )
     return "\n".join(rows) + "\n"

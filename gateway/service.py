@@ -113,7 +113,7 @@ class CompletionService:
         stack = AsyncExitStack()
         try:
             lease = await stack.enter_async_context(self._registry.lease(name))
-            routed = replace(request, model=name)
+            routed = request if request.model == name else replace(request, model=name)
             if record.trace is not None:
                 routed = record.trace.enter_backend(routed, lease.config.backend)
             require_features(routed, name, lease.backend.info())

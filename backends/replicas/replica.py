@@ -57,6 +57,7 @@ class Replica:
         self._ejections = metrics.ejections.labels(*labels)
         # Children resolved once per label value: labels() costs a lock and a lookup.
         self._children: dict[tuple[str, ...], Any] = {}
+        self._up_value: int | None = None  # what _up_gauge says
 
     def score(self) -> float:
         """Load estimate for ``least_loaded``. The engine's counts include this gateway's
@@ -111,8 +112,11 @@ class Replica:
         self._kv_gauge.set(load.kv_usage)
 
     def refresh_up(self, now: float) -> None:
-        up = self.health.up and not self.ejected(now) and not self.draining
-        self._up_gauge.set(1 if up else 0)
+        # Called after every attempt: the gauge is written only when it changes.
+        up = 1 if self.health.up and not self.ejected(now) and not self.draining else 0
+        if up != self._up_value:
+            self._up_value = up
+            self._up_gauge.set(up)
 
     def snapshot(self, now: float) -> dict[str, object]:
         """What the admin API shows for this replica."""

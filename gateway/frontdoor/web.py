@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import re
-import secrets
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from config.schema import ServerConfig
 from gateway.frontdoor.errors import HostNotAllowed, RequestTimeout, UnsupportedMediaType
+from gateway.ids import fresh_hex
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -41,7 +41,7 @@ def request_id(scope: MutableMapping[str, Any]) -> str:
     for key, value in scope["headers"]:
         if key == b"x-request-id" and _REQUEST_ID.match(value):
             return bytes(value).decode()
-    return secrets.token_hex(16)
+    return fresh_hex(16)
 
 
 def is_loopback(host: str) -> bool:

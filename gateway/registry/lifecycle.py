@@ -382,7 +382,8 @@ class Lifecycle:
     def set_state(self, entry: Entry, state: ModelState) -> None:
         if entry.state is state:
             return
-        log.debug("model %s: %s -> %s", entry.name, entry.state.value, state.value)
+        if log.isEnabledFor(logging.DEBUG):  # twice per request on an idle model
+            log.debug("model %s: %s -> %s", entry.name, entry.state.value, state.value)
         entry.state = state
         if not entry.removed:
             self._metrics.set_state(entry.name, state)

@@ -22,7 +22,8 @@ class RegistryMetrics:
     labelled children are used on the event loop only."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self._states: dict[str, tuple[tuple[ModelState, Any], ...]] = {}
+        self._states: dict[str, dict[ModelState, Any]] = {}
+        self._current: dict[str, ModelState] = {}
         self._decisions: dict[str, Any] = {}
         self._inflight: dict[str, Any] = {}
         self.model_state = Gauge(
@@ -72,13 +73,22 @@ class RegistryMetrics:
     def set_state(self, model: str, state: ModelState) -> None:
         # Every request of an idle model flips it READY -> ACTIVE -> READY: the children
         # are looked up once per model, not with labels() per state per flip.
+        # After the first call only the two series that change are written.
         children = self._states.get(model)
         if children is None:
-            children = self._states[model] = tuple(
-                (each, self.model_state.labels(model, each.value)) for each in ModelState
-            )
-        for each, child in children:
-            child.set(1 if each is state else 0)
+            children = self._states[model] = {
+                each: self.model_state.labels(model, each.value) for each in ModelState
+            }
+            for each, child in children.items():
+                child.set(1 if each is state else 0)
+        else:
+            previous = self._current.get(model)
+            if previous is state:
+                return
+            if previous is not None:
+                children[previous].set(0)
+            children[state].set(1)
+        self._current[model] = state
 
     def inflight_of(self, model: str) -> Any:
         """The ``inflight`` child of ``model`` (cached)."""
@@ -97,6 +107,7 @@ class RegistryMetrics:
     def forget(self, model: str) -> None:
         """Drop a removed model's per-state series so it stops being reported."""
         self._states.pop(model, None)
+        self._current.pop(model, None)
         for each in ModelState:
             with contextlib.suppress(KeyError):
                 self.model_state.remove(model, each.value)

@@ -1,0 +1,100 @@
+"""A client leaving mid-stream, with the gateway on the protocol ``llmso serve`` uses
+(``CoalescingHttpToolsProtocol``): the protocol's disconnect hook cancels the request,
+the upstream stream is closed (the fake counts an abort), the request is counted as
+``disconnected``, and the connection's next request (keep-alive) is unaffected."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+from collections.abc import AsyncIterator
+
+import orjson
+import pytest
+import uvicorn
+
+from bench.fake_upstream import FakeOptions, FakeUpstream
+from config.schema import AppConfig
+from gateway.app import build_app
+from gateway.edge_transport import CoalescingHttpToolsProtocol
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[int, FakeUpstream]]:
+    fake = FakeUpstream(FakeOptions(chunks=400, delay_ms=10))
+    await fake.start()
+    config = AppConfig.model_validate(
+        {"models": [{"name": "m", "backend": "openai", "base_url": fake.url + "/v1"}]}
+    )
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(
+        uvicorn.Config(build_app(config), http=CoalescingHttpToolsProtocol, log_config=None)
+    )
+    task = asyncio.ensure_future(server.serve(sockets=[sock]))
+    while not server.started:  # noqa: ASYNC110 - uvicorn offers no start event
+        await asyncio.sleep(0.01)
+    try:
+        yield sock.getsockname()[1], fake
+    finally:
+        server.should_exit = True
+        await task
+        await fake.stop()
+
+
+def _post(stream: bool, max_tokens: int) -> bytes:
+    body = orjson.dumps(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": max_tokens,
+            "stream": stream,
+        }
+    )
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+async def _disconnected(port: int) -> float:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+    text = (await reader.read()).decode()
+    writer.close()
+    found = re.search(r'llmso_requests_total\{[^}]*status="disconnected"[^}]*\} (\S+)', text)
+    return float(found.group(1)) if found else 0.0
+
+
+async def test_leaving_mid_stream_aborts_the_upstream(served: tuple[int, FakeUpstream]) -> None:
+    port, fake = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(_post(stream=True, max_tokens=400))
+    await reader.readuntil(b"\r\n\r\n")
+    await reader.readuntil(b"data: {")  # the stream is running
+    assert fake.running == 1
+    writer.close()
+    for _ in range(200):
+        if fake.aborted:
+            break
+        await asyncio.sleep(0.02)
+    assert fake.aborted == 1 and fake.running == 0
+    assert await _disconnected(port) == 1.0
+
+
+async def test_finished_requests_on_one_connection_are_not_cancelled(
+    served: tuple[int, FakeUpstream],
+) -> None:
+    port, fake = served
+    fake.options = FakeOptions(chunks=4)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    for _ in range(3):  # keep-alive: each request registers and clears the hook
+        writer.write(_post(stream=True, max_tokens=4))
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.readuntil(b"data: [DONE]\n\n")
+    writer.close()
+    await asyncio.sleep(0.1)
+    assert fake.aborted == 0 and fake.completed == 3
+    assert await _disconnected(port) == 0.0
