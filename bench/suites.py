@@ -80,6 +80,9 @@ def hf_system(
             )
         },
         base_url="http://127.0.0.1:{port}/v1",
+        # Ready, not just listening: /v1/models answers while the model still loads and
+        # times its kernels, and the next system started then would disturb that timing.
+        health_url="http://127.0.0.1:{port}/ready",
         startup_timeout_s=300,
     )
 

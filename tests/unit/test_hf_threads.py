@@ -47,3 +47,12 @@ def test_small_steps_run_on_one_thread_large_on_all(monkeypatch: pytest.MonkeyPa
 
     _on_own_thread(body)
     assert calls == [1, 2, 1]  # unchanged counts skip the call
+
+
+def test_engines_switch_only_on_cpu_with_several_threads() -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    policy = StepThreads.for_engine(True, 2, cpu)
+    assert policy is not None and policy.maximum == 2 and policy.small_tokens == 8
+    assert StepThreads.for_engine(True, 1, cpu) is None  # nothing to switch between
+    assert StepThreads.for_engine(True, 2, cuda) is None  # threads do not run CUDA kernels
+    assert StepThreads.for_engine(False, 2, cpu) is None
