@@ -240,6 +240,8 @@ def models_suite(
             f"torch intra-op threads: {gateway_threads} for the gateway, {threads} for the "
             "reference",
             "llmso hf: compile_attention true (inductor decode attention, where faster)",
+            "llmso hf: adaptive_threads (the default): steps of <= 8 tokens on one thread; "
+            "each system starts once the previous one is ready (hf: /ready)",
             "goodput: requests with TTFT <= 1000 ms and mean inter-token gap <= 100 ms",
             *kv_notes(model_path, dtype, vllm_space_gib=2, prefix_tokens=None),
         ),
