@@ -25,6 +25,7 @@ import torch
 
 from backends.hf.llama_runner import LlamaRunner, PrefillChunk
 from backends.hf.loader import load
+from backends.hf.threads import StepThreads
 from config.schema import HFModelConfig
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -118,12 +119,15 @@ def main() -> None:
                 max_slots=args.rows + 1,
                 max_context=512,
                 compile_attention=args.compile_attention,
+                # as the engine: the phases' counts below are what it sets for these rows
+                step_threads=StepThreads(2),
             )
 
     runner: LlamaRunner = _on_thread(build)
     if args.attention:  # instead of what load timed fastest
         runner.decode_impl = runner.decode_impl_long = args.attention
     print(f"decode attention: {runner.decode_impl} / {runner.decode_impl_long}", flush=True)
+    print(f"timed at load (s per 3 calls): {runner.decode_timings}", flush=True)
 
     def engine() -> None:
         with torch.inference_mode():

@@ -14,6 +14,9 @@ team size, so it must run on the thread that steps the model). Not thread-safe.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 
 # Steps of up to this many packed tokens run on one thread. Measured on the 2-vCPU AMD
@@ -48,3 +51,20 @@ class StepThreads:
             torch.set_num_threads(wanted)
             self.current = wanted
         return wanted
+
+
+@contextlib.contextmanager
+def as_step(policy: StepThreads | None, tokens: int) -> Iterator[None]:
+    """The calling thread runs on the count ``policy`` gives a step of ``tokens``, then on
+    its own again: load-time kernel timing and warm-up then match how those steps run (an
+    inductor kernel bakes the thread count it was compiled with). Leaves
+    ``policy.current`` alone (it tracks the engine thread, not this one)."""
+    if policy is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(policy.for_tokens(tokens))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
