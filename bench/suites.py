@@ -80,6 +80,9 @@ def hf_system(
             )
         },
         base_url="http://127.0.0.1:{port}/v1",
+        # Ready, not just listening: /v1/models answers while the model still loads and
+        # times its kernels, and the next system started then would disturb that timing.
+        health_url="http://127.0.0.1:{port}/ready",
         startup_timeout_s=300,
     )
 
@@ -237,6 +240,8 @@ def models_suite(
             f"torch intra-op threads: {gateway_threads} for the gateway, {threads} for the "
             "reference",
             "llmso hf: compile_attention true (inductor decode attention, where faster)",
+            "llmso hf: adaptive_threads (the default): steps of <= 8 tokens on one thread; "
+            "each system starts once the previous one is ready (hf: /ready)",
             "goodput: requests with TTFT <= 1000 ms and mean inter-token gap <= 100 ms",
             *kv_notes(model_path, dtype, vllm_space_gib=2, prefix_tokens=None),
         ),

@@ -120,9 +120,9 @@ class HFModelConfig(ModelBase):
     )
     threads: int | None = Field(None, gt=0, description="torch intra-op threads.")
     adaptive_threads: bool = Field(
-        False,
+        True,
         description="continuous, on CPU: run small steps (<= 8 tokens) on one thread and "
-        "larger ones on all `threads`; pays off with OMP_WAIT_POLICY=PASSIVE (docs/hf.md).",
+        "larger ones on all `threads` (docs/hf.md, Threads).",
     )
     prefix_caching: bool = Field(
         True, description="continuous: reuse the KV of shared block-aligned prompt prefixes."

@@ -311,8 +311,4 @@ def _dispatch(out: StepOutputs) -> None:
 
 
 def _step_threads(config: HFModelConfig, device: torch.device) -> StepThreads | None:
-    """Per-step thread counts only matter on CPU, and only with more than one thread."""
-    threads = threads_for(config)
-    if not config.adaptive_threads or device.type != "cpu" or threads < 2:
-        return None
-    return StepThreads(threads)
+    return StepThreads.for_engine(config.adaptive_threads, threads_for(config), device)

@@ -31,7 +31,7 @@ from backends.hf.decode_attention import (
     decode_sdpa,
 )
 from backends.hf.kv_cache import SlotKVCache
-from backends.hf.threads import StepThreads
+from backends.hf.threads import StepThreads, as_step
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama"})
 _PACK_BATCH_HINT = 16  # oneDNN picks its blocking for about this many rows
@@ -357,7 +357,10 @@ class LlamaRunner:
         gen = torch.Generator(device=self.device).manual_seed(0)  # leave the global RNG be
         if "compiled" in self._kernels:
             self._warm_compiled(*self._probe(8, 256, gen))
-        short = self._fastest(*self._probe(8, 256, gen))
+        with as_step(self.step_threads, 8):  # short steps of <= 8 rows may run on 1 thread
+            if "compiled" in self._kernels:
+                self._warm_compiled(*self._probe(8, 256, gen))
+            short = self._fastest(*self._probe(8, 256, gen))
         return short, self._fastest(*self._probe(16, 512, gen))
 
     def _probe(

@@ -5,14 +5,17 @@ the gateway's event loop. A small step (a few decode rows) gains little from a s
 thread but keeps it busy at every barrier, taking the core the loop needs to stream
 tokens; a large step is matmul-bound and gains from every core. So a step of at most
 ``small_tokens`` packed tokens runs on one thread, a larger one on ``maximum``
-(measurements: docs/hf_profile.md, "Threads and the OpenMP wait policy"; it
-pays off only with OMP_WAIT_POLICY=PASSIVE, hence opt-in).
+(measurements: docs/hf_profile.md, "Threads and the OpenMP wait policy" and
+"Thread switching"; config field ``adaptive_threads``).
 
 Owner: the engine thread (``torch.set_num_threads`` sets the calling thread's OpenMP
 team size, so it must run on the thread that steps the model). Not thread-safe.
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import torch
 
@@ -31,6 +34,14 @@ class StepThreads:
         self.small_tokens = small_tokens
         self.current = 0  # unknown until the first step sets it
 
+    @classmethod
+    def for_engine(cls, adaptive: bool, threads: int, device: torch.device) -> StepThreads | None:
+        """The policy of an engine stepping on ``device`` with ``threads`` threads, or None
+        (every step on ``threads``): switching only matters on CPU with more than one."""
+        if not adaptive or device.type != "cpu" or threads < 2:
+            return None
+        return cls(threads)
+
     def for_tokens(self, tokens: int) -> int:
         return 1 if tokens <= self.small_tokens else self.maximum
 
@@ -40,3 +51,20 @@ class StepThreads:
             torch.set_num_threads(wanted)
             self.current = wanted
         return wanted
+
+
+@contextlib.contextmanager
+def as_step(policy: StepThreads | None, tokens: int) -> Iterator[None]:
+    """The calling thread runs on the count ``policy`` gives a step of ``tokens``, then on
+    its own again: load-time kernel timing and warm-up then match how those steps run (an
+    inductor kernel bakes the thread count it was compiled with). Leaves
+    ``policy.current`` alone (it tracks the engine thread, not this one)."""
+    if policy is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(policy.for_tokens(tokens))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -4,11 +4,14 @@ bitwise, which is why it is opt-in), and a run of real steps never recompiles it
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch._dynamo.utils
 
 from backends.hf.llama_runner import LlamaRunner, PrefillChunk
 from backends.hf.loader import load
+from backends.hf.threads import StepThreads
 from tests.hf.helpers import config
 
 
@@ -54,3 +57,29 @@ def test_compiled_decode_attention_matches_the_matmuls_without_recompiling() -> 
             same = (got.argmax(-1) == expected.argmax(-1)).float().mean().item()
             assert same >= 0.9
         assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+
+
+def test_one_thread_steps_of_adaptive_threads_do_not_recompile_while_serving() -> None:
+    # Inductor's C++ kernels bake the thread count: the runner warms the compiled kernel
+    # at load on the count short steps run with (one), not in the first small request.
+    results: dict[str, int] = {}
+
+    def run() -> None:  # own thread: the counts it sets cannot leak into other tests
+        torch.set_num_threads(2)
+        loaded = load(config(dtype="bfloat16", threads=2))
+        with torch.inference_mode():
+            runner = LlamaRunner(
+                loaded.model,
+                max_slots=4,
+                max_context=512,
+                compile_attention=True,
+                step_threads=StepThreads(2),
+            )
+            results["load"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+            _logits(runner, "compiled", [list(range(300 + s, 340 + s)) for s in range(3)], 3)
+            results["served"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join()
+    assert results["served"] == results["load"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 
 from backends.hf.llama_runner import LlamaRunner, PrefillChunk
@@ -30,8 +31,9 @@ def _greedy(runner: LlamaRunner, steps: int) -> tuple[list[list[int]], list[int]
     return tokens, counts
 
 
-def test_adaptive_threads_keep_greedy_outputs() -> None:
-    loaded = load(config())
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])  # bf16: what the bench serves
+def test_adaptive_threads_keep_greedy_outputs(dtype: str) -> None:
+    loaded = load(config(dtype=dtype))
     results: dict[str, tuple[list[list[int]], list[int]]] = {}
 
     def run() -> None:  # own thread: the count it sets cannot leak into other tests

@@ -135,3 +135,11 @@ def test_overhead_suite_has_a_traced_gateway() -> None:
     assert not configs["gateway"].tracing.enabled
     traced = configs["gateway-traced"].tracing
     assert traced.otlp_endpoint == "http://127.0.0.1:18001" and traced.sample_ratio == 1.0
+
+
+def test_hf_systems_count_as_started_only_when_ready() -> None:
+    # /v1/models answers while the model loads and times its kernels at load; starting the
+    # next system then skewed that timing (docs/hf_profile.md, "Thread switching").
+    spec = models_suite(ROOT, "/models/smol", quick=False)
+    hf = [s for s in spec.systems if s.label.startswith("llmso-hf-")]
+    assert hf and all(s.health_url == "http://127.0.0.1:{port}/ready" for s in hf)
