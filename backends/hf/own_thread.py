@@ -48,5 +48,7 @@ async def run_in_own_thread(fn: Callable[[], T], name: str) -> T:
     try:
         return await done
     finally:
-        # the pool goes with the thread: wait for it (a thread without torch work joins)
-        await asyncio.to_thread(thread.join)
+        # The pool goes with the thread: wait for it to exit, unless the caller was
+        # cancelled (then the call runs on unawaited, as with ``asyncio.to_thread``).
+        if not done.cancelled():
+            await asyncio.to_thread(thread.join)

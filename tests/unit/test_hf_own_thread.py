@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import pytest
@@ -28,3 +29,13 @@ async def test_raises_what_the_call_raised() -> None:
 
     with pytest.raises(ValueError, match="boom"):
         await run_in_own_thread(fail, "own-fail")
+
+
+async def test_cancelling_the_caller_does_not_wait_for_the_call() -> None:
+    release = threading.Event()
+    task = asyncio.create_task(run_in_own_thread(release.wait, "own-slow"))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, timeout=5.0)
+    release.set()
