@@ -179,8 +179,8 @@ def models_suite(
     """hf x3 modes, vLLM-CPU and the transformers reference on one model folder."""
     levels = concurrency or ((1, 2) if quick else (1, 4, 16, 64))
     max_seqs = 64  # the gateway's continuous batcher and vLLM get the same batch cap
-    # torch intra-op threads, pinned alike for the gateway and the reference (vLLM binds
-    # its OpenMP threads to every usable core by itself).
+    # torch intra-op threads, pinned alike for the gateway and the reference (vLLM picks
+    # its own: on 2 CPUs it computes on one and leaves the other to its API server).
     threads = len(os.sched_getaffinity(0))
     gateway_threads = hf_threads or threads  # --hf-threads: the gateway alone
     python = str(root / ".venv/bin/python")
@@ -240,7 +240,9 @@ def models_suite(
             f"torch intra-op threads: {gateway_threads} for the gateway, {threads} for the "
             "reference",
             "llmso hf: compile_attention true (inductor decode attention, where faster)",
-            "llmso hf: adaptive_threads (the default): steps of <= 8 tokens on one thread; "
+            "llmso hf: every step on all its threads (adaptive_threads off, the default)",
+            "vLLM-CPU: its own default on 2 CPUs, one OpenMP thread on CPU 0, CPU 1 left "
+            "to its API server (VLLM_CPU_OMP_THREADS_BIND=auto, its log)",
             "each system starts once the previous one is ready (hf: /ready)",
             "goodput: requests with TTFT <= 1000 ms and mean inter-token gap <= 100 ms",
             *kv_notes(model_path, dtype, vllm_space_gib=2, prefix_tokens=None),

@@ -120,9 +120,10 @@ class HFModelConfig(ModelBase):
     )
     threads: int | None = Field(None, gt=0, description="torch intra-op threads.")
     adaptive_threads: bool = Field(
-        True,
+        False,
         description="continuous, on CPU: run small steps (<= 8 tokens) on one thread and "
-        "larger ones on all `threads` (docs/hf.md, Threads).",
+        "larger ones on all `threads`; off by default since the load runs on its own "
+        "thread (docs/hf.md, Threads).",
     )
     prefix_caching: bool = Field(
         True, description="continuous: reuse the KV of shared block-aligned prompt prefixes."

@@ -42,6 +42,7 @@ from backends.hf.engine import Engine, EngineLimits, StepPolicy, Submission
 from backends.hf.grammar import GrammarBook, grammar_spec
 from backends.hf.loader import LoadedModel, load, threads_for
 from backends.hf.outputs import Item, StepOutputs
+from backends.hf.own_thread import run_in_own_thread
 from backends.hf.prefix_cache import PrefixCache
 from backends.hf.scheduler import ContinuousScheduler
 from backends.hf.static import StaticScheduler
@@ -103,7 +104,7 @@ class HFBackend:
         if self._engine is not None:
             return
         self._loop = asyncio.get_running_loop()
-        loaded, policy_factory = await asyncio.to_thread(self._load)
+        loaded, policy_factory = await run_in_own_thread(self._load, f"load-{self._config.name}")
         self._loaded = loaded
         self._grammars = await asyncio.to_thread(
             GrammarBook,

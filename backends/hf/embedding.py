@@ -42,6 +42,7 @@ from backends.base import (
 from backends.embeddings import EmbeddingRequest, EmbeddingResult
 from backends.hf.loader import ModelLoadError, pick_device, threads_for
 from backends.hf.model_source import ModelSourceError, resolve_source
+from backends.hf.own_thread import run_in_own_thread
 from backends.hf.pooling import (
     PoolingConfigError,
     PoolingSpec,
@@ -238,7 +239,11 @@ class HFEmbeddingBackend:
     async def start(self) -> None:
         if self._engine is not None:
             return
-        loaded = await asyncio.to_thread(load_pooling_model, self._config)
+        # Not asyncio.to_thread: an executor thread would keep an idle OpenMP pool that
+        # throttles every engine's steps in this process (backends/hf/own_thread.py).
+        loaded = await run_in_own_thread(
+            lambda: load_pooling_model(self._config), f"load-{self._config.name}"
+        )
         self._loaded = loaded
         self._engine = PoolingEngine(
             loaded,

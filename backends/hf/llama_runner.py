@@ -31,6 +31,7 @@ from backends.hf.decode_attention import (
     decode_sdpa,
 )
 from backends.hf.kv_cache import SlotKVCache
+from backends.hf.norms import RMSNorm
 from backends.hf.threads import StepThreads, as_step
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama"})
@@ -115,15 +116,15 @@ class LlamaRunner:
         param = next(model.parameters())
         self.device = param.device
         self.dtype = param.dtype
-        # Half-precision models keep norms and softmax in fp32 (bf16 alone measurably
-        # degrades answers of this small model).
+        # Half precision keeps norms (backends/hf/norms.py) and softmax in fp32 (bf16
+        # alone measurably degrades answers of this small model).
         self.upcast = self.dtype != torch.float32
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(config.num_key_value_heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
         self.group = self.heads // self.kv_heads
         self.hidden = int(config.hidden_size)
-        self.eps = float(config.rms_norm_eps)
+        self._norm = RMSNorm(self.hidden, float(config.rms_norm_eps), self.dtype, self.device)
         self.scale = self.head_dim**-0.5
         self.vocab_size = int(config.vocab_size)
         self.embed = inner.embed_tokens.weight.detach()
@@ -158,9 +159,7 @@ class LlamaRunner:
     def _take_layer(self, layer: Any) -> _Layer:
         attn = layer.self_attn
         mlp = layer.mlp
-        w_qkv = torch.cat(
-            (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight), dim=0
-        ).detach()
+        w_qkv = torch.cat((attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)).detach()
         b_qkv = None
         if attn.q_proj.bias is not None:
             b_qkv = torch.cat((attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias)).detach()
@@ -401,8 +400,3 @@ class LlamaRunner:
             bias = self._decode_bias(positions, length, "compiled")
             kd, vd = k[:d, :, :length], v[:d, :, :length]
             self._kernels["compiled"](q[:d].contiguous(), kd, vd, bias, self.scale)
-
-    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        if self.upcast:  # as transformers does: normalise in fp32, scale in the model dtype
-            return F.rms_norm(x.float(), (self.hidden,), None, self.eps).to(self.dtype) * weight
-        return F.rms_norm(x, (self.hidden,), weight, self.eps)

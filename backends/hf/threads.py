@@ -6,7 +6,8 @@ thread but keeps it busy at every barrier, taking the core the loop needs to str
 tokens; a large step is matmul-bound and gains from every core. So a step of at most
 ``small_tokens`` packed tokens runs on one thread, a larger one on ``maximum``
 (measurements: docs/hf_profile.md, "Threads and the OpenMP wait policy" and
-"Thread switching"; config field ``adaptive_threads``).
+"Thread switching"; config field ``adaptive_threads``, opt-in: since the model loads on
+a thread that exits, two threads win at small steps too, docs/hf.md "Threads").
 
 Owner: the engine thread (``torch.set_num_threads`` sets the calling thread's OpenMP
 team size, so it must run on the thread that steps the model). Not thread-safe.

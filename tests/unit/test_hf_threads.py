@@ -50,11 +50,12 @@ def test_small_steps_run_on_one_thread_large_on_all(monkeypatch: pytest.MonkeyPa
     assert calls == [1, 2, 1]  # unchanged counts skip the call
 
 
-def test_engines_switch_by_default_only_on_cpu_with_several_threads() -> None:
+def test_engines_switch_only_when_asked_on_cpu_with_several_threads() -> None:
     default = HFModelConfig(name="m", backend="hf", source="/m")
-    assert default.adaptive_threads  # the default since the quiet runs in docs/hf_profile.md
+    assert not default.adaptive_threads  # opt-in: docs/hf.md, "Threads"
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    policy = StepThreads.for_engine(default.adaptive_threads, 2, cpu)
+    assert StepThreads.for_engine(default.adaptive_threads, 2, cpu) is None
+    policy = StepThreads.for_engine(True, 2, cpu)
     assert policy is not None and policy.maximum == 2 and policy.small_tokens == 8
     assert StepThreads.for_engine(True, 1, cpu) is None  # nothing to switch between
     assert StepThreads.for_engine(True, 2, cuda) is None  # threads do not run CUDA kernels
