@@ -354,10 +354,11 @@ class LlamaRunner:
         if self.device.type != "cpu":
             return "sdpa", "sdpa"
         gen = torch.Generator(device=self.device).manual_seed(0)  # leave the global RNG be
-        if "compiled" in self._kernels:
+        compiled = "compiled" in self._kernels
+        if compiled:  # on the engine's own thread count, which long steps run on
             self._warm_compiled(*self._probe(8, 256, gen))
         with as_step(self.step_threads, 8):  # short steps of <= 8 rows may run on 1 thread
-            if "compiled" in self._kernels:
+            if compiled and self.step_threads is not None:  # the kernel bakes the count
                 self._warm_compiled(*self._probe(8, 256, gen))
             short = self._fastest(*self._probe(8, 256, gen))
         return short, self._fastest(*self._probe(16, 512, gen))
