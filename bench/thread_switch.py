@@ -87,10 +87,21 @@ class Phases:
 
 
 def _on_thread(fn: Callable[[], Any]) -> Any:
+    """``fn()`` on a fresh thread that has exited on return; its exception is re-raised."""
     box: list[Any] = []
-    worker = threading.Thread(target=lambda: box.append(fn()))
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            box.append(fn())
+        except BaseException as error:  # re-raised on the caller's thread
+            errors.append(error)
+
+    worker = threading.Thread(target=target)
     worker.start()
     worker.join()
+    if errors:
+        raise errors[0]
     return box[0]
 
 
@@ -106,6 +117,8 @@ def main() -> None:
     parser.add_argument("--attention", choices=("sdpa", "matmul", "compiled"), default=None)
     parser.add_argument("--flips", type=int, default=0, help="1/2-thread alternations per round")
     args = parser.parse_args()
+    if args.small > args.rows:
+        parser.error("--small must not exceed --rows (only --rows slots are prefilled)")
     config = HFModelConfig(
         name="m", backend="hf", source=args.model_path, dtype="bfloat16", device="cpu", threads=2
     )
