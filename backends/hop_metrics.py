@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from backends.metric_types import Histogram
 from backends.replicas.metrics import ReplicaMetrics
 
 # Token-level latencies on CPU run from ~5 ms to seconds; requests up to minutes.

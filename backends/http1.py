@@ -67,15 +67,21 @@ class _Connection(asyncio.Protocol):
     idle, by one ``Response`` while in use."""
 
     def __init__(self) -> None:
+        # Made by ``loop.create_connection``, on the loop it lives on; kept because each
+        # ``asyncio.get_running_loop()`` costs a ``getpid`` syscall on Python 3.11.
+        self._loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since = 0.0
         self.origin: tuple[str, int, bool] = ("", 0, False)
         self._waiter: asyncio.Future[None] | None = None
+        # One parser for the connection's life: llhttp takes the next answer on a
+        # keep-alive connection as it is, and a connection whose answer failed to parse
+        # (or was not read to the end) is never reused.
+        self.parser = httptools.HttpResponseParser(self)
         self._reset()
 
     def _reset(self) -> None:
-        self.parser = httptools.HttpResponseParser(self)
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.header_bytes = 0
@@ -147,7 +153,7 @@ class _Connection(asyncio.Protocol):
         """Until the next bytes (or the end) arrive; ``ReadTimeout`` after ``seconds``."""
         if seconds <= 0:
             raise ReadTimeout("the upstream exchange passed its total timeout")
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         waiter = self._waiter = loop.create_future()
         handle = loop.call_later(seconds, _expire, waiter, seconds)
         try:

@@ -98,6 +98,11 @@ def _serve(config: AppConfig, settings: Settings, host: str | None, port: int | 
         http=CoalescingHttpToolsProtocol,  # httptools, headers sent with the first body bytes
         log_config=None,
         access_log=False,
+        # Nothing in llmso reads the client address or scheme from the scope, so
+        # uvicorn's X-Forwarded-* rewriting would be one more layer per request for
+        # nothing; and no `server: uvicorn` header on every answer.
+        proxy_headers=False,
+        server_header=False,
         timeout_graceful_shutdown=math.ceil(config.server.drain_timeout),
     )
     _tune_gc()

@@ -112,7 +112,7 @@ async def open_plan(
     head = parts[0]
     sampling = replace(head.request.sampling, n=len(parts) * plan.best_of)
     return replace(head, request=replace(head.request, sampling=sampling), first=first,
-                   events=merged, stack=stack)  # fmt: skip
+                   events=merged, closer=stack.aclose)  # fmt: skip
 
 
 async def _merged(

@@ -9,9 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from backends.hop_metrics import LATENCY_BUCKETS
+from backends.metric_types import Histogram
 
 if TYPE_CHECKING:
     from gateway.request_record import RequestRecord

@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING
 import orjson
 
 from backends.base import BackendEvent, Finished, Started, TextDelta, ToolCallDelta, Usage
+from gateway.logs import REQUEST_LOGGER
 from gateway.request_metrics import GatewayMetrics, ModelSeries
 
 if TYPE_CHECKING:
     from gateway.tracing import RequestTrace
 
-request_log = logging.getLogger("llmso.requests")
+request_log = logging.getLogger(REQUEST_LOGGER)
 
 UNROUTED = "unrouted"
 """The ``model`` label of a request refused before it was routed to a model."""

@@ -10,45 +10,18 @@ hands out what it has so far, then lets the event loop resume that same step. No
 is ever held back while the producer waits, so latency is unchanged; only syscalls (and
 the server's per-``send`` work) go away.
 
-The step left suspended across the hand-out is driven by ``_Resume``, which forwards
-everything the event loop sends or throws (cancellation included) to it, so timeouts,
-disconnects and ``aclose()`` behave exactly as with a plain ``async for``.
+The step left suspended across the hand-out is driven by ``gateway.stepping.Resume``,
+which forwards everything the event loop sends or throws (cancellation included) to it,
+so timeouts, disconnects and ``aclose()`` behave exactly as with a plain ``async for``.
 ``ready_batches`` is owned by the one task serving its stream.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, Generator
-from typing import Any
+from collections.abc import AsyncGenerator
 
-
-class _Resume:
-    """Awaitable that continues an ``__anext__`` step which already yielded ``pending``."""
-
-    __slots__ = ("_pending", "_step", "_throw")
-
-    def __init__(self, step: Any, pending: Any, throw: BaseException | None = None) -> None:
-        self._step = step
-        self._pending = pending
-        self._throw = throw
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        step = self._step
-        value = self._pending
-        error = self._throw
-        try:
-            if error is not None:
-                value = step.throw(error)
-            while True:
-                try:
-                    sent = yield value
-                except BaseException as exc:  # the loop's cancellation, forwarded as is
-                    value = step.throw(exc)
-                else:
-                    value = step.send(sent)
-        except StopIteration as done:
-            return done.value
+from gateway.stepping import Resume
 
 
 async def ready_batches(
@@ -82,10 +55,10 @@ async def ready_batches(
                         yield ready, False
                     except BaseException as exc:  # closed (client gone) while it waits
                         with contextlib.suppress(StopAsyncIteration):
-                            await _Resume(step, None, throw=exc)
+                            await Resume(step, None, throw=exc)
                         raise
                 try:
-                    frame = await _Resume(step, pending)
+                    frame = await Resume(step, pending)
                 except StopAsyncIteration:
                     break
             if ended:

@@ -51,10 +51,19 @@ class KeyMetrics:
 
     def observe(self, key: str, status: str, prompt: int, completion: int) -> None:
         self._child(self.requests, key, status).inc()
-        self.request_tally.setdefault(key, Tally())[status] += 1
+        _tally(self.request_tally, key)[status] += 1
         if prompt or completion:
             self._child(self.tokens, key, "prompt").inc(prompt)
             self._child(self.tokens, key, "completion").inc(completion)
-            tokens = self.token_tally.setdefault(key, Tally())
+            tokens = _tally(self.token_tally, key)
             tokens["prompt"] += prompt
             tokens["completion"] += completion
+
+
+def _tally(tallies: dict[str, Tally[str]], key: str) -> Tally[str]:
+    """``tallies[key]``, created on first use (not a new ``Counter`` per call, as
+    ``setdefault`` would build)."""
+    found = tallies.get(key)
+    if found is None:
+        found = tallies[key] = Tally()
+    return found

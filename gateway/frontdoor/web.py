@@ -22,6 +22,7 @@ from typing import Any
 from config.schema import ServerConfig
 from gateway.frontdoor.errors import HostNotAllowed, RequestTimeout, UnsupportedMediaType
 from gateway.ids import fresh_hex
+from gateway.stepping import first_step
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -154,13 +155,17 @@ class BodyDeadline:
     async def __call__(self) -> Message:
         if self._done:
             return await self._receive()
-        remaining = self._deadline - time.monotonic()
-        try:
-            async with asyncio.timeout(max(0.0, remaining)):
-                message = await self._receive()
-        except TimeoutError:
-            self._done = True
-            raise RequestTimeout("request body did not arrive in time") from None
+        # A small body comes with the headers: no timer when it is already in.
+        message: Message
+        message, rest = first_step(self._receive())
+        if rest is not None:
+            remaining = self._deadline - time.monotonic()
+            try:
+                async with asyncio.timeout(max(0.0, remaining)):
+                    message = await rest
+            except TimeoutError:
+                self._done = True
+                raise RequestTimeout("request body did not arrive in time") from None
         if message["type"] != "http.request" or not message.get("more_body", False):
             self._done = True
         return message

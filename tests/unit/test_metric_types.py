@@ -1,0 +1,41 @@
+"""``backends.metric_types.Histogram`` exposes exactly what prometheus_client's does."""
+
+from __future__ import annotations
+
+import math
+
+import prometheus_client
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from backends.metric_types import Histogram
+
+BOUNDS = (0.001, 0.01, 0.1, 1.0, 10.0)
+VALUES = (0, 1e-4, 0.001, 0.0010001, 0.01, 0.5, 1, 1.0, 9.99, 10, 10.01, 1e12, math.inf, -3, 7)
+
+
+def _exposition(cls: type[prometheus_client.Histogram], values: tuple[float, ...]) -> list[str]:
+    registry = CollectorRegistry()
+    family = cls("h", "doc", ("model",), buckets=BOUNDS, registry=registry)
+    for value in values:
+        family.labels("m").observe(value)
+    text = generate_latest(registry).decode()
+    return [line for line in text.splitlines() if "_created" not in line]
+
+
+@pytest.mark.parametrize("values", [VALUES, (), (math.nan, 1.0), tuple(BOUNDS)])
+def test_same_buckets_sum_and_count_as_the_library(values: tuple[float, ...]) -> None:
+    assert _exposition(Histogram, values) == _exposition(prometheus_client.Histogram, values)
+
+
+def test_a_value_on_a_bound_counts_in_that_bucket() -> None:
+    registry = CollectorRegistry()
+    Histogram("h", "doc", buckets=BOUNDS, registry=registry).observe(0.01)
+    assert registry.get_sample_value("h_bucket", {"le": "0.001"}) == 0
+    assert registry.get_sample_value("h_bucket", {"le": "0.01"}) == 1
+
+
+def test_the_labelled_parent_still_refuses_observations() -> None:
+    family = Histogram("h", "doc", ("model",), registry=CollectorRegistry())
+    with pytest.raises(ValueError, match="missing label values"):
+        family.observe(1.0)
