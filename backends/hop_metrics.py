@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
-from backends.metric_types import Histogram
+from backends.metric_types import Counter, Gauge, Histogram
 from backends.replicas.metrics import ReplicaMetrics
 
 # Token-level latencies on CPU run from ~5 ms to seconds; requests up to minutes.

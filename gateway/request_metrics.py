@@ -9,10 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from backends.hop_metrics import LATENCY_BUCKETS
-from backends.metric_types import Histogram
+from backends.metric_types import Counter, Gauge, Histogram
 
 if TYPE_CHECKING:
     from gateway.request_record import RequestRecord

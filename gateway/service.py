@@ -219,7 +219,11 @@ class CompletionService:
                 if chat:
                     for index in range(generation.request.sampling.n):
                         yield writer.role(index)
-                async for event in generation.all_events():
+                # The first event, then the backend's own iterator: not through
+                # `all_events`, one async-generator hop less for every event.
+                events = generation.events
+                event: BackendEvent | None = generation.first
+                while event is not None:
                     if event is not generation.first:
                         record.observe(event)
                     if isinstance(event, TextDelta):
@@ -232,6 +236,7 @@ class CompletionService:
                         yield writer.finish(event.index, event.reason)
                     elif isinstance(event, Usage) and include_usage:
                         yield writer.usage(event)
+                    event = await anext(events, None)
             except BackendError as exc:
                 record.fail("error", exc.error_type)
                 log.warning("request %s failed mid-stream: %s", record.request_id, exc.message)

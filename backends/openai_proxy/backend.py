@@ -25,7 +25,6 @@ it, and that engine aborts.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -184,7 +183,8 @@ class OpenAIProxyBackend:
     async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
         queued_at = time.time()
         session = self._admit()
-        async with self._slot():
+        await self._take_slot()
+        try:
             if self._stopping:  # stopped while this request waited for a slot
                 raise BackendCrashed("backend stopped")
             path, body = build_body(request, self._upstream_model, self._profile)
@@ -202,6 +202,8 @@ class OpenAIProxyBackend:
                 self._streams.discard(stream)
                 stream.close()
                 replica.release()
+        finally:
+            self._free_slot()
 
     async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
         """Relay to the upstream's /v1/embeddings: same breaker, slots and retries as
@@ -210,9 +212,13 @@ class OpenAIProxyBackend:
         session = self._admit()
         body = embeddings_body(request, self._upstream_model)
         try:
-            async with asyncio.timeout(request.timeout), self._slot():
-                started_at = time.time()
-                vectors, tokens = await self._post_embeddings(session, body, request.size)
+            async with asyncio.timeout(request.timeout):
+                await self._take_slot()
+                try:
+                    started_at = time.time()
+                    vectors, tokens = await self._post_embeddings(session, body, request.size)
+                finally:
+                    self._free_slot()
         except TimeoutError:
             raise UpstreamTimeout(f"upstream embeddings took over {request.timeout:g}s") from None
         waited = time.time() - started_at
@@ -333,33 +339,33 @@ class OpenAIProxyBackend:
             prompt, completion = estimate_prompt_tokens(request), translator.counted_tokens
         return Usage(prompt, completion, upstream_seconds=stream.waited)
 
-    @contextlib.asynccontextmanager
-    async def _slot(self) -> AsyncIterator[None]:
-        """Hold one of ``max_concurrency`` slots; wait at most ``queue_timeout``."""
+    async def _take_slot(self) -> None:
+        """Hold one of ``max_concurrency`` slots (``_free_slot`` gives it back); wait at
+        most ``queue_timeout``. Two methods, not an ``@asynccontextmanager``: one is taken
+        per request, and a generator-based context costs several times more."""
         slots = self._slots
         if slots is None:
-            yield
             return
-        if slots.locked():
-            if self._waiting >= self._config.max_queue:
-                raise Overloaded(f"model {self._config.name!r}: too many waiting requests")
-            self._waiting += 1
-            try:
-                async with asyncio.timeout(self._config.queue_timeout):
-                    await slots.acquire()
-            except TimeoutError:
-                raise Overloaded(
-                    f"model {self._config.name!r}: no free upstream slot within "
-                    f"{self._config.queue_timeout:g}s"
-                ) from None
-            finally:
-                self._waiting -= 1
-        else:
+        if not slots.locked():
             await slots.acquire()
+            return
+        if self._waiting >= self._config.max_queue:
+            raise Overloaded(f"model {self._config.name!r}: too many waiting requests")
+        self._waiting += 1
         try:
-            yield
+            async with asyncio.timeout(self._config.queue_timeout):
+                await slots.acquire()
+        except TimeoutError:
+            raise Overloaded(
+                f"model {self._config.name!r}: no free upstream slot within "
+                f"{self._config.queue_timeout:g}s"
+            ) from None
         finally:
-            slots.release()
+            self._waiting -= 1
+
+    def _free_slot(self) -> None:
+        if self._slots is not None:
+            self._slots.release()
 
     # ------------------------------------------------------------------ health
 

@@ -7,7 +7,9 @@ so its values are bounded by the config; ``reason`` and ``outcome`` are fixed se
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
+
+from backends.metric_types import Counter, Gauge
 
 
 class ReplicaMetrics:

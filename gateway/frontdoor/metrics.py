@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections import Counter as Tally
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
+
+from backends.metric_types import Counter, Gauge
 
 
 class KeyMetrics:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
-from backends.metric_types import Histogram
+from backends.metric_types import Counter, Gauge, Histogram
 from gateway.registry.values import ModelState
 
 # Loads range from a proxy health check (milliseconds) to large weights (minutes).
