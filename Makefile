@@ -4,7 +4,17 @@
 # in its own .venv-* folder, reused when present.
 
 SHELL := /bin/bash
-PYTHON ?= python3
+# The interpreter every virtualenv here is built on: the first Python 3.11 with venv
+# support of the distribution's /usr/bin/python3.11, python3.11 and python3. A
+# distribution's build (PGO + LTO, libpython linked in) runs the gateway's Python ~10 %
+# faster than a default source or pyenv build (shared libpython, no PGO), and pure
+# Python ~35 % (docs/hop_profile.md); PYTHON=... overrides. Venvs built before keep
+# theirs until `make clean`.
+ifeq ($(origin PYTHON),undefined)
+PYTHON := $(shell for p in /usr/bin/python3.11 python3.11 python3; do \
+  $$p -c 'import sys, ensurepip; assert sys.version_info[:2] == (3, 11)' >/dev/null 2>&1 \
+  && { command -v $$p; break; }; done)
+endif
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
