@@ -114,8 +114,8 @@ class ChunkTranslator:
         ``num_tokens`` cover exactly the tokens behind its text; each run is built once."""
         self._run = []
         try:
-            for payload in payloads:
-                self.translate(payload, out)
+            for chunk in self._decode(payloads):
+                self._chunk(chunk, out)
             self._end_run(out)
         finally:
             self._run = None
@@ -124,13 +124,31 @@ class ChunkTranslator:
         """Append the events carried by one ``data:`` payload to ``out``."""
         if payload == DONE:
             self.done = True
-            return
-        if not payload:
-            return
-        try:
-            chunk = orjson.loads(payload)
-        except orjson.JSONDecodeError as exc:
-            raise UpstreamBadResponse(f"upstream sent invalid JSON in its stream: {exc}") from exc
+        elif payload:
+            self._chunk(_loads(payload), out)
+
+    def _decode(self, payloads: list[bytes]) -> list[Any]:
+        """The JSON values of one read's payloads, in order (``[DONE]`` noted, empty ones
+        skipped). Parsed as one array when there are several: one parser call instead of
+        one per chunk. If that fails, or yields another count (a payload holding more or
+        less than one value), each is parsed alone, which names the bad one."""
+        values: list[bytes] = []
+        for payload in payloads:
+            if payload == DONE:
+                self.done = True
+            elif payload:
+                values.append(payload)
+        if len(values) > 1:
+            try:
+                parsed = orjson.loads(b"[" + b",".join(values) + b"]")
+            except orjson.JSONDecodeError:
+                pass
+            else:
+                if len(parsed) == len(values):
+                    return parsed  # type: ignore[no-any-return]
+        return [_loads(value) for value in values]
+
+    def _chunk(self, chunk: Any, out: list[BackendEvent]) -> None:
         if type(chunk) is not dict:
             raise UpstreamBadResponse("upstream sent a stream event that is not an object")
         if chunk.get("error"):
@@ -226,6 +244,13 @@ class ChunkTranslator:
         if self._chat:
             return tuple(_chat_logprob(item) for item in raw.get("content") or ())
         return _completion_logprobs(raw)
+
+
+def _loads(payload: bytes) -> Any:
+    try:
+        return orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
+        raise UpstreamBadResponse(f"upstream sent invalid JSON in its stream: {exc}") from exc
 
 
 def _chat_logprob(item: dict[str, Any]) -> TokenLogprob:

@@ -23,7 +23,7 @@ from backends.base import (
 from backends.openai_proxy.engines import profile_for, split_base_url
 from backends.openai_proxy.errors import from_status, is_retryable
 from backends.openai_proxy.payload import build_body
-from backends.openai_proxy.stream import ChunkTranslator, SSEDecoder
+from backends.openai_proxy.stream import DONE, ChunkTranslator, SSEDecoder
 from backends.replicas.health import CircuitBreaker, HealthTracker
 
 
@@ -249,3 +249,26 @@ def test_deltas_read_together_are_coalesced_per_choice() -> None:
     single: list[BackendEvent] = []
     t.translate_all([_chunk(index=1, delta={"content": "z"})], single)
     assert single == [TextDelta(1, "z")]
+
+
+@pytest.mark.parametrize(
+    ("bad", "needle"),
+    [
+        (b"{nope", "invalid JSON"),
+        # Two objects on one data: line parse fine inside a joined array, not alone.
+        (b'{"choices": []}, {"choices": []}', "invalid JSON"),
+        (b"[1]", "not an object"),
+        (b'{"error": {"message": "oom"}}', "oom"),
+    ],
+)
+def test_a_bad_payload_among_a_read_is_refused_as_when_read_alone(bad: bytes, needle: str) -> None:
+    payloads = [_chunk(index=0, delta={"content": "a"}), bad, _chunk(index=0, delta={})]
+    with pytest.raises(UpstreamBadResponse, match=needle):
+        ChunkTranslator(chat=True, n=1).translate_all(payloads, [])
+
+
+def test_done_and_empty_payloads_in_a_read() -> None:
+    t = ChunkTranslator(chat=True, n=1)
+    out: list[BackendEvent] = []
+    t.translate_all([_chunk(index=0, delta={"content": "a"}), b"", DONE], out)
+    assert out == [TextDelta(0, "a")] and t.done
