@@ -276,8 +276,7 @@ def test_metrics_and_request_id(server: RunningServer) -> None:
     ):
         assert re.search(rf"^{family}(_bucket|_count|_sum)?\{{", text, re.M), family
     # The structured request log carries the design's fields, without prompt text.
-    log = server.log_tail(400)
-    line = next(line for line in log.splitlines() if '"e2e-req-1"' in line)
+    line = _log_line(server, '"e2e-req-1"')
     for field in (
         "request_id",
         "model",
@@ -294,6 +293,18 @@ def test_metrics_and_request_id(server: RunningServer) -> None:
     ):
         assert f'"{field}"' in line, field
     assert "Hi" not in line.split('"request_id"')[0]
+
+
+def _log_line(server: RunningServer, needle: str, within: float = 10.0) -> str:
+    """The server's log line holding ``needle``; request lines leave in batches (up to
+    ``gateway.logs.REQUEST_LINES_FLUSH_S`` after the request), so wait for it."""
+    deadline = time.monotonic() + within
+    while True:
+        found = [line for line in server.log_tail(400).splitlines() if needle in line]
+        if found:
+            return found[0]
+        assert time.monotonic() < deadline, f"no log line with {needle} in {within}s"
+        time.sleep(0.02)
 
 
 # --------------------------------------------------------------------------- full completions
