@@ -13,7 +13,7 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
-from backends.metric_types import Counter, Gauge, Histogram
+from backends.metric_types import Counter, Gauge, Histogram, LoopCounter, LoopGauge, LoopHistogram
 from backends.replicas.metrics import ReplicaMetrics
 
 # Token-level latencies on CPU run from ~5 ms to seconds; requests up to minutes.
@@ -132,33 +132,33 @@ class BackendMetrics:
             worker,
             registry=registry,
         )
-        self.upstream_requests = Counter(
+        self.upstream_requests = LoopCounter(
             "llmso_upstream_requests_total",
             "Requests sent to an upstream server.",
             (*hop, "status"),
             registry=registry,
         )
-        self.upstream_latency = Histogram(
+        self.upstream_latency = LoopHistogram(
             "llmso_upstream_latency_seconds",
             "Upstream time from send to last byte.",
             hop,
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        self.upstream_ttft = Histogram(
+        self.upstream_ttft = LoopHistogram(
             "llmso_upstream_time_to_first_token_seconds",
             "Upstream time to first token.",
             hop,
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        self.upstream_up = Gauge(
+        self.upstream_up = LoopGauge(
             "llmso_upstream_up",
             "1 when the upstream passes health checks.",
             hop,
             registry=registry,
         )
-        self.overhead = Histogram(
+        self.overhead = LoopHistogram(
             "llmso_overhead_seconds",
             "Gateway time minus time waiting on the upstream.",
             hop,

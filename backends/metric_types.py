@@ -8,14 +8,21 @@ holds a value, so it is observable; a labelled parent has none and takes the lib
 path, which raises). Same values, same exposition, same locking (the library's
 per-value mutex, so engine threads may update too). Exemplars, NaN and the multiprocess
 ``mostrecent`` gauges take the library's own path.
+
+``LoopCounter``, ``LoopGauge`` and ``LoopHistogram`` also drop that mutex: for families
+whose every update runs on one thread, the gateway's event loop (a request's record,
+routing, the relay). A scrape may read them from any thread: each value is one float
+attribute, read whole. In the library's multiprocess mode they are the plain kinds.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from bisect import bisect_left
 
 import prometheus_client
+from prometheus_client import values
 
 
 class Histogram(prometheus_client.Histogram):
@@ -69,3 +76,65 @@ class Gauge(prometheus_client.Gauge):
             super().set(value)
             return
         held.set(float(value))
+
+
+class _LoopValue:
+    """One sample's value, owned by the event loop that updates it (no lock)."""
+
+    __slots__ = ("_exemplar", "_value")
+
+    def __init__(self) -> None:
+        self._value = 0.0
+        self._exemplar: object = None
+
+    def inc(self, amount: float) -> None:
+        self._value += amount
+
+    def set(self, value: float, timestamp: float | None = None) -> None:
+        self._value = value
+
+    def set_exemplar(self, exemplar: object) -> None:
+        self._exemplar = exemplar
+
+    def get(self) -> float:
+        return self._value
+
+    def get_exemplar(self) -> object:
+        return self._exemplar
+
+
+def _single_process() -> bool:
+    return values.ValueClass is values.MutexValue
+
+
+class LoopCounter(Counter):
+    """A ``Counter`` updated only on the event loop; see the module docstring."""
+
+    def _metric_init(self) -> None:
+        if not _single_process():
+            super()._metric_init()
+            return
+        self._value = _LoopValue()  # type: ignore[assignment]
+        self._created = time.time()
+
+
+class LoopGauge(Gauge):
+    """A ``Gauge`` updated only on the event loop; see the module docstring."""
+
+    def _metric_init(self) -> None:
+        if not _single_process():
+            super()._metric_init()
+            return
+        self._value = _LoopValue()  # type: ignore[assignment]
+
+
+class LoopHistogram(Histogram):
+    """A ``Histogram`` observed only on the event loop; see the module docstring."""
+
+    def _metric_init(self) -> None:
+        if not _single_process():
+            super()._metric_init()
+            return
+        self._buckets = [_LoopValue() for _ in self._upper_bounds]  # type: ignore[misc]
+        self._created = time.time()
+        self._sum = _LoopValue()  # type: ignore[assignment]

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 
 from backends.hop_metrics import LATENCY_BUCKETS
-from backends.metric_types import Counter, Gauge, Histogram
+from backends.metric_types import LoopCounter, LoopGauge, LoopHistogram
 
 if TYPE_CHECKING:
     from gateway.request_record import RequestRecord
@@ -54,73 +54,73 @@ class GatewayMetrics:
         self._finished: dict[tuple[str, str, str], Any] = {}
         self.finish_sinks: list[Callable[[RequestRecord], None]] = []
         hop = ("model", "backend")
-        self.requests = Counter(
+        self.requests = LoopCounter(
             "llmso_requests_total",
             "Finished requests by outcome.",
             (*hop, "status"),
             registry=registry,
         )
-        self.duration = Histogram(
+        self.duration = LoopHistogram(
             "llmso_request_duration_seconds",
             "End-to-end request latency at the gateway.",
             hop,
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        self.ttft = Histogram(
+        self.ttft = LoopHistogram(
             "llmso_time_to_first_token_seconds",
             "Arrival to first generated text.",
             hop,
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        self.itl = Histogram(
+        self.itl = LoopHistogram(
             "llmso_inter_token_latency_seconds",
             "Gap between consecutive text deltas.",
             hop,
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        self.queue_time = Histogram(
+        self.queue_time = LoopHistogram(
             "llmso_queue_time_seconds",
             "Time waiting before inference started.",
             hop,
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        self.prompt_tokens = Counter(
+        self.prompt_tokens = LoopCounter(
             "llmso_prompt_tokens_total",
             "Prompt tokens processed.",
             hop,
             registry=registry,
         )
-        self.generation_tokens = Counter(
+        self.generation_tokens = LoopCounter(
             "llmso_generation_tokens_total",
             "Tokens generated.",
             hop,
             registry=registry,
         )
-        self.request_prompt_tokens = Histogram(
+        self.request_prompt_tokens = LoopHistogram(
             "llmso_request_prompt_tokens",
             "Prompt tokens per request.",
             hop,
             buckets=TOKEN_BUCKETS,
             registry=registry,
         )
-        self.request_generation_tokens = Histogram(
+        self.request_generation_tokens = LoopHistogram(
             "llmso_request_generation_tokens",
             "Generated tokens per request.",
             hop,
             buckets=TOKEN_BUCKETS,
             registry=registry,
         )
-        self.inflight = Gauge(
+        self.inflight = LoopGauge(
             "llmso_inflight_requests",
             "Requests being served.",
             hop,
             registry=registry,
         )
-        self.disconnects = Counter(
+        self.disconnects = LoopCounter(
             "llmso_client_disconnects_total",
             "Requests whose client left before the end.",
             hop,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from backends.metric_types import Counter, Gauge
+from backends.metric_types import LoopCounter, LoopGauge
 
 
 class ReplicaMetrics:
@@ -17,49 +17,49 @@ class ReplicaMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         labels = ("model", "replica")
-        self.requests = Counter(
+        self.requests = LoopCounter(
             "llmso_replica_requests_total",
             "Attempts sent to one replica, by outcome (ok or the error code).",
             (*labels, "outcome"),
             registry=registry,
         )
-        self.routes = Counter(
+        self.routes = LoopCounter(
             "llmso_replica_routes_total",
             "Routing decisions, by balance policy and reason.",
             (*labels, "balance", "reason"),
             registry=registry,
         )
-        self.inflight = Gauge(
+        self.inflight = LoopGauge(
             "llmso_replica_inflight_requests",
             "Requests this gateway has open on one replica.",
             labels,
             registry=registry,
         )
-        self.up = Gauge(
+        self.up = LoopGauge(
             "llmso_replica_up",
             "1 when the replica passes health checks and is not ejected.",
             labels,
             registry=registry,
         )
-        self.waiting = Gauge(
+        self.waiting = LoopGauge(
             "llmso_replica_queue_depth",
             "Requests waiting in the replica's engine (scraped from its /metrics).",
             labels,
             registry=registry,
         )
-        self.running = Gauge(
+        self.running = LoopGauge(
             "llmso_replica_running_requests",
             "Requests running in the replica's engine (scraped from its /metrics).",
             labels,
             registry=registry,
         )
-        self.kv_usage = Gauge(
+        self.kv_usage = LoopGauge(
             "llmso_replica_kv_cache_usage_ratio",
             "Fraction of the replica's KV cache in use (scraped from its /metrics).",
             labels,
             registry=registry,
         )
-        self.ejections = Counter(
+        self.ejections = LoopCounter(
             "llmso_replica_ejections_total",
             "Times the replica was ejected after consecutive failures.",
             labels,

@@ -12,29 +12,29 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from backends.metric_types import Counter, Gauge
+from backends.metric_types import LoopCounter, LoopGauge
 
 
 class KeyMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.requests = Counter(
+        self.requests = LoopCounter(
             "llmso_key_requests_total",
             "Requests on generation routes by client key and outcome.",
             ("key", "status"),
             registry=registry,
         )
-        self.tokens = Counter(
+        self.tokens = LoopCounter(
             "llmso_key_tokens_total",
             "Tokens by client key: prompt or completion.",
             ("key", "type"),
             registry=registry,
         )
-        self.store_errors = Counter(
+        self.store_errors = LoopCounter(
             "llmso_limit_store_errors_total",
             "Limit store calls that failed or timed out.",
             registry=registry,
         )
-        self.store_up = Gauge(
+        self.store_up = LoopGauge(
             "llmso_limit_store_up",
             "1 while the limit store answers, 0 after a failure until it answers again.",
             registry=registry,
@@ -44,7 +44,7 @@ class KeyMetrics:
         self.token_tally: dict[str, Tally[str]] = {}
         self._children: dict[tuple[int, str, str], Any] = {}  # labels() once per series
 
-    def _child(self, family: Counter, key: str, value: str) -> Any:
+    def _child(self, family: LoopCounter, key: str, value: str) -> Any:
         series = (id(family), key, value)
         found = self._children.get(series)
         if found is None:

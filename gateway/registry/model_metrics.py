@@ -11,7 +11,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from backends.metric_types import Counter, Gauge, Histogram
+from backends.metric_types import LoopCounter, LoopGauge, LoopHistogram
 from gateway.registry.values import ModelState
 
 # Loads range from a proxy health check (milliseconds) to large weights (minutes).
@@ -27,44 +27,44 @@ class RegistryMetrics:
         self._current: dict[str, ModelState] = {}
         self._decisions: dict[str, Any] = {}
         self._inflight: dict[str, Any] = {}
-        self.model_state = Gauge(
+        self.model_state = LoopGauge(
             "llmso_model_state",
             "1 for the model's current lifecycle state, 0 for others.",
             ("model", "state"),
             registry=registry,
         )
-        self.load_seconds = Histogram(
+        self.load_seconds = LoopHistogram(
             "llmso_model_load_seconds",
             "Time to start a model's backend (successful loads).",
             ("model",),
             buckets=LOAD_BUCKETS,
             registry=registry,
         )
-        self.loads = Counter(
+        self.loads = LoopCounter(
             "llmso_model_loads_total",
             "Model load attempts by result.",
             ("model", "result"),
             registry=registry,
         )
-        self.evictions = Counter(
+        self.evictions = LoopCounter(
             "llmso_model_evictions_total",
             "Models unloaded, by reason.",
             ("model", "reason"),
             registry=registry,
         )
-        self.route_decisions = Counter(
+        self.route_decisions = LoopCounter(
             "llmso_route_decisions_total",
             "Routing decisions by reason (and fallbacks).",
             ("reason",),
             registry=registry,
         )
-        self.worker_restarts = Counter(
+        self.worker_restarts = LoopCounter(
             "llmso_worker_restarts_total",
             "Automatic restarts after a backend crash.",
             ("model",),
             registry=registry,
         )
-        self.inflight = Gauge(
+        self.inflight = LoopGauge(
             "llmso_model_inflight",
             "Leases (requests) in flight per model.",
             ("model",),

@@ -8,7 +8,14 @@ import prometheus_client
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from backends.metric_types import Counter, Gauge, Histogram
+from backends.metric_types import (
+    Counter,
+    Gauge,
+    Histogram,
+    LoopCounter,
+    LoopGauge,
+    LoopHistogram,
+)
 
 BOUNDS = (0.001, 0.01, 0.1, 1.0, 10.0)
 VALUES = (0, 1e-4, 0.001, 0.0010001, 0.01, 0.5, 1, 1.0, 9.99, 10, 10.01, 1e12, math.inf, -3, 7)
@@ -71,5 +78,22 @@ def test_counter_and_gauge_parents_and_negative_increments_still_refused() -> No
         counter.inc()
     with pytest.raises(ValueError, match="missing label values"):
         gauge.set(1)
+    with pytest.raises(ValueError, match="non-negative"):
+        counter.labels("m").inc(-1)
+
+
+@pytest.mark.parametrize("values", [VALUES, (), (math.nan, 1.0)])
+def test_loop_kinds_expose_what_the_library_does(values: tuple[float, ...]) -> None:
+    assert _exposition(LoopHistogram, values) == _exposition(prometheus_client.Histogram, values)
+    ours = _counter_gauge_exposition(LoopCounter, LoopGauge)
+    assert ours == _counter_gauge_exposition(prometheus_client.Counter, prometheus_client.Gauge)
+
+
+def test_loop_kinds_hold_no_lock_and_refuse_like_the_library() -> None:
+    registry = CollectorRegistry()
+    counter = LoopCounter("c", "doc", ("model",), registry=registry)
+    assert not hasattr(counter.labels("m")._value, "_lock")
+    with pytest.raises(ValueError, match="missing label values"):
+        counter.inc()
     with pytest.raises(ValueError, match="non-negative"):
         counter.labels("m").inc(-1)
