@@ -33,13 +33,16 @@ DISCONNECT_HOOK = "llmso.disconnect_hook"
 
 class DisconnectHook:
     """One connection's disconnect notice: the request being served sets ``callback``
-    (and clears it when done); ``lost`` says the connection is already gone."""
+    (and clears it when done); ``lost`` says the connection is already gone. ``loop`` is
+    the connection's event loop (``asyncio.current_task(loop)`` needs no lookup, which
+    costs a ``getpid`` syscall on Python 3.11)."""
 
-    __slots__ = ("callback", "lost")
+    __slots__ = ("callback", "loop", "lost")
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.callback: Callable[[], None] | None = None
         self.lost = False
+        self.loop = loop
 
     def fire(self) -> None:
         self.lost = True
@@ -102,8 +105,9 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's ``httptools`` HTTP/1.1 protocol on a ``CoalescingTransport``."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        proxy: Any = CoalescingTransport(transport, asyncio.get_running_loop())
-        self._disconnect_hook = DisconnectHook()
+        loop = asyncio.get_running_loop()
+        proxy: Any = CoalescingTransport(transport, loop)
+        self._disconnect_hook = DisconnectHook(loop)
         super().connection_made(proxy)
 
     def on_message_begin(self) -> None:

@@ -334,10 +334,10 @@ class _DisconnectWatch:
         self._watcher: asyncio.Future[Message] | None = None
 
     async def __aenter__(self) -> None:
-        task = asyncio.current_task()
+        hook: DisconnectHook | None = self._call._scope.get(DISCONNECT_HOOK)
+        task = asyncio.current_task(None if hook is None else hook.loop)
         assert task is not None
         self._task = task
-        hook: DisconnectHook | None = self._call._scope.get(DISCONNECT_HOOK)
         self._hook = hook
         if hook is None:
             self._watcher = asyncio.ensure_future(self._call._receive())
