@@ -27,7 +27,7 @@ from bench.gpu_suite import gpu_models_suite
 from bench.loadgen import LoadSpec, new_session, run_level
 from bench.machine import machine_info
 from bench.prefix_suite import prefix_suite
-from bench.procstat import group_cpu_seconds
+from bench.procstat import CpuWindow, group_cpu_seconds
 from bench.prompts import builtin_prompts, load_prompts
 from bench.report import RunRecord, markdown_table, plot, write_json
 from bench.spec import CompareSpec, load_spec
@@ -171,9 +171,11 @@ async def _run_levels(args: argparse.Namespace) -> list[RunRecord]:
     biggest = max((lv.concurrency or lv.max_inflight) for lv in loads)
     async with new_session(biggest + 4) as session:
         for load in loads:
-            cpu0 = group_cpu_seconds(args.server_pid) if args.server_pid else None
-            run = await run_level(session, options, prompts, load)
-            cpu1 = group_cpu_seconds(args.server_pid) if args.server_pid else None
+            window = CpuWindow(
+                lambda: group_cpu_seconds(args.server_pid) if args.server_pid else None
+            )
+            run = await run_level(session, options, prompts, load, window.start)
+            server_cpu = window.seconds()
             summary = summarize(run.results, slo, wall_s=run.wall_s)
             n = max(summary.requests, 1)
             records.append(
@@ -185,9 +187,7 @@ async def _run_levels(args: argparse.Namespace) -> list[RunRecord]:
                     stream=args.stream,
                     summary=summary,
                     client_cpu_ms_per_request=run.client_cpu_s * 1000 / n,
-                    server_cpu_ms_per_request=None
-                    if cpu0 is None or cpu1 is None
-                    else (cpu1 - cpu0) * 1000 / n,
+                    server_cpu_ms_per_request=None if server_cpu is None else server_cpu * 1000 / n,
                     samples=run.results,
                 )
             )

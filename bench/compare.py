@@ -25,6 +25,7 @@ import aiohttp
 from bench.client import RequestOptions, RequestResult
 from bench.loadgen import LevelRun, LoadSpec, new_session, run_level
 from bench.machine import machine_info
+from bench.procstat import CpuWindow
 from bench.prompts import Prompt, builtin_prompts, load_prompts, shared_prefix_prompts
 from bench.report import RunRecord, markdown_table, overhead_table, plot, write_json
 from bench.spec import CompareSpec, ServiceSpec, SystemSpec, fill
@@ -263,10 +264,10 @@ class _Driver:
         measured = live.process
         if measured is None and live.spec.cpu_of is not None:
             measured = self.services[live.spec.cpu_of]
-        cpu0 = measured.cpu_seconds() if measured else None
-        run = await run_level(self.session, options, self.prompts, load)
-        cpu1 = measured.cpu_seconds() if measured else None
-        server_cpu = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
+        # Read after the warm-up: only the measured requests' CPU counts.
+        window = CpuWindow(measured.cpu_seconds if measured else lambda: None)
+        run = await run_level(self.session, options, self.prompts, load, window.start)
+        server_cpu = window.seconds()
         return _summarised(
             live.spec.label, load, run, stream=stream, slo=slo, server_cpu=server_cpu
         )

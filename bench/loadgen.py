@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -149,8 +149,11 @@ async def run_level(
     options: RequestOptions,
     prompts: Sequence[Prompt],
     load: LoadSpec,
+    on_measured: Callable[[], None] | None = None,
 ) -> LevelRun:
-    """Warm up, then run the measured phase of one load level."""
+    """Warm up, then run the measured phase of one load level. ``on_measured`` runs
+    between the two, e.g. to read a server's CPU so that the warm-up's (a fresh
+    process's first requests pay one-time costs) is not counted."""
     origin = time.perf_counter()
     warm: list[RequestResult] = []
     if load.warmup:
@@ -164,6 +167,8 @@ async def run_level(
             origin=origin,
             warmup=True,
         )
+    if on_measured is not None:
+        on_measured()
     cpu0 = time.process_time()
     t0 = time.perf_counter()
     if load.concurrency is not None:

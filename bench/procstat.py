@@ -8,6 +8,7 @@ system time of every live process in it, plus children it has already reaped.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 _PROC = Path("/proc")
@@ -47,3 +48,19 @@ def group_cpu_seconds(pgid: int) -> float | None:
             found = True
             ticks += own + children
     return ticks / os.sysconf("SC_CLK_TCK") if found else None
+
+
+class CpuWindow:
+    """CPU seconds a server spends between ``start()`` (called by ``run_level`` after the
+    warm-up) and ``seconds()``; ``read`` gives its running total, ``None`` if unknown."""
+
+    def __init__(self, read: Callable[[], float | None]) -> None:
+        self._read = read
+        self._start: float | None = None
+
+    def start(self) -> None:
+        self._start = self._read()
+
+    def seconds(self) -> float | None:
+        end = self._read()
+        return None if self._start is None or end is None else end - self._start

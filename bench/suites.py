@@ -344,15 +344,18 @@ def overhead_suite(
         # CPU is read in clock ticks (10 ms): 1,000 requests of ~0.5 ms give ~2 % resolution.
         min_requests=8 if quick else 1000,
         requests_per_concurrency=2 if quick else 4,
-        warmup=2 if quick else 10,
+        # CPU per request is a steady-state figure: a fresh server's first requests pay
+        # one-time costs (connections, metric series, first-use imports), so more warm-up
+        # than a latency run needs; warm-up CPU is not counted (run_level's on_measured).
+        warmup=2 if quick else 100,
         timeout_s=60,
         level_duration_s=60 if quick else 120,
         baseline="direct",
         notes=(
             "upstream: python -m bench.fake_upstream --chunks 16 --model fake (no sleeps)",
-            "server CPU ms/req: user+system CPU (/proc/<pid>/stat) over the level divided by "
-            "measured requests; gateway rows count the gateway process only, direct rows "
-            "the fake upstream",
+            "server CPU ms/req: user+system CPU (/proc/<pid>/stat) of the measured requests "
+            "(read after each level's warm-up) divided by their number; gateway rows count "
+            "the gateway process only, direct rows the fake upstream",
             "gateway-traced: the same gateway with tracing on (sample_ratio 1.0, OTLP/HTTP "
             "export to the fake upstream's /v1/traces sink)",
             "peers on the same fake: bare-passthrough (bench/bare_passthrough.py, FastAPI + "

@@ -197,3 +197,21 @@ def test_cli_run_writes_outputs(tmp_path: Path) -> None:
     assert "| fake | c=3 |" in (tmp_path / "results.md").read_text()
     assert (tmp_path / "results.png").stat().st_size > 10_000
     assert doc["meta"]["cpu_count"] >= 1
+
+
+async def test_on_measured_runs_after_the_warm_up_and_before_the_measured_phase(
+    server: FakeUpstream,
+) -> None:
+    app = _reset(server)
+    seen: list[int] = []
+    load = LoadSpec(concurrency=2, num_requests=4, warmup=3)
+    async with new_session(8) as session:
+        run = await run_level(
+            session,
+            _options(server, max_tokens=2),
+            builtin_prompts(32),
+            load,
+            lambda: seen.append(len(app.bodies)),
+        )
+    assert seen == [3]  # every warm-up request answered, no measured one sent yet
+    assert len(app.bodies) == 7 and len(run.measured) == 4
