@@ -97,8 +97,9 @@ class ChunkTranslator:
         """``(prompt_tokens, completion_tokens)`` reported by the upstream."""
         self.counted_tokens = 0
         """Completion tokens counted from the deltas (fallback when ``usage`` is None)."""
-        # translate_all: the run of same-choice deltas not emitted yet, as (text, logprobs).
-        self._run: list[tuple[str, tuple[TokenLogprob, ...]]] | None = None
+        # The run of same-choice deltas of the read being translated, not emitted yet, as
+        # (text, logprobs); empty between reads.
+        self._run: list[tuple[str, tuple[TokenLogprob, ...]]] = []
         self._run_index = 0
         self._run_tokens = 0
 
@@ -107,25 +108,19 @@ class ChunkTranslator:
         return len(self._finished) >= self._n
 
     def translate_all(self, payloads: list[bytes], out: list[BackendEvent]) -> None:
-        """``translate`` every payload of one read, merging adjacent deltas of the same
-        choice into one ``TextDelta`` (an engine that is ahead of us leaves several chunks
-        in a read; relayed as one delta they cost the gateway one SSE frame, and the
-        client sees what vLLM itself sends under load). A merged delta's ``logprobs`` and
-        ``num_tokens`` cover exactly the tokens behind its text; each run is built once."""
-        self._run = []
+        """Append the events of every ``data:`` payload of one read to ``out``, merging
+        adjacent deltas of the same choice into one ``TextDelta`` (an engine that is ahead
+        of us leaves several chunks in a read; relayed as one delta they cost the gateway
+        one SSE frame, and the client sees what vLLM itself sends under load). A merged
+        delta's ``logprobs`` and ``num_tokens`` cover exactly the tokens behind its text;
+        each run is built once."""
         try:
             for chunk in self._decode(payloads):
                 self._chunk(chunk, out)
             self._end_run(out)
         finally:
-            self._run = None
-
-    def translate(self, payload: bytes, out: list[BackendEvent]) -> None:
-        """Append the events carried by one ``data:`` payload to ``out``."""
-        if payload == DONE:
-            self.done = True
-        elif payload:
-            self._chunk(_loads(payload), out)
+            self._run.clear()
+            self._run_tokens = 0
 
     def _decode(self, payloads: list[bytes]) -> list[Any]:
         """The JSON values of one read's payloads, in order (``[DONE]`` noted, empty ones
@@ -185,15 +180,11 @@ class ChunkTranslator:
         if text or logprobs:
             num_tokens = len(logprobs) or 1
             self.counted_tokens += num_tokens
-            run = self._run
-            if run is None:
-                out.append(TextDelta(index, text or "", logprobs, num_tokens))
-            else:
-                if run and self._run_index != index:
-                    self._end_run(out)
-                self._run_index = index
-                self._run_tokens += num_tokens
-                run.append((text or "", logprobs))
+            if self._run and self._run_index != index:
+                self._end_run(out)
+            self._run_index = index
+            self._run_tokens += num_tokens
+            self._run.append((text or "", logprobs))
         reason = choice.get("finish_reason")
         if reason:
             self._end_run(out)
@@ -201,7 +192,7 @@ class ChunkTranslator:
             out.append(Finished(index, _REASONS.get(reason, "stop")))
 
     def _end_run(self, out: list[BackendEvent]) -> None:
-        """Emit the pending run of deltas (``translate_all``) as one ``TextDelta``."""
+        """Emit the pending run of deltas as one ``TextDelta``."""
         run = self._run
         if not run:
             return

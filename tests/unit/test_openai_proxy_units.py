@@ -119,18 +119,18 @@ def _chunk(**choice: object) -> bytes:
 def test_translator_chat_deltas_finish_and_usage() -> None:
     t = ChunkTranslator(chat=True, n=1)
     out: list[BackendEvent] = []
-    t.translate(_chunk(index=0, delta={"role": "assistant", "content": ""}), out)
+    t.translate_all([_chunk(index=0, delta={"role": "assistant", "content": ""})], out)
     assert out == []
-    t.translate(_chunk(index=0, delta={"content": "Hi"}, logprobs=None), out)
-    t.translate(_chunk(index=0, delta={}, finish_reason="length"), out)
+    t.translate_all([_chunk(index=0, delta={"content": "Hi"}, logprobs=None)], out)
+    t.translate_all([_chunk(index=0, delta={}, finish_reason="length")], out)
     # mlx-lm labels its usage chunk like a full completion, with a message: ignored text.
     usage_chunk = {
         "object": "chat.completion",
         "choices": [{"index": 0, "message": {"content": "Hi"}, "finish_reason": "stop"}],
         "usage": {"prompt_tokens": 5, "completion_tokens": 1},
     }
-    t.translate(orjson.dumps(usage_chunk), out)
-    t.translate(b"[DONE]", out)
+    t.translate_all([orjson.dumps(usage_chunk)], out)
+    t.translate_all([b"[DONE]"], out)
     assert out == [TextDelta(0, "Hi"), Finished(0, "length")]
     assert t.usage == (5, 1) and t.done and t.all_finished
 
@@ -139,8 +139,8 @@ def test_translator_completion_logprobs_sorted_and_fallback_count() -> None:
     t = ChunkTranslator(chat=False, n=2)
     out: list[BackendEvent] = []
     lp = {"tokens": ["a"], "token_logprobs": [-0.1], "top_logprobs": [{"b": -3.0, "a": -0.1}]}
-    t.translate(orjson.dumps({"choices": [{"index": 1, "text": "a", "logprobs": lp}]}), out)
-    t.translate(orjson.dumps({"choices": [{"index": 0, "text": "b"}]}), out)
+    t.translate_all([orjson.dumps({"choices": [{"index": 1, "text": "a", "logprobs": lp}]})], out)
+    t.translate_all([orjson.dumps({"choices": [{"index": 0, "text": "b"}]})], out)
     delta = out[0]
     assert isinstance(delta, TextDelta) and delta.index == 1
     assert [x.token for x in delta.logprobs[0].top] == ["a", "b"]
@@ -160,7 +160,7 @@ def test_translator_completion_logprobs_sorted_and_fallback_count() -> None:
 )
 def test_translator_rejects_garbage_and_error_events(payload: bytes, needle: str) -> None:
     with pytest.raises(UpstreamBadResponse, match=needle):
-        ChunkTranslator(chat=True, n=1).translate(payload, [])
+        ChunkTranslator(chat=True, n=1).translate_all([payload], [])
 
 
 # ---------------------------------------------------------------- errors
