@@ -42,7 +42,7 @@ class JsonFormatter(logging.Formatter):
 class BatchingStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """A ``StreamHandler`` that batches request lines; see the module docstring.
 
-    ``_pending`` and ``_timer`` are guarded by the handler's lock (``Handler.handle`` holds
+    ``_pending`` and ``_timer_loop`` are guarded by the handler's lock (``Handler.handle`` holds
     it around ``emit``; ``flush`` takes it). A timer is armed only from a thread running an
     event loop; a request line logged anywhere else is written at once."""
 
@@ -50,7 +50,7 @@ class BatchingStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
         super().__init__(stream)
         self._flush_after = flush_after
         self._pending: list[str] = []
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer_loop: asyncio.AbstractEventLoop | None = None  # a flush is due on it
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -66,21 +66,24 @@ class BatchingStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
             self.handleError(record)
 
     def _arm(self) -> bool:
-        """Whether a flush is due on this thread's event loop (armed now or before)."""
-        if self._timer is not None:
+        """Whether a flush is due on an event loop (armed now or before). A loop that was
+        closed before its flush ran will not run it: arm anew (or write at once)."""
+        due_on = self._timer_loop
+        if due_on is not None and not due_on.is_closed():
             return True
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return False
-        self._timer = loop.call_later(self._flush_after, self._due)
+        loop.call_later(self._flush_after, self._due)
+        self._timer_loop = loop
         return True
 
     def _due(self) -> None:
         # Never cancelled: one that finds nothing pending (flushed meanwhile) is a no-op,
         # and a closed loop (shutdown flushes) is never touched again.
         with self.lock:  # type: ignore[union-attr]
-            self._timer = None
+            self._timer_loop = None
             self._write()
 
     def _write(self) -> None:

@@ -62,3 +62,19 @@ async def test_flush_writes_pending_lines(logged: Logged) -> None:
     requests.info('{"n": 1}')
     requests.handlers[0].flush()  # what logging.shutdown does at exit
     assert stream.getvalue() == '{"n": 1}\n'
+
+
+def test_a_flush_lost_with_its_closed_loop_is_armed_again(logged: Logged) -> None:
+    stream, requests, _ = logged
+
+    async def log_and_leave() -> None:
+        requests.info('{"n": 1}')
+
+    async def log_and_wait() -> None:
+        requests.info('{"n": 2}')
+        await asyncio.sleep(0.1)
+
+    asyncio.run(log_and_leave())  # the loop closes before its flush is due
+    assert stream.getvalue() == ""
+    asyncio.run(log_and_wait())
+    assert stream.getvalue() == '{"n": 1}\n{"n": 2}\n'
