@@ -3,8 +3,8 @@
 A measurement probe, not a supported way to run llmso: nothing imports it, granian is not
 a dependency, and what only ``llmso serve`` gives (the drain on SIGTERM of
 ``gateway.drain.DrainingServer``, the disconnect callback and header coalescing of
-``gateway.edge_transport``) is absent here. ``app`` builds the app as
-``gateway.cli._serve`` does (the config from ``LLMSO_CONFIG``, the same settings, logging
+``gateway.edge_transport``) is absent here. ``app`` serves what ``llmso serve`` does
+(``gateway.cli.served_app``: the config from ``LLMSO_CONFIG``, the same settings, logging
 and GC tuning, wrapped in ``CloseWhileDraining``) so that only the server differs::
 
     LLMSO_CONFIG=gw.yaml PYTHONPATH=.:GRANIAN_DIR python -m granian \\
@@ -24,25 +24,16 @@ def app() -> Any:
     """ASGI app factory for ``granian --factory bench.granian_probe:app``. Runs in
     granian's worker process; the drain flag is never set (granian handles SIGTERM)."""
     from config.loader import load_config
-    from gateway.app import build_app
-    from gateway.cli import _tune_gc
-    from gateway.drain import CloseWhileDraining
+    from gateway.cli import served_app, tune_gc
     from gateway.logs import configure_logging
     from gateway.settings import Settings
 
     settings = Settings()
     configure_logging(settings.log_level, settings.log_format)
     config = load_config(settings.config)
-    bind_host = settings.host or config.server.host
-    gateway = build_app(
-        config,
-        admin_key=settings.admin_key,
-        watch_config=settings.watch_config,
-        bind_host=bind_host,
-    )
-    wrapped = CloseWhileDraining(gateway, gateway.state.drain)
-    _tune_gc()
-    return wrapped
+    served = served_app(config, settings, settings.host or config.server.host)
+    tune_gc()
+    return served
 
 
 def granian_args(

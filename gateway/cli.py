@@ -8,11 +8,15 @@ import logging
 import math
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from config.loader import ConfigError, load_config
 from config.schema import AppConfig, HFModelConfig
 from gateway.logs import configure_logging
 from gateway.settings import Settings
+
+if TYPE_CHECKING:
+    from gateway.drain import CloseWhileDraining
 
 log = logging.getLogger("llmso")
 
@@ -71,17 +75,11 @@ def _prepare_models(config: AppConfig) -> int:
     return 0
 
 
-def _serve(config: AppConfig, settings: Settings, host: str | None, port: int | None) -> int:
-    import uvicorn
-
+def served_app(config: AppConfig, settings: Settings, bind_host: str) -> CloseWhileDraining:
+    """The ASGI app ``llmso serve`` runs: the gateway of ``config``, answering with
+    ``Connection: close`` while it drains (also what ``bench.granian_probe`` serves)."""
     from gateway.app import build_app
-
-    bind_host = host or settings.host or config.server.host
-    bind_port = port if port is not None else settings.port
-    if bind_port is None:
-        bind_port = config.server.port
-    from gateway.drain import CloseWhileDraining, DrainingServer
-    from gateway.edge_transport import CoalescingHttpToolsProtocol
+    from gateway.drain import CloseWhileDraining
 
     app = build_app(
         config,
@@ -89,9 +87,22 @@ def _serve(config: AppConfig, settings: Settings, host: str | None, port: int | 
         watch_config=settings.watch_config,
         bind_host=bind_host,
     )
-    drain = app.state.drain
+    return CloseWhileDraining(app, app.state.drain)
+
+
+def _serve(config: AppConfig, settings: Settings, host: str | None, port: int | None) -> int:
+    import uvicorn
+
+    bind_host = host or settings.host or config.server.host
+    bind_port = port if port is not None else settings.port
+    if bind_port is None:
+        bind_port = config.server.port
+    from gateway.drain import DrainingServer
+    from gateway.edge_transport import CoalescingHttpToolsProtocol
+
+    app = served_app(config, settings, bind_host)
     server_config = uvicorn.Config(
-        CloseWhileDraining(app, drain),
+        app,
         host=bind_host,
         port=bind_port,
         loop="uvloop",
@@ -105,12 +116,12 @@ def _serve(config: AppConfig, settings: Settings, host: str | None, port: int | 
         server_header=False,
         timeout_graceful_shutdown=math.ceil(config.server.drain_timeout),
     )
-    _tune_gc()
-    DrainingServer(server_config, drain, config.server.drain_grace).run()
+    tune_gc()
+    DrainingServer(server_config, app.drain, config.server.drain_grace).run()
     return 0
 
 
-def _tune_gc() -> None:
+def tune_gc() -> None:
     """Fewer, cheaper garbage collections on the request path (profiled at ~2 % of the
     gateway's CPU per streamed request): what start-up built lives as long as the process
     and is frozen out of the collector's scans, and the young generation is collected
