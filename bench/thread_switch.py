@@ -15,16 +15,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from backends.hf.llama_runner import LlamaRunner, PrefillChunk
 from backends.hf.loader import load
+from backends.hf.own_thread import call_in_own_thread
 from backends.hf.threads import StepThreads
 from config.schema import HFModelConfig
 
@@ -86,25 +84,6 @@ class Phases:
         )
 
 
-def _on_thread(fn: Callable[[], Any]) -> Any:
-    """``fn()`` on a fresh thread that has exited on return; its exception is re-raised."""
-    box: list[Any] = []
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            box.append(fn())
-        except BaseException as error:  # re-raised on the caller's thread
-            errors.append(error)
-
-    worker = threading.Thread(target=target)
-    worker.start()
-    worker.join()
-    if errors:
-        raise errors[0]
-    return box[0]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-path", required=True)
@@ -136,7 +115,7 @@ def main() -> None:
                 step_threads=StepThreads(2),
             )
 
-    runner: LlamaRunner = _on_thread(build)
+    runner: LlamaRunner = call_in_own_thread(build, "build")
     if args.attention:  # instead of what load timed fastest
         runner.decode_impl = runner.decode_impl_long = args.attention
     print(f"decode attention: {runner.decode_impl} / {runner.decode_impl_long}", flush=True)
@@ -155,7 +134,7 @@ def main() -> None:
                     phases.phase("", args.rows, 2, 1, quiet=True)
                 phases.phase(f"round {r}: big, 2 again", args.rows, 2, args.steps)
 
-    _on_thread(engine)
+    call_in_own_thread(engine, "engine")
 
 
 if __name__ == "__main__":

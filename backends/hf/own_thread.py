@@ -1,4 +1,5 @@
-"""Run one blocking call on a thread of its own, which exits when the call returns.
+"""Run one blocking call on a thread of its own, which exits when the call returns
+(``run_in_own_thread`` from a coroutine, ``call_in_own_thread`` from plain code).
 
 Why not ``asyncio.to_thread`` for the model load: its executor threads live on, and a
 thread that ran torch work on more than one core keeps a GNU OpenMP pool of idle workers
@@ -52,3 +53,22 @@ async def run_in_own_thread(fn: Callable[[], T], name: str) -> T:
         # cancelled (then the call runs on unawaited, as with ``asyncio.to_thread``).
         if not done.cancelled():
             await asyncio.to_thread(thread.join)
+
+
+def call_in_own_thread(fn: Callable[[], T], name: str) -> T:
+    """``fn()`` on a new thread, joined before returning (or re-raising) what it did."""
+    results: list[T] = []
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            results.append(fn())
+        except BaseException as error:  # re-raised on the caller's thread
+            errors.append(error)
+
+    thread = threading.Thread(target=target, name=name)
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return results[0]

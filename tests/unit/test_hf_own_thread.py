@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from backends.hf.own_thread import run_in_own_thread
+from backends.hf.own_thread import call_in_own_thread, run_in_own_thread
 
 
 async def test_returns_the_result_after_the_thread_exited() -> None:
@@ -39,3 +39,21 @@ async def test_cancelling_the_caller_does_not_wait_for_the_call() -> None:
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, timeout=5.0)
     release.set()
+
+
+def test_call_in_own_thread_returns_or_raises_on_the_caller_thread() -> None:
+    caller = threading.get_ident()
+    ran_on: list[int] = []
+
+    def work() -> int:
+        ran_on.append(threading.get_ident())
+        return 7
+
+    assert call_in_own_thread(work, "t") == 7
+    assert ran_on and ran_on[0] != caller
+
+    def fails() -> None:
+        raise ValueError("inside")
+
+    with pytest.raises(ValueError, match="inside"):
+        call_in_own_thread(fails, "t")

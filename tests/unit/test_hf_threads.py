@@ -2,30 +2,19 @@
 
 from __future__ import annotations
 
-import threading
+from collections.abc import Callable
 
 import pytest
 import torch
 
+from backends.hf.own_thread import call_in_own_thread
 from backends.hf.threads import StepThreads, as_step
 from config.schema import HFModelConfig
 
 
-def _on_own_thread(body: object) -> None:
+def _on_own_thread(body: Callable[[], None]) -> None:
     # The count is per OpenMP thread: run where it cannot leak into other tests.
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            body()  # type: ignore[operator]
-        except BaseException as exc:
-            errors.append(exc)
-
-    worker = threading.Thread(target=run)
-    worker.start()
-    worker.join()
-    if errors:
-        raise errors[0]
+    call_in_own_thread(body, "test-threads")
 
 
 def test_small_steps_run_on_one_thread_large_on_all(monkeypatch: pytest.MonkeyPatch) -> None:
