@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,9 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.granian_probe import granian_args
-
-_PROC = Path("/proc")
-_TICK = os.sysconf("SC_CLK_TCK")
+from bench.procstat import group_context_switches, group_cpu_split
+from bench.systems import free_port
 
 
 @dataclass(frozen=True)
@@ -48,38 +46,8 @@ class GroupCpu:
 
 
 def group_cpu(pgid: int) -> GroupCpu:
-    user = system = 0
-    switches = 0
-    for entry in _PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            text = (entry / "stat").read_text()
-            fields = text[text.rindex(")") + 2 :].split()
-            if int(fields[2]) != pgid:
-                continue
-            user += int(fields[11]) + int(fields[13])
-            system += int(fields[12]) + int(fields[14])
-            switches += _switches(entry)
-        except (OSError, ValueError, IndexError):
-            continue  # exited while we looked
-    return GroupCpu(user / _TICK, system / _TICK, switches)
-
-
-def _switches(proc: Path) -> int:
-    total = 0
-    for task in (proc / "task").iterdir():
-        for line in (task / "status").read_text().splitlines():
-            if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
-                total += int(line.split()[1])
-    return total
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    user, system = group_cpu_split(pgid) or (0.0, 0.0)
+    return GroupCpu(user, system, group_context_switches(pgid))
 
 
 def _wait(url: str, timeout: float = 60.0) -> None:
@@ -177,7 +145,7 @@ def _round(
     rows = []
     expected = _stream_text(f"http://127.0.0.1:{args.upstream_port}")
     for name in args.servers.split(","):
-        port = _free_port()
+        port = free_port()
         work = Path(tempfile.mkdtemp(prefix="granian-ab-"))
         config = _config(work, port, args.upstream_port)
         server_env = dict(env, LLMSO_CONFIG=str(config), PYTHONPATH=args.pythonpath)
@@ -241,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     root = str(Path(__file__).resolve().parent.parent)
     args.pythonpath = f"{root}{os.pathsep}{args.granian_path}"
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=root)
-    args.upstream_port = _free_port()
+    args.upstream_port = free_port()
     upstream = subprocess.Popen(
         [
             *(sys.executable, "-m", "bench.fake_upstream", "--port", str(args.upstream_port)),

@@ -8,19 +8,24 @@ system time of every live process in it, plus children it has already reaped.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 _PROC = Path("/proc")
 
 
-def _parse_stat(text: str) -> tuple[int, int, int]:
-    """(pgrp, user+system ticks, reaped children's ticks) from a ``/proc/<pid>/stat`` line."""
+def _stat_ticks(text: str) -> tuple[int, int, int, int, int]:
+    """(pgrp, utime, stime, cutime, cstime) from a ``/proc/<pid>/stat`` line."""
     # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
     fields = text[text.rindex(")") + 2 :].split()
     # fields[0] is field 3 (state); pgrp is field 5, utime..cstime are fields 14..17.
-    pgrp = int(fields[2])
     utime, stime, cutime, cstime = (int(v) for v in fields[11:15])
+    return int(fields[2]), utime, stime, cutime, cstime
+
+
+def _parse_stat(text: str) -> tuple[int, int, int]:
+    """(pgrp, user+system ticks, reaped children's ticks) from a ``/proc/<pid>/stat`` line."""
+    pgrp, utime, stime, cutime, cstime = _stat_ticks(text)
     return pgrp, utime + stime, cutime + cstime
 
 
@@ -33,21 +38,50 @@ def process_cpu_seconds(pid: int) -> float | None:
     return (own + children) / os.sysconf("SC_CLK_TCK")
 
 
-def group_cpu_seconds(pgid: int) -> float | None:
-    """Sum over every live process whose process group is ``pgid``; ``None`` if none is."""
-    ticks = 0
-    found = False
+def _group_members(pgid: int) -> Iterator[tuple[Path, tuple[int, int, int, int, int]]]:
+    """``/proc/<pid>`` and its ticks for every live process whose process group is ``pgid``."""
     for entry in _PROC.iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            pgrp, own, children = _parse_stat((entry / "stat").read_text())
+            ticks = _stat_ticks((entry / "stat").read_text())
         except (OSError, ValueError, IndexError):
             continue  # exited while we looked
-        if pgrp == pgid:
-            found = True
-            ticks += own + children
-    return ticks / os.sysconf("SC_CLK_TCK") if found else None
+        if ticks[0] == pgid:
+            yield entry, ticks
+
+
+def group_cpu_split(pgid: int) -> tuple[float, float] | None:
+    """(user, system) CPU seconds summed over process group ``pgid``, reaped children
+    included; ``None`` if no process is in it."""
+    user = system = 0
+    found = False
+    for _, (_, utime, stime, cutime, cstime) in _group_members(pgid):
+        found = True
+        user += utime + cutime
+        system += stime + cstime
+    tick = os.sysconf("SC_CLK_TCK")
+    return (user / tick, system / tick) if found else None
+
+
+def group_cpu_seconds(pgid: int) -> float | None:
+    """Sum over every live process whose process group is ``pgid``; ``None`` if none is."""
+    split = group_cpu_split(pgid)
+    return None if split is None else split[0] + split[1]
+
+
+def group_context_switches(pgid: int) -> int:
+    """Voluntary and involuntary context switches of every thread in process group ``pgid``."""
+    total = 0
+    for entry, _ in _group_members(pgid):
+        try:
+            for task in (entry / "task").iterdir():
+                for line in (task / "status").read_text().splitlines():
+                    if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                        total += int(line.split()[1])
+        except OSError:
+            continue  # exited while we looked
+    return total
 
 
 class CpuWindow:

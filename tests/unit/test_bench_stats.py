@@ -9,7 +9,13 @@ import pytest
 
 from bench.client import RequestOptions, RequestResult, build_body, inter_token_gaps
 from bench.loadgen import LoadSpec
-from bench.procstat import _parse_stat, group_cpu_seconds, process_cpu_seconds
+from bench.procstat import (
+    _parse_stat,
+    group_context_switches,
+    group_cpu_seconds,
+    group_cpu_split,
+    process_cpu_seconds,
+)
 from bench.prompts import builtin_prompts, load_prompts
 from bench.report import RunRecord, markdown_table, overhead_table
 from bench.spec import CompareSpec, fill
@@ -191,3 +197,13 @@ def test_tables_show_every_record_and_the_overhead() -> None:
     assert table.count("\n") == 4 and "| gateway | c=1 | yes | 1/1 |" in table
     over = overhead_table(records, "direct")
     assert "| gateway | c=1 | yes | +10.00 | +20.00 |" in over
+
+
+def test_group_cpu_split_and_switches_of_this_process_group() -> None:
+    group = os.getpgid(0)
+    split = group_cpu_split(group)
+    assert split is not None and split[0] > 0 and split[1] >= 0
+    total = group_cpu_seconds(group)
+    assert total is not None and abs(total - sum(split)) < 0.05
+    assert group_context_switches(group) > 0
+    assert group_cpu_split(2**22 + 12345) is None
