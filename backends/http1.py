@@ -75,6 +75,13 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.origin: tuple[str, int, bool] = ("", 0, False)
         self._waiter: asyncio.Future[None] | None = None
+        # One read-timeout timer, re-armed lazily: a wait moves ``_wait_until`` and
+        # only arms a timer when none is due by then. A timer per wait (six per
+        # streamed request) cost more than the rest of the wait.
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._wait_until = 0.0
+        self._wait_seconds = 0.0
         # One parser for the connection's life: llhttp takes the next answer on a
         # keep-alive connection as it is, and a connection whose answer failed to parse
         # (or was not read to the end) is never reused.
@@ -114,6 +121,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._stop_timer()
         if not self.complete and self.error is None:
             if self.until_eof:  # a body delimited by the end of the connection
                 self.complete = True
@@ -155,12 +163,36 @@ class _Connection(asyncio.Protocol):
             raise ReadTimeout("the upstream exchange passed its total timeout")
         loop = self._loop
         waiter = self._waiter = loop.create_future()
-        handle = loop.call_later(seconds, _expire, waiter, seconds)
+        self._wait_until = until = loop.time() + seconds
+        self._wait_seconds = seconds
+        if self._timer is None or self._timer_at > until:
+            self._arm(until)
         try:
             await waiter
         finally:
-            handle.cancel()
             self._waiter = None
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._loop.call_at(when, self._on_timer)
+        self._timer_at = when
+
+    def _on_timer(self) -> None:
+        """Expire the wait in progress if its time is up, else arm for when it will be."""
+        self._timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return  # the next wait arms a timer of its own
+        if self._loop.time() >= self._wait_until:
+            waiter.set_exception(ReadTimeout(f"no answer bytes within {self._wait_seconds:g}s"))
+        else:
+            self._arm(self._wait_until)
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def take(self) -> bytes:
         chunks = self.chunks
@@ -182,11 +214,6 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         if self.transport is not None:
             self.transport.abort()
-
-
-def _expire(waiter: asyncio.Future[None], timeout: float) -> None:
-    if not waiter.done():
-        waiter.set_exception(ReadTimeout(f"no answer bytes within {timeout:g}s"))
 
 
 class Response:

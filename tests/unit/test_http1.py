@@ -247,6 +247,37 @@ async def test_read_timeout_and_total_timeout() -> None:
 
 
 @on_both_loops
+async def test_the_read_timeout_is_per_gap_not_per_answer() -> None:
+    """Bytes every 60 ms for 0.5 s under a 0.15 s read timeout: no timeout, though the
+    answer takes three timeouts' time (one timer serves every wait, re-armed when it
+    finds bytes came meanwhile); then a stall of more than 0.15 s times out."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for _ in range(8):
+            writer.write(b"1\r\nx\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.06)
+        await asyncio.sleep(5)
+
+    async with _raw_server(handle) as root:
+        pool = http1.Pool(read_timeout=0.15)
+        response = await pool.post(root + "/x", b"{}")
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        got = b""
+        with pytest.raises(http1.ReadTimeout):
+            while True:
+                got += await response.read_some()
+        waited = loop.time() - began
+        response.close()
+        await pool.close()
+        assert got == b"x" * 8
+        assert 0.55 < waited < 1.5
+
+
+@on_both_loops
 async def test_headers_that_never_come_time_out() -> None:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _read_request(reader)
