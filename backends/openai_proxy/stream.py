@@ -116,7 +116,18 @@ class ChunkTranslator:
         each run is built once."""
         try:
             for chunk in self._decode(payloads):
-                self._chunk(chunk, out)
+                if type(chunk) is not dict:
+                    raise UpstreamBadResponse("upstream sent a stream event that is not an object")
+                if chunk.get("error"):
+                    raise from_stream_error(chunk)
+                choices = chunk.get("choices")
+                if choices:
+                    for choice in choices:
+                        self._choice(choice, out)
+                usage = chunk.get("usage")
+                if usage:
+                    prompt = int(usage.get("prompt_tokens") or 0)
+                    self.usage = (prompt, int(usage.get("completion_tokens") or 0))
             self._end_run(out)
         finally:
             self._run.clear()
@@ -142,20 +153,6 @@ class ChunkTranslator:
                 if len(parsed) == len(values):
                     return parsed  # type: ignore[no-any-return]
         return [_loads(value) for value in values]
-
-    def _chunk(self, chunk: Any, out: list[BackendEvent]) -> None:
-        if type(chunk) is not dict:
-            raise UpstreamBadResponse("upstream sent a stream event that is not an object")
-        if chunk.get("error"):
-            raise from_stream_error(chunk)
-        choices = chunk.get("choices")
-        if choices:
-            for choice in choices:
-                self._choice(choice, out)
-        usage = chunk.get("usage")
-        if usage:
-            prompt = int(usage.get("prompt_tokens") or 0)
-            self.usage = (prompt, int(usage.get("completion_tokens") or 0))
 
     def finish(self, out: list[BackendEvent]) -> None:
         """At end of stream: close choices the upstream left open (only after ``[DONE]``)."""
@@ -199,8 +196,8 @@ class ChunkTranslator:
         if len(run) == 1:
             text, logprobs = run[0]
         else:
-            text = "".join(part for part, _ in run)
-            logprobs = tuple(entry for _, entry_list in run for entry in entry_list)
+            text = "".join([part for part, _ in run])
+            logprobs = tuple([entry for _, entries in run for entry in entries])
         out.append(TextDelta(self._run_index, text, logprobs, self._run_tokens))
         run.clear()
         self._run_tokens = 0
