@@ -106,6 +106,9 @@ def _add_suite(sub: Any) -> None:
     )
     p.add_argument("--slo-ttft-ms", type=float, default=None, help="Override the suite's SLO.")
     p.add_argument("--slo-itl-ms", type=float, default=None, help="Override the suite's SLO.")
+    p.add_argument(
+        "--rounds", type=int, default=None, help="Measure each level N times (interleaved)."
+    )
     p.add_argument("--workdir", type=Path, default=None)
     p.add_argument("--dry-run", action="store_true", help="Print the spec as JSON and exit.")
 
@@ -248,8 +251,12 @@ def _cmd_suite(args: argparse.Namespace) -> int:
         )
     else:
         spec = overhead_suite(root, quick=args.quick, concurrency=args.concurrency)
-    slos = {"slo_ttft_ms": args.slo_ttft_ms, "slo_itl_ms": args.slo_itl_ms}
-    spec = spec.model_copy(update={k: v for k, v in slos.items() if v is not None})
+    overrides = {
+        "slo_ttft_ms": args.slo_ttft_ms,
+        "slo_itl_ms": args.slo_itl_ms,
+        "rounds": args.rounds,
+    }
+    spec = spec.model_copy(update={k: v for k, v in overrides.items() if v is not None})
     if args.systems:
         keep = set(args.systems.split(","))
         unknown = keep - {s.label for s in spec.systems}

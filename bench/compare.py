@@ -2,7 +2,10 @@
 
 For each concurrency level and stream mode, every system runs the same prompts with the same
 token budget before the next level starts, and the order of systems rotates by one per level,
-so slow drift of the machine (thermal, other tenants) hits all systems alike. Results are
+so slow drift of the machine (thermal, other tenants) hits all systems alike. With
+``rounds`` above one, a level is measured that many times, every system once per round
+(the order rotating again), and each system's rounds are pooled (``pooled``): a burst of
+noise on a shared machine then moves one round of each figure, not the figure. Results are
 rewritten after every level, so an interrupted run still leaves its finished levels on disk.
 
 Ownership: :func:`run_compare` owns the processes it starts and stops them all (process
@@ -13,9 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
+import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,6 +131,30 @@ def _summarised(
         client_cpu_ms_per_request=run.client_cpu_s * 1000 / n,
         server_cpu_ms_per_request=None if server_cpu is None else server_cpu * 1000 / n,
         samples=run.results,
+    )
+
+
+def pooled(rounds: Sequence[RunRecord], slo: Slo) -> RunRecord:
+    """One system's rounds of one level as one record: latency and throughput over the
+    samples of every round (their walls added), CPU per request the median round's, each
+    round's kept in ``server_cpu_rounds``."""
+    if len(rounds) == 1:
+        return rounds[0]
+    samples = tuple(sample for record in rounds for sample in record.samples)
+    wall = sum(record.summary.wall_s for record in rounds)
+    servers = [
+        r.server_cpu_ms_per_request for r in rounds if r.server_cpu_ms_per_request is not None
+    ]
+    clients = [
+        r.client_cpu_ms_per_request for r in rounds if r.client_cpu_ms_per_request is not None
+    ]
+    return dataclasses.replace(
+        rounds[0],
+        summary=summarize(samples, slo, wall_s=wall),
+        server_cpu_ms_per_request=statistics.median(servers) if servers else None,
+        client_cpu_ms_per_request=statistics.median(clients) if clients else None,
+        samples=samples,
+        server_cpu_rounds=tuple(servers),
     )
 
 
@@ -282,41 +312,59 @@ class _Driver:
                 other.process.pause()
 
     async def run_level_for_all(self, k: int, concurrency: int) -> None:
-        """One concurrency level: every system (order rotated by ``k``), every stream mode."""
+        """One concurrency level: every system (order rotated by ``k`` and by round),
+        every stream mode, ``rounds`` times."""
         load = LoadSpec(
             concurrency=concurrency,
             num_requests=self.spec.requests_for(concurrency),
             duration_s=self.spec.level_duration_s,
             warmup=self.spec.warmup,
         )
-        shift = k % len(self.lives)
-        order = self.lives[shift:] + self.lives[:shift]
+        slo = Slo(self.spec.slo_ttft_ms, self.spec.slo_itl_ms)
         for stream in self.spec.streams:
-            for live in order:
-                if live.failed:
-                    continue
-                if live.spec.kind == "reference" and (concurrency != 1 or not stream):
-                    continue
-                if self.spec.pause_idle:
-                    self._isolate(live)
-                log.info("measuring %s %s stream=%s", live.spec.label, load.label, stream)
-                try:
-                    record = await self.measure(live, load, stream)
-                except StartupError as exc:
-                    self._fail(live, str(exc))
-                    continue
-                self.records.append(record)
-                s = record.summary
-                log.info(
-                    "%s %s: ok %d/%d, %.1f tok/s",
-                    live.spec.label,
-                    load.label,
-                    s.ok,
-                    s.requests,
-                    s.output_tokens_per_s,
-                )
-                if live.process is not None and not live.process.alive():
-                    self._fail(live, f"exited during {load.label}; see {live.process.log_path}")
+            measured: dict[str, list[RunRecord]] = {}
+            for round_index in range(self.spec.rounds):
+                shift = (k + round_index) % len(self.lives)
+                for live in self.lives[shift:] + self.lives[:shift]:
+                    record = await self._measure_one(live, load, stream, round_index)
+                    if record is not None:
+                        measured.setdefault(live.spec.label, []).append(record)
+            # In the order the first round measured them.
+            self.records.extend(pooled(rounds, slo) for rounds in measured.values())
+
+    async def _measure_one(
+        self, live: _Live, load: LoadSpec, stream: bool, round_index: int
+    ) -> RunRecord | None:
+        if live.failed or (live.spec.kind == "reference" and (load.concurrency != 1 or not stream)):
+            return None
+        if self.spec.pause_idle:
+            self._isolate(live)
+        log.info(
+            "measuring %s %s stream=%s round %d/%d",
+            live.spec.label,
+            load.label,
+            stream,
+            round_index + 1,
+            self.spec.rounds,
+        )
+        try:
+            record = await self.measure(live, load, stream)
+        except StartupError as exc:
+            self._fail(live, str(exc))
+            return None
+        s = record.summary
+        log.info(
+            "%s %s: ok %d/%d, %.1f tok/s, server CPU %s ms/req",
+            live.spec.label,
+            load.label,
+            s.ok,
+            s.requests,
+            s.output_tokens_per_s,
+            record.server_cpu_ms_per_request,
+        )
+        if live.process is not None and not live.process.alive():
+            self._fail(live, f"exited during {load.label}; see {live.process.log_path}")
+        return record
 
 
 async def run_compare(

@@ -28,6 +28,9 @@ class RunRecord:
     client_cpu_ms_per_request: float | None
     server_cpu_ms_per_request: float | None
     samples: tuple[RequestResult, ...]
+    server_cpu_rounds: tuple[float, ...] = ()
+    """Each round's server CPU ms per request when the level ran in several rounds
+    (``server_cpu_ms_per_request`` is then their median)."""
 
     def to_json(self, with_samples: bool = True) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -40,6 +43,8 @@ class RunRecord:
             "client_cpu_ms_per_request": self.client_cpu_ms_per_request,
             "server_cpu_ms_per_request": self.server_cpu_ms_per_request,
         }
+        if self.server_cpu_rounds:
+            data["server_cpu_rounds"] = list(self.server_cpu_rounds)
         if with_samples:
             data["samples"] = [s.to_json() for s in self.samples]
         return data
@@ -80,10 +85,17 @@ def markdown_table(records: Sequence[RunRecord]) -> str:
             f"| {r.system} | {r.load} | {'yes' if r.stream else 'no'} | {s.ok}/{s.requests} "
             f"| {s.requests_per_s:.2f} | {s.output_tokens_per_s:.1f} | {_triple(s.ttft_ms)} "
             f"| {_triple(s.itl_ms)} | {_triple(s.e2e_ms)} | {goodput} "
-            f"| {_opt(r.server_cpu_ms_per_request, '.2f')} "
-            f"| {_opt(r.client_cpu_ms_per_request, '.2f')} |"
+            f"| {_server_cpu(r)} | {_opt(r.client_cpu_ms_per_request, '.2f')} |"
         )
     return "\n".join(rows) + "\n"
+
+
+def _server_cpu(r: RunRecord) -> str:
+    """The figure, and each round's after it when there were several (median first)."""
+    figure = _opt(r.server_cpu_ms_per_request, ".2f")
+    if len(r.server_cpu_rounds) < 2:
+        return figure
+    return f"{figure} ({' / '.join(f'{v:.2f}' for v in r.server_cpu_rounds)})"
 
 
 def overhead_table(records: Sequence[RunRecord], baseline: str) -> str:

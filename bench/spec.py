@@ -92,6 +92,12 @@ class CompareSpec(_Frozen):
     pause_idle: bool = Field(
         default=False, description="SIGSTOP systems while others are measured."
     )
+    rounds: int = Field(
+        default=1,
+        ge=1,
+        description="Measure every level this many times, the systems interleaved within "
+        "each round; a system's figures pool its rounds, its CPU per request is the median.",
+    )
     prompts_file: str | None = None
     workload: Literal["mixed", "shared-prefix"] = Field(
         default="mixed",

@@ -348,6 +348,9 @@ def overhead_suite(
         # one-time costs (connections, metric series, first-use imports), so more warm-up
         # than a latency run needs; warm-up CPU is not counted (run_level's on_measured).
         warmup=2 if quick else 100,
+        # A shared machine's bursts of noise (other tenants) moved one run's CPU figure by
+        # 10-20 %; the median of three interleaved rounds keeps such a burst in one round.
+        rounds=1 if quick else 3,
         timeout_s=60,
         level_duration_s=60 if quick else 120,
         baseline="direct",
@@ -356,6 +359,9 @@ def overhead_suite(
             "server CPU ms/req: user+system CPU (/proc/<pid>/stat) of the measured requests "
             "(read after each level's warm-up) divided by their number; gateway rows count "
             "the gateway process only, direct rows the fake upstream",
+            "rounds: every level ran three times, the systems interleaved in each round; "
+            "latency and throughput pool the rounds' requests, CPU is the median round "
+            "(each round's after it, in parentheses)",
             "gateway-traced: the same gateway with tracing on (sample_ratio 1.0, OTLP/HTTP "
             "export to the fake upstream's /v1/traces sink)",
             "peers on the same fake: bare-passthrough (bench/bare_passthrough.py, FastAPI + "

@@ -101,6 +101,38 @@ def test_compare_alternates_systems_and_cleans_up(tmp_path: Path) -> None:
     assert (out / "results.png").stat().st_size > 10_000
 
 
+def test_rounds_interleave_and_pool(tmp_path: Path) -> None:
+    """Two rounds: each system measured twice, its record pools both rounds' requests and
+    keeps both rounds' CPU, the median first."""
+    tag = f"bench-test-{uuid.uuid4().hex}"
+    spec = {
+        "model": "fake",
+        "max_tokens": 4,
+        "concurrency": [1],
+        "min_requests": 3,
+        "warmup": 1,
+        "rounds": 2,
+        "timeout_s": 20,
+        "systems": [
+            {"label": "a", "command": _fake(tag), "base_url": "http://127.0.0.1:{port}/v1"},
+            {"label": "b", "command": _fake(tag), "base_url": "http://127.0.0.1:{port}/v1"},
+        ],
+    }
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    out = tmp_path / "out"
+    assert main(["compare", "--spec", str(spec_path), "--out", str(out)]) == 0
+    doc = json.loads((out / "results.json").read_text())
+    assert [run["system"] for run in doc["runs"]] == ["a", "b"]
+    for run in doc["runs"]:
+        assert run["summary"]["ok"] == 6 and run["summary"]["output_tokens"] == 24
+        assert len([s for s in run["samples"] if s["warmup"]]) == 2  # one per round
+        rounds = run["server_cpu_rounds"]
+        assert len(rounds) == 2
+        assert run["server_cpu_ms_per_request"] == sum(rounds) / 2  # the median of two
+    assert _running_with(tag) == []
+
+
 def test_a_system_that_cannot_start_is_reported(tmp_path: Path) -> None:
     spec = {
         "model": "fake",
