@@ -110,26 +110,60 @@ def _single_process() -> bool:
 class LoopCounter(Counter):
     """A ``Counter`` updated only on the event loop; see the module docstring."""
 
+    _own: _LoopValue | None = None  # the child's value, when it is a loop value
+
     def _metric_init(self) -> None:
         if not _single_process():
             super()._metric_init()
             return
-        self._value = _LoopValue()  # type: ignore[assignment]
+        self._value = self._own = _LoopValue()  # type: ignore[assignment]
         self._created = time.time()
+
+    def inc(self, amount: float = 1, exemplar: dict[str, str] | None = None) -> None:
+        own = self._own
+        if own is None or exemplar is not None or amount < 0:
+            super().inc(amount, exemplar)
+            return
+        own._value += amount  # the float itself: no call per update
 
 
 class LoopGauge(Gauge):
     """A ``Gauge`` updated only on the event loop; see the module docstring."""
 
+    _own: _LoopValue | None = None
+
     def _metric_init(self) -> None:
         if not _single_process():
             super()._metric_init()
             return
-        self._value = _LoopValue()  # type: ignore[assignment]
+        self._value = self._own = _LoopValue()  # type: ignore[assignment]
+
+    def inc(self, amount: float = 1) -> None:
+        own = self._own
+        if own is None:
+            super().inc(amount)
+            return
+        own._value += amount
+
+    def dec(self, amount: float = 1) -> None:
+        own = self._own
+        if own is None:
+            super().dec(amount)
+            return
+        own._value -= amount
+
+    def set(self, value: float) -> None:
+        own = self._own
+        if own is None:
+            super().set(value)
+            return
+        own._value = float(value)
 
 
 class LoopHistogram(Histogram):
     """A ``Histogram`` observed only on the event loop; see the module docstring."""
+
+    _own: _LoopValue | None = None  # the child's sum, when its values are loop values
 
     def _metric_init(self) -> None:
         if not _single_process():
@@ -137,4 +171,13 @@ class LoopHistogram(Histogram):
             return
         self._buckets = [_LoopValue() for _ in self._upper_bounds]  # type: ignore[misc]
         self._created = time.time()
-        self._sum = _LoopValue()  # type: ignore[assignment]
+        self._sum = self._own = _LoopValue()  # type: ignore[assignment]
+
+    def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
+        own = self._own
+        if own is None or exemplar is not None or math.isnan(amount):
+            super().observe(amount, exemplar)
+            return
+        own._value += amount
+        bucket: _LoopValue = self._buckets[bisect_left(self._upper_bounds, amount)]  # type: ignore[assignment]
+        bucket._value += 1
