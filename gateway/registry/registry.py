@@ -123,7 +123,10 @@ class ModelRegistry:
             log.info("route %r: no such model or capability", requested)
             raise
         self._metrics.decided(decision.reason)
-        log.debug("route %r -> %s (%s)", requested, ", ".join(decision.candidates), decision.reason)
+        if log.isEnabledFor(logging.DEBUG):  # once per request: no join when it is off
+            log.debug(
+                "route %r -> %s (%s)", requested, ", ".join(decision.candidates), decision.reason
+            )
         return decision
 
     def lease(self, name: str, *, max_wait: float | None = None) -> _Leasing:
