@@ -9,9 +9,9 @@ path, which raises). Same values, same exposition, same locking (the library's
 per-value mutex, so engine threads may update too). Exemplars, NaN and the multiprocess
 ``mostrecent`` gauges take the library's own path.
 
-``LoopCounter``, ``LoopGauge`` and ``LoopHistogram`` also drop that mutex: for families
-whose every update runs on one thread, the gateway's event loop (a request's record,
-routing, the relay). A scrape may read them from any thread: each value is one float
+``LoopCounter``, ``LoopGauge`` and ``LoopHistogram`` also drop that mutex, and add to
+their float in place: for families whose every update runs on one thread, the gateway's
+event loop (a request's record, routing, the relay). A scrape may read them from any thread: each value is one float
 attribute, read whole. In the library's multiprocess mode they are the plain kinds.
 """
 
