@@ -106,9 +106,7 @@ class GatewayASGI:
             await self.state.frontdoor.serve(scope, receive, send, handler)
 
     async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await GenerationCall(self.state, scope, receive, send).run(
-            ChatCompletionRequest, chat_request
-        )
+        await GenerationCall(self.state, scope, receive, send).run_chat()
 
     async def _completion(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Imported here: gateway.completions builds on GenerationCall below.
@@ -153,28 +151,22 @@ class GenerationCall:
             request_id=_request_id(scope), requested_model=""
         )
 
-    async def run(
-        self,
-        wire_type: type[_WireT],
-        translate: Callable[[_WireT, str, float], GenerationRequest],
-    ) -> None:
-        await self.guarded(self._generate(wire_type, translate))
+    async def run_chat(self) -> None:
+        """``POST /v1/chat/completions``."""
+        await self.guarded(self._chat())
 
-    async def _generate(
-        self,
-        wire_type: type[_WireT],
-        translate: Callable[[_WireT, str, float], GenerationRequest],
-    ) -> None:
+    async def _chat(self) -> None:
         record = self.record
         body = await self._read_body(self._state.max_body_bytes)
-        wire = _parse(wire_type, body)
+        wire = _parse(ChatCompletionRequest, body)
         report_unknown_fields(wire, record.request_id)
         record.requested_model = wire.model  # known even when translate refuses
-        request = translate(wire, record.request_id, record.arrival_time)
+        request = chat_request(wire, record.request_id, record.arrival_time)
         include_usage = bool(wire.stream_options and wire.stream_options.include_usage)
         # A legacy `functions` request is answered in its own shape (`function_call`).
-        legacy = bool(getattr(wire, "functions", None))
-        presenter = ChatPresenter(self._state.service, include_usage, legacy_functions=legacy)
+        presenter = ChatPresenter(
+            self._state.service, include_usage, legacy_functions=bool(wire.functions)
+        )
         await self._serve(request, stream=wire.stream, presenter=presenter)
 
     async def guarded(self, work: Awaitable[None]) -> None:
