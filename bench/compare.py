@@ -353,6 +353,7 @@ class _Driver:
             self._fail(live, str(exc))
             return None
         s = record.summary
+        cpu = record.server_cpu_ms_per_request
         log.info(
             "%s %s: ok %d/%d, %.1f tok/s, server CPU %s ms/req",
             live.spec.label,
@@ -360,7 +361,7 @@ class _Driver:
             s.ok,
             s.requests,
             s.output_tokens_per_s,
-            record.server_cpu_ms_per_request,
+            "-" if cpu is None else f"{cpu:.3f}",
         )
         if live.process is not None and not live.process.alive():
             self._fail(live, f"exited during {load.label}; see {live.process.log_path}")
