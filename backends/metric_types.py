@@ -11,8 +11,9 @@ per-value mutex, so engine threads may update too). Exemplars, NaN and the multi
 
 ``LoopCounter``, ``LoopGauge`` and ``LoopHistogram`` also drop that mutex, and add to
 their float in place: for families whose every update runs on one thread, the gateway's
-event loop (a request's record, routing, the relay). A scrape may read them from any thread: each value is one float
-attribute, read whole. In the library's multiprocess mode they are the plain kinds.
+event loop (a request's record, routing, the relay). A scrape may read them from any
+thread: each value is one float attribute, read whole. In the library's multiprocess mode
+they are the plain kinds.
 """
 
 from __future__ import annotations
