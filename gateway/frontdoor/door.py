@@ -142,11 +142,13 @@ class FrontDoor:
                 extra = [(b"allow", b"POST")] if isinstance(exc, MethodNotAllowed) else []
                 await _send_error(door.send, exc, record.request_id.encode(), extra)
         finally:
-            await door.finish()
-            # The pass holds the server's ``send`` (its request cycle), which holds the
-            # scope: out of the scope, the request's objects go when it does, not at
-            # the collector's next run (a cycle of ~17 objects per request, before).
-            del scope[PASS]
+            try:
+                await door.finish()
+            finally:
+                # The pass holds the server's ``send`` (its request cycle), which holds
+                # the scope: out of the scope, the request's objects go when it does, not
+                # at the collector's next run (a cycle of ~17 objects per request, before).
+                del scope[PASS]
 
 
 class Pass:
