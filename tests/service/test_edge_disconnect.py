@@ -7,40 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 from collections.abc import AsyncIterator
 
 import orjson
 import pytest
-import uvicorn
 
 from bench.fake_upstream import FakeOptions, FakeUpstream
-from config.schema import AppConfig
-from gateway.app import build_app
-from gateway.edge_transport import CoalescingHttpToolsProtocol
+from tests.service.edge_server import gateway_on_edge
 
 
 @pytest.fixture
 async def served() -> AsyncIterator[tuple[int, FakeUpstream]]:
-    fake = FakeUpstream(FakeOptions(chunks=400, delay_ms=10))
-    await fake.start()
-    config = AppConfig.model_validate(
-        {"models": [{"name": "m", "backend": "openai", "base_url": fake.url + "/v1"}]}
-    )
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(
-        uvicorn.Config(build_app(config), http=CoalescingHttpToolsProtocol, log_config=None)
-    )
-    task = asyncio.ensure_future(server.serve(sockets=[sock]))
-    while not server.started:  # noqa: ASYNC110 - uvicorn offers no start event
-        await asyncio.sleep(0.01)
-    try:
-        yield sock.getsockname()[1], fake
-    finally:
-        server.should_exit = True
-        await task
-        await fake.stop()
+    async with gateway_on_edge(FakeOptions(chunks=400, delay_ms=10)) as served:
+        yield served
 
 
 def _post(stream: bool, max_tokens: int) -> bytes:

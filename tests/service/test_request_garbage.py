@@ -11,42 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import socket
 from collections.abc import AsyncIterator, Iterator
 
 import orjson
 import pytest
-import uvicorn
 
-from bench.fake_upstream import FakeOptions, FakeUpstream
-from config.schema import AppConfig
-from gateway.app import build_app
-from gateway.edge_transport import CoalescingHttpToolsProtocol
+from bench.fake_upstream import FakeOptions
 from gateway.frontdoor.door import Pass
 from gateway.request_record import RequestRecord
+from tests.service.edge_server import gateway_on_edge
 
 
 @pytest.fixture
 async def port() -> AsyncIterator[int]:
-    fake = FakeUpstream(FakeOptions(chunks=4))
-    await fake.start()
-    config = AppConfig.model_validate(
-        {"models": [{"name": "m", "backend": "openai", "base_url": fake.url + "/v1"}]}
-    )
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(
-        uvicorn.Config(build_app(config), http=CoalescingHttpToolsProtocol, log_config=None)
-    )
-    task = asyncio.ensure_future(server.serve(sockets=[sock]))
-    while not server.started:  # noqa: ASYNC110 - uvicorn offers no start event
-        await asyncio.sleep(0.01)
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        server.should_exit = True
-        await task
-        await fake.stop()
+    async with gateway_on_edge(FakeOptions(chunks=4)) as (port, _):
+        yield port
 
 
 async def _exchange(port: int, body: dict[str, object]) -> bytes:
