@@ -285,25 +285,32 @@ general_settings:
 """
 
 
+def _relay_peer(root: Path, label: str, module: str) -> SystemSpec:
+    """A relay of ours (``python -m module --upstream URL --port N``) on the fake."""
+    return SystemSpec(
+        label=label,
+        command=(
+            str(root / ".venv/bin/python"),
+            "-m",
+            module,
+            "--upstream",
+            "http://127.0.0.1:{port_fake}",
+            "--port",
+            "{port}",
+        ),
+        base_url="http://127.0.0.1:{port}/v1",
+        health_url="http://127.0.0.1:{port}/health",
+        startup_timeout_s=120,
+    )
+
+
 def _overhead_peers(root: Path) -> tuple[SystemSpec, ...]:
-    """The bare FastAPI + aiohttp passthrough and LiteLLM's proxy, on the same fake."""
+    """The raw relay (the floor on llmso's own stack), the bare FastAPI + aiohttp
+    passthrough and LiteLLM's proxy, on the same fake."""
     litellm = root / ".venv-litellm/bin/litellm"
     return (
-        SystemSpec(
-            label="bare-passthrough",
-            command=(
-                str(root / ".venv/bin/python"),
-                "-m",
-                "bench.bare_passthrough",
-                "--upstream",
-                "http://127.0.0.1:{port_fake}",
-                "--port",
-                "{port}",
-            ),
-            base_url="http://127.0.0.1:{port}/v1",
-            health_url="http://127.0.0.1:{port}/health",
-            startup_timeout_s=120,
-        ),
+        _relay_peer(root, "raw-relay", "bench.raw_relay"),
+        _relay_peer(root, "bare-passthrough", "bench.bare_passthrough"),
         SystemSpec(
             label="litellm",
             # One worker, production mode, the bundled cost map (no network), started in
@@ -364,8 +371,10 @@ def overhead_suite(
             "(each round's after it, in parentheses)",
             "gateway-traced: the same gateway with tracing on (sample_ratio 1.0, OTLP/HTTP "
             "export to the fake upstream's /v1/traces sink)",
-            "peers on the same fake: bare-passthrough (bench/bare_passthrough.py, FastAPI + "
-            "aiohttp, relays chat only) and litellm (litellm[proxy] 1.108.7, one worker, "
+            "peers on the same fake: raw-relay (bench/raw_relay.py: llmso's server stack and "
+            "upstream client with nothing between them, bytes passed through; a floor, not "
+            "a gateway), bare-passthrough (bench/bare_passthrough.py, FastAPI + aiohttp, "
+            "relays chat only) and litellm (litellm[proxy] 1.108.7, one worker, "
             "LITELLM_MODE=PRODUCTION)",
         ),
         services=(

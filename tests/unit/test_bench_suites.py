@@ -70,8 +70,15 @@ def test_overhead_suite_points_the_gateway_at_the_fake() -> None:
     assert isinstance(model, OpenAIModelConfig)
     assert model.base_url == "http://127.0.0.1:18001/v1" and model.name == spec.model
     labels = [s.label for s in spec.systems]
-    assert labels == ["direct", "gateway", "gateway-traced", "bare-passthrough", "litellm"]
-    litellm = spec.systems[4]
+    assert labels == [
+        "direct", "gateway", "gateway-traced", "raw-relay", "bare-passthrough", "litellm",
+    ]  # fmt: skip
+    raw = spec.systems[3]
+    assert raw.command[1:3] == ("-m", "bench.raw_relay")
+    assert [fill(part, VALUES) for part in raw.command[3:]] == [
+        "--upstream", "http://127.0.0.1:18001", "--port", "18000",
+    ]  # fmt: skip
+    litellm = spec.systems[5]
     assert litellm.command[0].endswith(".venv-litellm/bin/litellm")
     assert litellm.command[-2:] == ("--num_workers", "1") and litellm.cwd
     assert litellm.env == {"LITELLM_MODE": "PRODUCTION", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
