@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bench.client import RequestOptions
-from bench.compare import run_compare
+from bench.compare import run_compare, summarised
 from bench.gpu_suite import gpu_models_suite
 from bench.loadgen import LoadSpec, new_session, run_level
 from bench.machine import machine_info
@@ -31,7 +31,7 @@ from bench.procstat import CpuWindow, group_cpu_seconds
 from bench.prompts import builtin_prompts, load_prompts
 from bench.report import RunRecord, markdown_table, plot, write_json
 from bench.spec import CompareSpec, load_spec
-from bench.stats import Slo, summarize
+from bench.stats import Slo
 from bench.suites import models_suite, overhead_suite
 
 T = TypeVar("T")
@@ -178,23 +178,13 @@ async def _run_levels(args: argparse.Namespace) -> list[RunRecord]:
                 lambda: group_cpu_seconds(args.server_pid) if args.server_pid else None
             )
             run = await run_level(session, options, prompts, load, window.start)
-            server_cpu = window.seconds()
-            summary = summarize(run.results, slo, wall_s=run.wall_s)
-            n = max(summary.requests, 1)
-            records.append(
-                RunRecord(
-                    system=label,
-                    load=load.label,
-                    concurrency=load.concurrency,
-                    rate=load.rate,
-                    stream=args.stream,
-                    summary=summary,
-                    client_cpu_ms_per_request=run.client_cpu_s * 1000 / n,
-                    server_cpu_ms_per_request=None if server_cpu is None else server_cpu * 1000 / n,
-                    samples=run.results,
-                )
+            record = summarised(
+                label, load, run, stream=args.stream, slo=slo, server_cpu=window.seconds()
             )
-            log.info("%s %s: %d/%d ok", label, load.label, summary.ok, summary.requests)
+            records.append(record)
+            log.info(
+                "%s %s: %d/%d ok", label, load.label, record.summary.ok, record.summary.requests
+            )
     return records
 
 

@@ -116,9 +116,11 @@ def write_outputs(
         plot(out_dir / "results.png", records, spec.title)
 
 
-def _summarised(
+def summarised(
     label: str, load: LoadSpec, run: LevelRun, *, stream: bool, slo: Slo, server_cpu: float | None
 ) -> RunRecord:
+    """The record of one level's run (``server_cpu``: the server's CPU seconds over its
+    measured requests, if known); also what ``llmso bench run`` writes per level."""
     summary = summarize(run.results, slo, wall_s=run.wall_s)
     n = max(summary.requests, 1)
     return RunRecord(
@@ -289,7 +291,7 @@ class _Driver:
         if live.spec.kind == "reference":
             # The reference's own process CPU plays the part of the server's.
             run, cpu = await self._run_reference(live, load)
-            return _summarised(live.spec.label, load, run, stream=stream, slo=slo, server_cpu=cpu)
+            return summarised(live.spec.label, load, run, stream=stream, slo=slo, server_cpu=cpu)
         options = self._options(live, stream)
         measured = live.process
         if measured is None and live.spec.cpu_of is not None:
@@ -298,9 +300,7 @@ class _Driver:
         window = CpuWindow(measured.cpu_seconds if measured else lambda: None)
         run = await run_level(self.session, options, self.prompts, load, window.start)
         server_cpu = window.seconds()
-        return _summarised(
-            live.spec.label, load, run, stream=stream, slo=slo, server_cpu=server_cpu
-        )
+        return summarised(live.spec.label, load, run, stream=stream, slo=slo, server_cpu=server_cpu)
 
     def _isolate(self, live: _Live) -> None:
         for other in self.lives:
