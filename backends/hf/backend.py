@@ -49,6 +49,7 @@ from backends.hf.static import StaticScheduler
 from backends.hf.threads import StepThreads
 from backends.hf.waiting import shed_limit
 from backends.hop_metrics import WorkerObserver
+from backends.process_wide import exclusive
 from config.schema import HFModelConfig
 
 if TYPE_CHECKING:
@@ -104,14 +105,11 @@ class HFBackend:
         if self._engine is not None:
             return
         self._loop = asyncio.get_running_loop()
-        loaded, policy_factory = await run_in_own_thread(self._load, f"load-{self._config.name}")
-        self._loaded = loaded
-        self._grammars = await asyncio.to_thread(
-            GrammarBook,
-            loaded.tokenizer,
-            vocab_size=int(loaded.model.config.vocab_size),
-            stop_ids=loaded.eos_ids,
+        loaded, grammars, policy_factory = await run_in_own_thread(
+            self._load, f"load-{self._config.name}"
         )
+        self._loaded = loaded
+        self._grammars = grammars
         limits = EngineLimits(
             max_context=loaded.max_context,
             max_num_seqs=self._config.max_num_seqs,
@@ -134,12 +132,28 @@ class HFBackend:
         self._failed = None
         self._engine.start()
 
-    def _load(self) -> tuple[LoadedModel, Callable[[TokenTable], StepPolicy]]:
-        """Load weights and, for the continuous modes, build the runner (worker thread)."""
+    def _load(self) -> tuple[LoadedModel, GrammarBook, Callable[[TokenTable], StepPolicy]]:
+        """Load weights, the grammar compiler and, for the continuous modes, the runner
+        (worker thread), all under the process's load lock (``backends.process_wide``):
+        the runner and the grammar book construct tensors and import libraries too."""
+        with exclusive(f"load of {self._config.name}"):
+            loaded = load(self._config)
+            grammars = GrammarBook(
+                loaded.tokenizer,
+                vocab_size=int(loaded.model.config.vocab_size),
+                stop_ids=loaded.eos_ids,
+            )
+            loaded, policy_factory = self._policy_factory(loaded)
+            return loaded, grammars, policy_factory
+
+    def _policy_factory(
+        self, loaded: LoadedModel
+    ) -> tuple[LoadedModel, Callable[[TokenTable], StepPolicy]]:
+        """The scheduling policy's constructor (called on the engine thread), and the
+        loaded model with its memory grown by the prefix cache's budget."""
         import torch
 
         torch.set_num_threads(threads_for(self._config))
-        loaded = load(self._config)
         config = self._config
         mode = config.scheduling
         if mode != "static" and not llama_runner.supports(loaded.model):

@@ -50,6 +50,7 @@ from backends.hf.pooling import (
     pool,
     read_pooling_spec,
 )
+from backends.process_wide import exclusive
 from config.schema import HFModelConfig
 
 log = logging.getLogger(__name__)
@@ -190,7 +191,13 @@ class PoolingEngine:
 
 
 def load_pooling_model(config: HFModelConfig) -> _Loaded:
-    """Weights, tokenizer and pooling spec (worker thread; blocking I/O)."""
+    """Weights, tokenizer and pooling spec (worker thread; blocking I/O), under the
+    process's load lock (``backends.process_wide``)."""
+    with exclusive(f"load of {config.name}"):
+        return _load_pooling_model(config)
+
+
+def _load_pooling_model(config: HFModelConfig) -> _Loaded:
     import torch
     from transformers import AutoModel, AutoTokenizer
 

@@ -19,13 +19,24 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import Any
-
-import torch
-import xgrammar as xgr
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from backends.base import GenerationRequest, InvalidRequest
 from backends.tool_markup import structured_outputs
+
+if TYPE_CHECKING:
+    import torch
+    import xgrammar as xgr
+
+
+def _xgr() -> ModuleType:
+    """xgrammar, imported on first use: it imports transformers at import time, so its
+    first import must happen under the process's load lock (``backends.process_wide``
+    imports it there), never when this module is imported."""
+    import xgrammar
+
+    return xgrammar
 
 
 class GrammarBook:
@@ -40,10 +51,12 @@ class GrammarBook:
         capacity: int = 64,
         threads: int = 1,
     ) -> None:
-        info = xgr.TokenizerInfo.from_huggingface(
+        info = _xgr().TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_ids)
         )
-        self._compiler = xgr.GrammarCompiler(info, max_threads=threads, cache_enabled=False)
+        self._compiler: xgr.GrammarCompiler = _xgr().GrammarCompiler(
+            info, max_threads=threads, cache_enabled=False
+        )
         self._capacity = capacity
         self._cache: OrderedDict[str, xgr.CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()
@@ -110,22 +123,23 @@ def compact_tag(tag: dict[str, Any]) -> dict[str, Any]:
     model can emit whitespace forever inside a valid prefix)."""
     for call in tag["format"]["tags"]:
         schema = json.dumps(call["content"]["json_schema"])
-        ebnf = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False))
+        ebnf = str(_xgr().Grammar.from_json_schema(schema, any_whitespace=False))
         call["content"] = {"type": "grammar", "grammar": ebnf}
     return tag
 
 
 def new_matcher(compiled: xgr.CompiledGrammar) -> xgr.GrammarMatcher:
-    return xgr.GrammarMatcher(compiled)
+    matcher: xgr.GrammarMatcher = _xgr().GrammarMatcher(compiled)
+    return matcher
 
 
 def mask_rows(logits: torch.Tensor, matchers: list[tuple[int, xgr.GrammarMatcher]]) -> None:
     """Set to -inf every token the row's matcher forbids next, in place."""
     if not matchers:
         return
-    bitmask = xgr.allocate_token_bitmask(logits.shape[0], logits.shape[-1])
+    bitmask = _xgr().allocate_token_bitmask(logits.shape[0], logits.shape[-1])
     for row, matcher in matchers:
         matcher.fill_next_token_bitmask(bitmask, row)
-    xgr.apply_token_bitmask_inplace(
+    _xgr().apply_token_bitmask_inplace(
         logits, bitmask, vocab_size=logits.shape[-1], indices=[row for row, _ in matchers]
     )

@@ -14,6 +14,7 @@ import torch
 
 from backends.base import BackendError
 from backends.hf.model_source import ModelSourceError, resolve_source
+from backends.process_wide import exclusive
 from config.schema import HFModelConfig
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,12 @@ def threads_for(config: HFModelConfig) -> int:
 
 
 def load(config: HFModelConfig) -> LoadedModel:
+    """Blocking; holds the process's load lock throughout (``backends.process_wide``)."""
+    with exclusive(f"load of {config.name}"):
+        return _load(config)
+
+
+def _load(config: HFModelConfig) -> LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:

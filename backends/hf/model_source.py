@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from backends.process_wide import exclusive
+
 log = logging.getLogger(__name__)
 
 PACKAGE_PREFIX = "package:"
@@ -156,6 +158,13 @@ def convert_gguf(gguf: Path, cache_dir: Path) -> Path:
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
     log.info("converting %s into %s (once)", gguf, target)
+    with exclusive(f"conversion of {gguf.name}"):
+        if not (target / "config.json").is_file():  # converted while we waited
+            _convert(gguf, cache_dir, target)
+    return target
+
+
+def _convert(gguf: Path, cache_dir: Path, target: Path) -> None:
     # Imported here: transformers and torch take seconds to import.
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -172,7 +181,6 @@ def convert_gguf(gguf: Path, cache_dir: Path) -> Path:
         _publish(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return target
 
 
 def _drop_gguf_quantization(model: Any) -> None:

@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import DynamicCache
 
 from backends.hf.detokenizer import TokenTable
 from backends.hf.outputs import StepOutputs, accept_token, emit_started
 from backends.hf.sampler import sample
 from backends.hf.sequence import Choice, RequestState
 from backends.hop_metrics import WorkerObserver
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache
 
 
 class StaticScheduler:
@@ -127,6 +129,10 @@ class StaticScheduler:
             mask[row, width - len(prompt) :] = 1
         mask = mask.to(self._device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        # Imported here, not at module level: transformers' first import belongs under
+        # the load lock (backends/process_wide.py); by now the load has imported it.
+        from transformers import DynamicCache
+
         self._cache = DynamicCache()
         logits = self._forward(ids.to(self._device), mask, positions)
         self._mask, self._positions = mask, positions[:, -1:]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from backends.base import GenerationRequest, InvalidRequest, RequestKind
+from backends.process_wide import exclusive
 from backends.tool_markup import render_chat
 
 
@@ -26,12 +27,13 @@ class Prompter:
         """Blocking: resolve the source (maybe converting a packaged model) and load."""
         if self._source is None or self._tokenizer is not None:
             return
-        from transformers import AutoTokenizer
-
         from backends.hf.model_source import resolve_source
 
         resolved = resolve_source(self._source)
-        self._tokenizer = AutoTokenizer.from_pretrained(resolved.path_or_id)
+        with exclusive(f"tokenizer of {self._source}"):
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(resolved.path_or_id)
 
     @property
     def loaded(self) -> bool:
