@@ -149,6 +149,15 @@ class BackendCrashed(BackendError):
     code = "backend_crashed"
 
 
+class StepFailed(BackendError):
+    """One engine step raised: the requests it was computing end with this; the engine
+    itself keeps serving (a retry may well succeed)."""
+
+    status = 500
+    error_type = "server_error"
+    code = "engine_step_failed"
+
+
 class WorkerStartError(BackendError):
     """The worker could not load its engine: it failed, died or timed out while loading."""
 
@@ -171,6 +180,7 @@ BACKEND_ERRORS: tuple[type[BackendError], ...] = (
     UpstreamRejected,
     ContractMismatch,
     BackendCrashed,
+    StepFailed,
     WorkerStartError,
 )
 """Every ``BackendError`` class, by which the process IPC names an error it carries."""
@@ -186,6 +196,7 @@ __all__ = [
     "ModelNotFound",
     "NotReady",
     "Overloaded",
+    "StepFailed",
     "UnsupportedFeature",
     "UpstreamBadResponse",
     "UpstreamRejected",

@@ -52,6 +52,9 @@ class WorkerObserver(Protocol):
 
     def on_preempt(self) -> None: ...
 
+    def on_step_error(self) -> None:
+        """A step raised and failed its requests; the engine goes on."""
+
     def on_prefix_cache(self, queried_tokens: int, hit_tokens: int) -> None:
         """One admitted prompt: its length and how many tokens the prefix cache supplied."""
         ...
@@ -105,6 +108,12 @@ class BackendMetrics:
         self.worker_aborted = Counter(
             "llmso_worker_aborted_requests_total",
             "Requests dropped because the client left.",
+            worker,
+            registry=registry,
+        )
+        self.worker_step_errors = Counter(
+            "llmso_worker_step_errors_total",
+            "Engine steps that raised (their requests failed; the engine went on).",
             worker,
             registry=registry,
         )
@@ -183,6 +192,7 @@ class PrometheusWorkerObserver:
         self._kv = metrics.worker_kv_cache_usage.labels(model)
         self._aborted = metrics.worker_aborted.labels(model)
         self._preempted = metrics.worker_preempted.labels(model)
+        self._step_errors = metrics.worker_step_errors.labels(model)
         self._prefix_queried = metrics.worker_prefix_queried.labels(model)
         self._prefix_hit = metrics.worker_prefix_hit.labels(model)
         self._prefix_ratio = metrics.worker_prefix_ratio.labels(model)
@@ -204,6 +214,9 @@ class PrometheusWorkerObserver:
 
     def on_preempt(self) -> None:
         self._preempted.inc()
+
+    def on_step_error(self) -> None:
+        self._step_errors.inc()
 
     def on_prefix_cache(self, queried_tokens: int, hit_tokens: int) -> None:
         self._prefix_queried.inc(queried_tokens)

@@ -33,6 +33,7 @@ from backends.base import (
     InvalidRequest,
     RequestKind,
 )
+from backends.errors import StepFailed
 from backends.hf.detokenizer import TokenTable
 from backends.hf.outputs import StepOutputs
 from backends.hf.sequence import RequestState, make_choices
@@ -40,6 +41,10 @@ from backends.hop_metrics import WorkerObserver
 from backends.tool_markup import render_chat
 
 log = logging.getLogger(__name__)
+
+# Consecutive failed steps after which the engine is taken for broken (its thread ends
+# and the registry restarts the model); fewer cost only the requests of those steps.
+MAX_FAILED_STEPS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +88,12 @@ class StepPolicy(Protocol):
     def report_load(self) -> None:
         """Tell the observer the current running/waiting counts and cache usage."""
 
+    def fail_step(self) -> list[RequestState]:
+        """After ``step`` raised: drop every request that step was computing (their cache
+        slots may hold half-written keys) and return them; the policy is then ready for
+        the next step, with requests the step did not touch kept as they were."""
+        ...
+
 
 class Engine:
     """See the module docstring. ``post`` and ``on_crash`` are thread-safe callables
@@ -115,6 +126,7 @@ class Engine:
         self._device = device
         self._stopping = threading.Event()
         self._by_sink: dict[int, RequestState] = {}
+        self._failed_steps = 0  # consecutive
         self.thread = threading.Thread(target=self._run, name="llmso-hf-engine", daemon=True)
 
     # ------------------------------------------------------------------ any thread
@@ -151,10 +163,31 @@ class Engine:
             self._intake(policy, out, block=not policy.has_work())
             self._apply_aborts(policy)
             if policy.has_work() and not self._stopping.is_set():
-                policy.step(out)
+                self._step(policy, out)
                 self._forget_finished(policy)
             if out:
                 self._post(out)
+
+    def _step(self, policy: StepPolicy, out: StepOutputs) -> None:
+        """One step; an exception costs the requests of that step, not the engine,
+        unless steps keep failing (then it propagates and the thread ends)."""
+        try:
+            policy.step(out)
+        except Exception as exc:
+            self._failed_steps += 1
+            if self._failed_steps >= MAX_FAILED_STEPS:
+                raise
+            log.exception("hf engine step failed; failing the requests of that step")
+            if self._observer is not None:
+                self._observer.on_step_error()
+            error = StepFailed(f"the engine step failed: {type(exc).__name__}: {exc}")
+            for state in policy.fail_step():
+                state.aborted = True
+                self._by_sink.pop(id(state.sink), None)
+                out.append((state.sink, error))
+            policy.report_load()
+            return
+        self._failed_steps = 0
 
     def _intake(self, policy: StepPolicy, out: StepOutputs, *, block: bool) -> None:
         timeout: float | None = 0.5 if block else policy.wait_hint()

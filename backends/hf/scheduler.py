@@ -63,6 +63,7 @@ class ContinuousScheduler:
         self.prefilling: list[RequestState] = []
         self.prefill_slot: dict[int, int] = {}  # id(state) -> its cache slot
         self.decoding: list[Choice] = []
+        self._in_step: list[RequestState] = []  # the requests the current step computes
 
     # ------------------------------------------------------------------ policy API
 
@@ -95,6 +96,7 @@ class ContinuousScheduler:
     def step(self, out: StepOutputs) -> None:
         began = time.perf_counter()
         decode = list(self.decoding)
+        self._in_step = [c.request for c in decode]
         chunks, finishing = self._plan_prefill(out)
         if not decode and not chunks:
             return
@@ -120,6 +122,20 @@ class ContinuousScheduler:
         if self._observer is not None:
             self._observer.on_step(batch, num_tokens, time.perf_counter() - began)
         self.report_load()
+
+    def fail_step(self) -> list[RequestState]:
+        """See ``StepPolicy.fail_step``: every decoding request and every request that
+        fed a prefill chunk this step leaves; waiting requests and prefills the step
+        did not reach stay."""
+        failed = {id(state): state for state in self._in_step}
+        self._in_step = []
+        for state in failed.values():
+            state.aborted = True
+            if state in self.prefilling:
+                self.prefilling.remove(state)
+            self.prefill_slot.pop(id(state), None)
+        self._compact()  # drops the aborted requests' decoding choices
+        return list(failed.values())
 
     def report_load(self) -> None:
         if self._observer is not None:
@@ -189,6 +205,7 @@ class ContinuousScheduler:
             )
         )
         state.prefilled += take
+        self._in_step.append(state)
         if done:
             finishing.append(state)
         return take

@@ -85,6 +85,13 @@ class StaticScheduler:
     def kv_usage(self) -> float:
         return 0.0
 
+    def fail_step(self) -> list[RequestState]:
+        """See ``StepPolicy.fail_step``: the running batch is one forward, so all of it
+        leaves; requests still waiting for the next batch stay."""
+        failed = {id(c.request): c.request for c in self._rows}
+        self._rows, self._cache, self._mask, self._positions = [], None, None, None
+        return list(failed.values())
+
     def _batch_rows(self) -> int:
         return sum(s.n for s in self.waiting)
 

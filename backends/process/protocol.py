@@ -64,7 +64,9 @@ OBSERVE = "obs"
 CRASHED = "crashed"
 
 CALLS = frozenset({"ready"})
-OBSERVER_METHODS = frozenset({"on_step", "on_load", "on_abort", "on_preempt", "on_prefix_cache"})
+OBSERVER_METHODS = frozenset(
+    {"on_step", "on_load", "on_abort", "on_preempt", "on_prefix_cache", "on_step_error"}
+)
 
 Message = tuple[Any, ...]
 

@@ -132,6 +132,9 @@ class RelayObserver:
     def on_preempt(self) -> None:
         self._outbox.put_threadsafe((p.OBSERVE, "on_preempt", ()))
 
+    def on_step_error(self) -> None:
+        self._outbox.put_threadsafe((p.OBSERVE, "on_step_error", ()))
+
     def on_prefix_cache(self, queried_tokens: int, hit_tokens: int) -> None:
         self._outbox.put_threadsafe((p.OBSERVE, "on_prefix_cache", (queried_tokens, hit_tokens)))
 

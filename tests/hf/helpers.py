@@ -93,6 +93,7 @@ class RecordingObserver:
     loads: list[tuple[int, int, float]] = field(default_factory=list)
     aborts: int = 0
     preempts: int = 0
+    step_errors: int = 0
     prefix: list[tuple[int, int]] = field(default_factory=list)
 
     def on_step(self, batch_size: int, num_tokens: int, seconds: float) -> None:
@@ -110,6 +111,10 @@ class RecordingObserver:
     def on_preempt(self) -> None:
         with self.lock:
             self.preempts += 1
+
+    def on_step_error(self) -> None:
+        with self.lock:
+            self.step_errors += 1
 
     def on_prefix_cache(self, queried_tokens: int, hit_tokens: int) -> None:
         with self.lock:
