@@ -38,6 +38,13 @@ class ServerConfig(_Frozen):
     body_timeout: float = Field(
         30.0, gt=0, description="Seconds a request body may take to arrive before 408."
     )
+    keep_alive_timeout: float = Field(
+        75.0,
+        gt=0,
+        description="Seconds an idle kept-alive client connection stays open. Longer than "
+        "client pools keep theirs (aiohttp 15 s), so a client never reuses one the server "
+        "is closing at that moment (aiohttp: 'Can not write request body').",
+    )
     drain_grace: float = Field(
         0.0,
         ge=0,

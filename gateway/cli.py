@@ -115,6 +115,7 @@ def _serve(config: AppConfig, settings: Settings, host: str | None, port: int | 
         proxy_headers=False,
         server_header=False,
         timeout_graceful_shutdown=math.ceil(config.server.drain_timeout),
+        timeout_keep_alive=math.ceil(config.server.keep_alive_timeout),
     )
     tune_gc()
     DrainingServer(server_config, app.drain, config.server.drain_grace).run()

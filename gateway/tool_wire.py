@@ -178,7 +178,15 @@ def assistant_calls(index: int, message: WireMessage) -> tuple[ToolCall, ...]:
 def _call(where: str, call_id: str, function: Any) -> ToolCall:
     if not isinstance(function, dict) or not isinstance(function.get("name"), str):
         raise InvalidRequest("a tool call needs a function name", param=f"{where}.name")
-    arguments = function.get("arguments", "{}")
+    if "arguments" not in function:
+        # As OpenAI answers; taking "{}" instead let a turn the client never sent steer
+        # the generation.
+        raise InvalidRequest(
+            f"Missing required parameter: '{where}.arguments'.",
+            param=f"{where}.arguments",
+            code="missing_required_parameter",
+        )
+    arguments = function["arguments"]
     if not isinstance(arguments, str):
         raise InvalidRequest(
             "arguments must be a JSON string, not a JSON value", param=f"{where}.arguments"
