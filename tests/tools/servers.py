@@ -142,6 +142,19 @@ def gateway(
             stop_process(server)
 
 
+def serve_file(path: Path, env: Mapping[str, str], timeout: float = 240.0) -> RunningServer:
+    """Start ``llmso serve`` on a config file the test edits (hot reload); the caller
+    stops it with ``stop_process``."""
+    port = free_port()
+    return start_process(
+        [str(VENV_BIN / "llmso"), "serve", "--config", str(path), "--port", str(port)],
+        port=port,
+        health_path="/ready",
+        timeout=timeout,
+        env=env,
+    )
+
+
 def engine_required(name: str, marker: Path) -> str | None:
     """``None`` when ``marker`` exists; else the reason to skip (or fail, under
     ``LLMSO_REQUIRE_ENGINES=1``, which ``make test`` sets)."""
