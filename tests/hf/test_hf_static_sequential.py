@@ -9,7 +9,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from backends.base import BackendCrashed, TextDelta
+from backends.errors import StepFailed
 from backends.hf.backend import HFBackend
+from backends.hf.engine import MAX_FAILED_STEPS
 from tests.hf.helpers import RecordingObserver, collect, completion, config
 
 PROMPTS = [
@@ -83,11 +85,18 @@ async def test_sequential_runs_one_at_a_time_and_matches_transformers_forward(
 async def test_engine_crash_fails_requests_and_reports(sequential: HFBackend) -> None:
     stream = sequential.generate(completion(PROMPTS[0], 200))
     seen = 0
-    with pytest.raises(BackendCrashed):
+    # One failed step costs its request; a broken runner fails every step, and the
+    # engine gives up after MAX_FAILED_STEPS in a row.
+    with pytest.raises(StepFailed):
         async for event in stream:
             seen += isinstance(event, TextDelta)
             if seen == 2:
                 _break_runner(sequential)
+    for _ in range(MAX_FAILED_STEPS - 2):
+        with pytest.raises(StepFailed):
+            await collect(sequential.generate(completion(PROMPTS[0], 4)))
+    with pytest.raises(BackendCrashed):
+        await collect(sequential.generate(completion(PROMPTS[0], 4)))
     await asyncio.sleep(0.1)
     assert sequential.crashes  # type: ignore[attr-defined]
     assert not await sequential.ready()
