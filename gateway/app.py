@@ -30,7 +30,7 @@ from gateway.frontdoor import usage
 from gateway.frontdoor.door import FrontDoor
 from gateway.openai_responses import api as responses_api
 from gateway.openai_responses.endpoint import ResponsesEndpoint
-from gateway.openai_responses.store import open_store
+from gateway.openai_responses.stores import open_store
 from gateway.openapi import document
 from gateway.registry import ConfigWatcher, ModelRegistry, RegistryMetrics
 from gateway.request_metrics import GatewayMetrics
@@ -81,7 +81,7 @@ def build_app(
         tracing=_tracing(config, span_exporter),
         frontdoor=frontdoor,
     )
-    gateway_metrics.finish_sinks.append(state.console.activity.add)
+    frontdoor.finish_sinks.append(state.console.activity.add)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

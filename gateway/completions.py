@@ -32,11 +32,11 @@ from backends.base import (
     UnsupportedFeature,
     Usage,
 )
+from gateway.call import JSON_HEADER, GenerationCall, parse
 from gateway.endpoints import ChatPresenter
 from gateway.frontdoor.door import admit
 from gateway.protocol import CompletionRequest
 from gateway.request_record import RequestRecord
-from gateway.routes import _JSON, GenerationCall, _parse
 from gateway.service import CompletionService, Generation
 from gateway.translate import (
     MAX_CHOICES,
@@ -177,7 +177,7 @@ class CompletionCall(GenerationCall):
 
     async def _completion(self) -> None:
         record = self.record
-        wire = _parse(CompletionRequest, await self._read_body(self._state.max_body_bytes))
+        wire = parse(CompletionRequest, await self._read_body(self._state.max_body_bytes))
         report_unknown_fields(wire, record.request_id)
         plan = completion_plan(wire, record.request_id, record.arrival_time)
         record.requested_model = wire.model
@@ -205,4 +205,4 @@ class CompletionCall(GenerationCall):
                 await self._stream(generation, service.stream(generation, include_usage))
                 return
             body = keep_best(await service.complete(generation), plan)
-            await self._respond(200, orjson.dumps(body), self._headers(generation, _JSON))
+            await self._respond(200, orjson.dumps(body), self._headers(generation, JSON_HEADER))

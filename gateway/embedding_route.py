@@ -7,12 +7,10 @@ import orjson
 
 from backends.base import GenerationRequest, RequestKind, SamplingParams
 from backends.embeddings import EmbeddingRequest
+from gateway.call import JSON_HEADER, GenerationCall
 from gateway.embeddings import EmbeddingService, EmbeddingsWire, embedding_request
 from gateway.endpoints import parse_wire
 from gateway.frontdoor.door import admit
-from gateway.routes import GenerationCall
-
-_JSON = (b"content-type", b"application/json")
 
 
 class EmbeddingCall(GenerationCall):
@@ -35,7 +33,7 @@ class EmbeddingCall(GenerationCall):
         async with self._watch_disconnect():
             payload = await service.embed(request, record, wire.encoding_format)
         headers = [
-            _JSON,
+            JSON_HEADER,
             (b"x-request-id", record.request_id.encode()),
             (b"server-timing", f"total;dur={record.elapsed * 1000.0:.2f}".encode()),
         ]

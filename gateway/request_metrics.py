@@ -5,17 +5,13 @@ Labels are bounded: model, backend, status. Histograms use base units (seconds, 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from backends.hop_metrics import LATENCY_BUCKETS
 from backends.metric_types import LoopCounter, LoopGauge, LoopHistogram
-
-if TYPE_CHECKING:
-    from gateway.request_record import RequestRecord
 
 TOKEN_BUCKETS = (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
@@ -44,15 +40,11 @@ class GatewayMetrics:
     """Families observed once per request (and per token for inter-token latency).
 
     Owned by one app; ``series`` caches children and is only called on the event loop.
-    ``finish_sinks`` are called with each finished request record, routed or refused
-    before routing (``record.model`` empty), on the loop:
-    in-process consumers such as the console's stats window, fed without parsing text.
     """
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self._series: dict[tuple[str, str], ModelSeries] = {}
         self._finished: dict[tuple[str, str, str], Any] = {}
-        self.finish_sinks: list[Callable[[RequestRecord], None]] = []
         hop = ("model", "backend")
         self.requests = LoopCounter(
             "llmso_requests_total",

@@ -9,23 +9,46 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import orjson
 
-from backends.base import BackendEvent, Finished, Started, TextDelta, ToolCallDelta, Usage
+from backends.base import (
+    BackendEvent,
+    Finished,
+    GenerationRequest,
+    Started,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+)
 from gateway.logs import REQUEST_LOGGER
 from gateway.request_metrics import GatewayMetrics, ModelSeries
-
-if TYPE_CHECKING:
-    from gateway.tracing import RequestTrace
 
 request_log = logging.getLogger(REQUEST_LOGGER)
 
 UNROUTED = "unrouted"
 """The ``model`` label of a request refused before it was routed to a model."""
+
+
+class Trace(Protocol):
+    """What the request path asks of a request's trace (``gateway.tracing.RequestTrace``,
+    which imports this module: the record only holds it)."""
+
+    status_code: int | None
+
+    def requested(self, request: GenerationRequest) -> None: ...
+
+    def enter_backend(self, request: GenerationRequest, backend: str) -> GenerationRequest: ...
+
+    def end(self, record: RequestRecord, end_time: float) -> None: ...
+
+
+FinishSink = Callable[["RequestRecord"], None]
+"""Called with each finished record, routed or refused before routing (``model`` empty),
+on the loop: in-process consumers such as the console's stats window."""
 
 
 @dataclass(slots=True)
@@ -50,12 +73,13 @@ class RequestRecord:
     _first_token_mono: float | None = None
     routed_at: float | None = None  # time.time() when the first model's lease was held
     finish_reasons: list[str] = field(default_factory=list)
-    trace: RequestTrace | None = None  # set only when tracing is on (gateway.tracing)
+    trace: Trace | None = None  # set only when tracing is on (gateway.tracing)
     key: str | None = None  # the client key's configured name, never the key
     streamed_tokens: int = 0  # tokens seen so far, for requests cut short before Usage
     may_use: Callable[[str], bool] | None = None  # the client key's model allow-list
     _last_token_mono: float | None = None
     _metrics: GatewayMetrics | None = None
+    _sinks: Sequence[FinishSink] = ()
     _series: ModelSeries | None = None
     _finished: bool = False
 
@@ -113,9 +137,11 @@ class RequestRecord:
             return None
         return (last - first) / (self.text_events - 1)
 
-    def track(self, metrics: GatewayMetrics) -> None:
-        """Count this request even if it never reaches a model (label ``unrouted``)."""
+    def track(self, metrics: GatewayMetrics, sinks: Sequence[FinishSink] = ()) -> None:
+        """Count this request even if it never reaches a model (label ``unrouted``), and
+        hand it to ``sinks`` when it finishes."""
         self._metrics = metrics
+        self._sinks = sinks
 
     def fail(self, status: str, error_type: str | None) -> None:
         self.status, self.error_type = status, error_type
@@ -130,8 +156,8 @@ class RequestRecord:
                 self._observe_finish(self._metrics, self._series)
             else:
                 self._metrics.finished(UNROUTED, "none", self.status)
-            for sink in self._metrics.finish_sinks:
-                sink(self)
+        for sink in self._sinks:
+            sink(self)
         if request_log.isEnabledFor(logging.INFO):
             request_log.info(orjson.dumps(self.log_fields()).decode())
 

@@ -1,6 +1,6 @@
 """What the console and scripts read about recent traffic, fed once per finished request.
 
-``Activity`` is one app's sink for ``RequestRecord.finish`` (see ``GatewayMetrics.
+``Activity`` is one app's sink for ``RequestRecord.finish`` (see ``FrontDoor.
 finish_sinks``). It keeps two bounded structures, both owned by the event loop (the sink
 and every reader run there, so no lock is needed):
 

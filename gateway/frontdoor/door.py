@@ -41,7 +41,7 @@ from gateway.frontdoor.metrics import KeyMetrics
 from gateway.frontdoor.web import BodyDeadline, WebGuard, request_id
 from gateway.registry import ModelRegistry
 from gateway.request_metrics import GatewayMetrics
-from gateway.request_record import RequestRecord
+from gateway.request_record import FinishSink, RequestRecord
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,9 @@ class FrontDoor:
         self.unset_max_tokens = config.limits.unset_max_tokens
         self.registry = registry
         self._metrics = metrics
+        # Handed every record the door finishes (the console's stats window); the app
+        # appends to it once, at build time.
+        self.finish_sinks: list[FinishSink] = []
 
     def reconfigure(self, config: AppConfig) -> None:
         """Apply a reloaded config's keys (the store and ``server:`` need a restart)."""
@@ -124,7 +127,7 @@ class FrontDoor:
             await _send_empty(send, 204, self.web.preflight_headers(origin))
             return
         record = RequestRecord(request_id=request_id(scope), requested_model="")
-        record.track(self._metrics)
+        record.track(self._metrics, self.finish_sinks)
         door = Pass(self, record, origin, send)
         scope[PASS] = door
         try:

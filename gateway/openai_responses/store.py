@@ -20,7 +20,6 @@ from typing import Any, Protocol
 import orjson
 
 from backends.errors import ApiError
-from config.schema import ResponsesConfig
 
 
 class ResponseNotFound(ApiError):
@@ -102,14 +101,3 @@ class MemoryResponseStore:
 
     async def close(self) -> None:
         self._entries.clear()
-
-
-def open_store(config: ResponsesConfig, default: str = "memory") -> ResponseStore:
-    """The store ``config`` names, else ``default`` (the limits store's URL, so gateways
-    that share limits share conversations too); connects lazily (no I/O here)."""
-    where = config.store or default
-    if where == "memory":
-        return MemoryResponseStore(config.max_entries, config.ttl)
-    from gateway.openai_responses.redis_store import RedisResponseStore
-
-    return RedisResponseStore(where, ttl=config.ttl, timeout=config.timeout)

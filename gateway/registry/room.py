@@ -1,26 +1,41 @@
 """Memory under the budget: making room before a load (which models to drain, and when
-to give up) and checking it after. Acts through ``Lifecycle``'s methods; runs on the
-event loop."""
+to give up) and checking it after. Acts through ``Tenants`` (what ``Lifecycle`` offers);
+runs on the event loop."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from backends.base import Backend
 from backends.errors import NotReady
+from config.schema import AppConfig
 from gateway.registry.entry import Entry
 from gateway.registry.eviction import Resident, busy_victim, fits, idle_victim
 from gateway.registry.tasks import join
 
-if TYPE_CHECKING:
-    from gateway.registry.lifecycle import Lifecycle
-
 log = logging.getLogger(__name__)
 
 
-async def make_room(life: Lifecycle, entry: Entry, needed: int) -> None:
+class Tenants(Protocol):
+    """The loaded models as room-making sees them (``lifecycle.Lifecycle``)."""
+
+    @property
+    def config(self) -> AppConfig: ...
+
+    def used_bytes(self) -> int: ...
+
+    def entries(self) -> list[Entry]: ...
+
+    def entry(self, name: str) -> Entry | None: ...
+
+    def pending_drains(self) -> list[asyncio.Task[None]]: ...
+
+    def start_drain(self, entry: Entry, reason: str) -> asyncio.Task[None]: ...
+
+
+async def make_room(life: Tenants, entry: Entry, needed: int) -> None:
     """Return once ``needed`` bytes fit the budget: drain idle models (LRU first), wait
     for drains under way, then drain busy models. Raises ``NotReady`` when nothing can
     be freed; the caller's load timeout bounds the waiting."""
@@ -51,7 +66,7 @@ async def make_room(life: Lifecycle, entry: Entry, needed: int) -> None:
         )
 
 
-def _named(life: Lifecycle, name: str) -> Entry:
+def _named(life: Tenants, name: str) -> Entry:
     found = life.entry(name)
     assert found is not None, f"victim {name} is not in the table"
     return found
@@ -73,7 +88,7 @@ def reported_memory(backend: Backend) -> int | None:
         return None
 
 
-def warn_if_over_budget(life: Lifecycle, loaded: str) -> None:
+def warn_if_over_budget(life: Tenants, loaded: str) -> None:
     budget = life.config.registry.memory_budget_bytes
     if budget is not None and life.used_bytes() > budget:
         log.warning(
