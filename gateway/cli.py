@@ -1,4 +1,6 @@
-"""The ``llmso`` command: ``serve``, ``prepare-model``, ``bench`` and ``plan``."""
+"""The ``llmso`` command: ``serve`` and ``prepare-model``, plus the subcommands other
+installed packages add through the ``llmso.commands`` entry-point group (this project's
+``bench`` and ``plan``, declared in pyproject.toml): the gateway never imports them."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import gc
 import logging
 import math
 import sys
+from collections.abc import Callable
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,18 +24,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("llmso")
 
+PLUGINS = "llmso.commands"
+"""Entry-point group of extra subcommands: each names a ``main(argv: list[str]) -> int``."""
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "bench":
-        from bench.cli import main as bench_main
-
-        return bench_main(argv[1:])
-    if argv and argv[0] == "plan":
-        from bench.plan.cli import main as plan_main
-
-        return plan_main(argv[1:])
-    args = _parser().parse_args(argv)
+    plugins = _plugins()
+    if argv and argv[0] in plugins:
+        command: Callable[[list[str]], int] = plugins[argv[0]].load()
+        return command(argv[1:])
+    args = _parser(plugins).parse_args(argv)
     settings = Settings()
     configure_logging(settings.log_level, settings.log_format)
     try:
@@ -44,7 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     return _serve(config, settings, args.host, args.port)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _plugins() -> dict[str, EntryPoint]:
+    """The installed subcommands of ``PLUGINS``, by name (loaded only when run)."""
+    return {entry.name: entry for entry in entry_points(group=PLUGINS)}
+
+
+def _parser(plugins: dict[str, EntryPoint]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmso", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="Start the gateway.")
@@ -55,8 +63,8 @@ def _parser() -> argparse.ArgumentParser:
         "prepare-model", help="Resolve (and convert once) every local hf model source."
     )
     prepare.add_argument("--config", type=Path, help="YAML config (env LLMSO_CONFIG).")
-    commands.add_parser("bench", help="Load generator; see `llmso bench --help`.")
-    commands.add_parser("plan", help="Cost/latency plan from bench results; `llmso plan --help`.")
+    for name, entry in sorted(plugins.items()):
+        commands.add_parser(name, help=f"From {entry.module}; see `llmso {name} --help`.")
     return parser
 
 

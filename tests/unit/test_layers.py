@@ -1,0 +1,158 @@
+"""The layer contracts of the product, read from the source with ``ast``.
+
+Every ``import`` counts: module level, under ``TYPE_CHECKING`` and inside functions, so
+a function-local import cannot hide a cycle. The contracts:
+
+- no import cycle inside ``gateway/`` (nor inside ``backends/`` or ``config/``);
+- the product (``gateway``, ``backends``, ``config``) never imports ``bench`` or ``tests``;
+- ``backends`` never imports ``gateway``, FastAPI or Starlette (the HTTP layer);
+- ``config`` never imports ``gateway`` or ``bench``.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PRODUCT = ("gateway", "backends", "config")
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str  # importing module, dotted
+    target: str  # imported name, dotted (a module, or a name inside one)
+    line: int
+
+
+def modules(root: Path, package: str) -> dict[str, Path]:
+    """Every module of ``package`` under ``root``, by dotted name."""
+    found: dict[str, Path] = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def imports(name: str, path: Path) -> Iterator[Edge]:
+    """Every import in the module ``name`` (at ``path``), wherever it stands."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Edge(name, alias.name, node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            for alias in node.names:
+                # ``from a import b`` imports the module ``a.b`` when there is one.
+                yield Edge(name, f"{module}.{alias.name}", node.lineno)
+
+
+def internal_graph(root: Path, package: str) -> dict[str, dict[str, int]]:
+    """Module -> the modules of the same package it imports (-> line)."""
+    known = modules(root, package)
+
+    def resolve(dotted: str) -> str | None:
+        while dotted and dotted not in known:
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    graph: dict[str, dict[str, int]] = {name: {} for name in known}
+    for name, path in known.items():
+        for edge in imports(name, path):
+            target = resolve(edge.target)
+            if target is not None and target != name and not name.startswith(f"{target}."):
+                # A module importing its own package's __init__ is Python's import
+                # order, not a dependency edge.
+                graph[name].setdefault(target, edge.line)
+    return graph
+
+
+def cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for succ in graph.get(node, {}):
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in on_stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component: list[str] = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def forbidden(root: Path, package: str, banned: tuple[str, ...]) -> list[str]:
+    """``module:line -> target`` for each import in ``package`` of a ``banned`` top name."""
+    return [
+        f"{edge.source}:{edge.line} -> {edge.target}"
+        for name, path in modules(root, package).items()
+        for edge in imports(name, path)
+        if edge.target.split(".")[0] in banned
+    ]
+
+
+@pytest.mark.parametrize("package", PRODUCT)
+def test_no_import_cycles(package: str) -> None:
+    assert cycles(internal_graph(ROOT, package)) == []
+
+
+@pytest.mark.parametrize("package", PRODUCT)
+def test_product_never_imports_bench_or_tests(package: str) -> None:
+    assert forbidden(ROOT, package, ("bench", "tests")) == []
+
+
+def test_backends_never_import_the_http_layer() -> None:
+    assert forbidden(ROOT, "backends", ("gateway", "fastapi", "starlette")) == []
+
+
+def test_config_never_imports_gateway() -> None:
+    assert forbidden(ROOT, "config", ("gateway",)) == []
+
+
+def test_the_checks_see_hidden_cycles_and_banned_imports(tmp_path: Path) -> None:
+    """The checker itself: a cycle closed by a function-local or ``TYPE_CHECKING``
+    import is found, and so is a banned import inside a function."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from pkg.sub import b\n")
+    (pkg / "a.py").write_text("from pkg.sub import b\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from pkg import a\n    import bench.cli\n")
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nfrom . import d\n")
+    (pkg / "d.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .c import X\n"
+    )
+    assert cycles(internal_graph(tmp_path, "pkg")) == [["pkg.a", "pkg.sub.b"], ["pkg.c", "pkg.d"]]
+    assert forbidden(tmp_path, "pkg", ("bench",)) == ["pkg.sub.b:3 -> bench.cli"]
