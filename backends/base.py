@@ -274,7 +274,7 @@ class Feature(Enum):
 
     A backend declares what it serves in ``ModelInfo.features``; the gateway refuses a
     request that needs a feature the routed backend lacks with a 400 naming the request
-    field (``gateway.capabilities``), so the decision is the backend's, never a guess.
+    field (``gateway.service.capabilities``), so the decision is the backend's, never a guess.
     """
 
     CHAT = "chat"

@@ -2,8 +2,8 @@
 
 A measurement probe, not a supported way to run llmso: nothing imports it, granian is not
 a dependency, and what only ``llmso serve`` gives (the drain on SIGTERM of
-``gateway.drain.DrainingServer``, the disconnect callback and header coalescing of
-``gateway.edge_transport``) is absent here. ``app`` serves what ``llmso serve`` does
+``gateway.edge.drain.DrainingServer``, the disconnect callback and header coalescing of
+``gateway.edge.transport``) is absent here. ``app`` serves what ``llmso serve`` does
 (``gateway.cli.served_app``: the config from ``LLMSO_CONFIG``, the same settings, logging
 and GC tuning, wrapped in ``CloseWhileDraining``) so that only the server differs::
 
@@ -25,8 +25,8 @@ def app() -> Any:
     granian's worker process; the drain flag is never set (granian handles SIGTERM)."""
     from config.loader import load_config
     from gateway.cli import served_app, tune_gc
-    from gateway.logs import configure_logging
-    from gateway.settings import Settings
+    from gateway.edge.settings import Settings
+    from gateway.observe.logs import configure_logging
 
     settings = Settings()
     configure_logging(settings.log_level, settings.log_format)

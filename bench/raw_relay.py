@@ -17,7 +17,7 @@ from typing import Any
 
 from backends.http1 import Pool
 from gateway.cli import tune_gc
-from gateway.edge_transport import CoalescingHttpToolsProtocol
+from gateway.edge.transport import CoalescingHttpToolsProtocol
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]

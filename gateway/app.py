@@ -21,26 +21,26 @@ from backends.base import ApiError
 from backends.factory import BackendFactory, create_backend
 from backends.hop_metrics import BackendMetrics
 from config.schema import AppConfig
-from gateway import ops_routes
-from gateway.app_state import AppState
+from gateway.api.responses import api as responses_api
+from gateway.api.responses.endpoint import ResponsesEndpoint
+from gateway.api.responses.stores import open_store
 from gateway.console import Console
 from gateway.console.routes import build_router as console_router
+from gateway.edge import ops
+from gateway.edge.asgi import GatewayASGI
+from gateway.edge.openapi import document
+from gateway.edge.state import AppState
 from gateway.errors import handle_backend_error, handle_http_exception, handle_unexpected
 from gateway.frontdoor import usage
 from gateway.frontdoor.door import FrontDoor
-from gateway.openai_responses import api as responses_api
-from gateway.openai_responses.endpoint import ResponsesEndpoint
-from gateway.openai_responses.stores import open_store
-from gateway.openapi import document
+from gateway.observe.metrics import GatewayMetrics
 from gateway.registry import ConfigWatcher, ModelRegistry, RegistryMetrics
-from gateway.request_metrics import GatewayMetrics
-from gateway.routes import GatewayASGI
-from gateway.service import CompletionService
+from gateway.service.generation import CompletionService
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
-    from gateway.tracing import Tracing
+    from gateway.observe.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def build_app(
         redoc_url=None,
     )
     app.state.llmso = state
-    app.include_router(ops_routes.router)
+    app.include_router(ops.router)
     app.include_router(usage.router)
     app.include_router(console_router(ui=config.server.ui))
     app.include_router(responses_api.router)
@@ -128,6 +128,6 @@ def _tracing(config: AppConfig, exporter: SpanExporter | None) -> Tracing | None
     """The app's tracer provider, or ``None`` when off (the SDK is then never imported)."""
     if not config.tracing.enabled and exporter is None:
         return None
-    from gateway.tracing import Tracing
+    from gateway.observe.tracing import Tracing
 
     return Tracing(config.tracing, exporter)

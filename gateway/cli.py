@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING
 
 from config.loader import ConfigError, load_config
 from config.schema import AppConfig, HFModelConfig
-from gateway.logs import configure_logging
-from gateway.settings import Settings
+from gateway.edge.settings import Settings
+from gateway.observe.logs import configure_logging
 
 if TYPE_CHECKING:
-    from gateway.drain import CloseWhileDraining
+    from gateway.edge.drain import CloseWhileDraining
 
 log = logging.getLogger("llmso")
 
@@ -87,7 +87,7 @@ def served_app(config: AppConfig, settings: Settings, bind_host: str) -> CloseWh
     """The ASGI app ``llmso serve`` runs: the gateway of ``config``, answering with
     ``Connection: close`` while it drains (also what ``bench.granian_probe`` serves)."""
     from gateway.app import build_app
-    from gateway.drain import CloseWhileDraining
+    from gateway.edge.drain import CloseWhileDraining
 
     app = build_app(
         config,
@@ -105,8 +105,8 @@ def _serve(config: AppConfig, settings: Settings, host: str | None, port: int | 
     bind_port = port if port is not None else settings.port
     if bind_port is None:
         bind_port = config.server.port
-    from gateway.drain import DrainingServer
-    from gateway.edge_transport import CoalescingHttpToolsProtocol
+    from gateway.edge.drain import DrainingServer
+    from gateway.edge.transport import CoalescingHttpToolsProtocol
 
     app = served_app(config, settings, bind_host)
     server_config = uvicorn.Config(

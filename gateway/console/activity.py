@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from gateway.request_record import RequestRecord
+from gateway.observe.record import RequestRecord
 
 WINDOW_SECONDS = 60.0
 RECENT_CAPACITY = 500

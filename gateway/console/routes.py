@@ -2,7 +2,7 @@
 scripts) and, when ``server.ui`` is on, the page itself under ``/ui``.
 
 The JSON views are read-only: they need the admin key when one is configured, and are
-open when auth is off (``ops_routes.require_admin(read_only=True)``). The page's files are
+open when auth is off (``gateway.edge.ops.require_admin(read_only=True)``). The page's files are
 read once when the router is built and served from memory with a strict
 Content-Security-Policy (same origin only, no inline script), so the page works offline
 and cannot load anything from elsewhere.
@@ -19,10 +19,10 @@ from fastapi import APIRouter, Request
 from starlette.responses import RedirectResponse, Response
 
 from backends.base import InvalidRequest
-from gateway.app_state import AppState
 from gateway.console.activity import RECENT_CAPACITY
+from gateway.edge.ops import require_admin
+from gateway.edge.state import AppState
 from gateway.errors import RouteNotFound
-from gateway.ops_routes import require_admin
 
 STATIC_DIR = Path(__file__).parent / "static"
 _TYPES = {

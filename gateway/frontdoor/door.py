@@ -39,9 +39,9 @@ from gateway.frontdoor.keys import (
 from gateway.frontdoor.limits import Ask, Settlement, Verdict, Window
 from gateway.frontdoor.metrics import KeyMetrics
 from gateway.frontdoor.web import BodyDeadline, WebGuard, request_id
+from gateway.observe.metrics import GatewayMetrics
+from gateway.observe.record import FinishSink, RequestRecord
 from gateway.registry import ModelRegistry
-from gateway.request_metrics import GatewayMetrics
-from gateway.request_record import FinishSink, RequestRecord
 
 log = logging.getLogger(__name__)
 

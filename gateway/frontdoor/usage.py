@@ -13,10 +13,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from gateway.edge.ops import _json, require_admin
 from gateway.frontdoor.door import openai_duration
 from gateway.frontdoor.keys import Client
 from gateway.frontdoor.limits import Verdict, Window, seconds_to_midnight
-from gateway.ops_routes import _json, require_admin
 
 router = APIRouter()
 

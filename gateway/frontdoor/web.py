@@ -20,9 +20,9 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from config.schema import ServerConfig
+from gateway.edge.stepping import first_step
 from gateway.frontdoor.errors import HostNotAllowed, RequestTimeout, UnsupportedMediaType
-from gateway.ids import fresh_hex
-from gateway.stepping import first_step
+from gateway.observe.ids import fresh_hex
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]

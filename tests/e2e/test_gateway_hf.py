@@ -298,7 +298,7 @@ def test_metrics_and_request_id(server: RunningServer) -> None:
 
 def _log_line(server: RunningServer, needle: str, within: float = 10.0) -> str:
     """The server's log line holding ``needle``; request lines leave in batches (up to
-    ``gateway.logs.REQUEST_LINES_FLUSH_S`` after the request), so wait for it."""
+    ``gateway.observe.logs.REQUEST_LINES_FLUSH_S`` after the request), so wait for it."""
     deadline = time.monotonic() + within
     while True:
         found = [line for line in server.log_tail(400).splitlines() if needle in line]

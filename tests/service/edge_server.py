@@ -14,7 +14,7 @@ import uvicorn
 from bench.fake_upstream import FakeOptions, FakeUpstream
 from config.schema import AppConfig
 from gateway.app import build_app
-from gateway.edge_transport import CoalescingHttpToolsProtocol
+from gateway.edge.transport import CoalescingHttpToolsProtocol
 
 
 @contextlib.asynccontextmanager

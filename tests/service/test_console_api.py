@@ -18,7 +18,7 @@ from backends.base import Backend
 from config.schema import AppConfig, ModelConfig
 from gateway.app import build_app
 from gateway.console.activity import Activity, percentile
-from gateway.request_record import RequestRecord
+from gateway.observe.record import RequestRecord
 from tests.tools.fake_backend import FakeBackend
 
 KEY = "console-admin"

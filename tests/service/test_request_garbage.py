@@ -18,7 +18,7 @@ import pytest
 
 from bench.fake_upstream import FakeOptions
 from gateway.frontdoor.door import Pass
-from gateway.request_record import RequestRecord
+from gateway.observe.record import RequestRecord
 from tests.service.edge_server import gateway_on_edge
 
 

@@ -405,9 +405,9 @@ def test_responses_config_refuses_an_unknown_store() -> None:
 
 
 def test_responses_store_defaults_to_the_limits_store() -> None:
-    from gateway.openai_responses.redis_store import RedisResponseStore
-    from gateway.openai_responses.store import MemoryResponseStore
-    from gateway.openai_responses.stores import open_store
+    from gateway.api.responses.redis_store import RedisResponseStore
+    from gateway.api.responses.store import MemoryResponseStore
+    from gateway.api.responses.stores import open_store
 
     models = [{"name": "m", "backend": "openai", "base_url": "http://unused"}]
     shared = AppConfig.model_validate({"models": models, "limits": {"store": "redis://h:1/0"}})

@@ -17,9 +17,9 @@ import pytest
 import redis
 
 from config.schema import AppConfig
+from gateway.api.responses.redis_store import KEY_PREFIX, RedisResponseStore
+from gateway.api.responses.store import StoredResponse
 from gateway.app import build_app
-from gateway.openai_responses.redis_store import KEY_PREFIX, RedisResponseStore
-from gateway.openai_responses.store import StoredResponse
 from tests.tools.schemas import validate
 from tests.tools.scripted_responses import ScriptedBackend, scripted_factory
 from tests.tools.servers import free_port

@@ -24,8 +24,8 @@ from bench.fake_upstream import FakeUpstream
 from config.schema import AppConfig, ModelConfig
 from config.tracing import TracingConfig
 from gateway.app import build_app
-from gateway.routes import GatewayASGI
-from gateway.tracing import build_exporter
+from gateway.edge.asgi import GatewayASGI
+from gateway.observe.tracing import build_exporter
 from tests.tools.fake_backend import FakeBackend
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -18,7 +18,7 @@ from backends.base import (
     ToolSpec,
     UnsupportedFeature,
 )
-from gateway.capabilities import needed_features, require_features
+from gateway.service.capabilities import needed_features, require_features
 
 
 def _chat(**fields: object) -> GenerationRequest:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import uvicorn
 
-from gateway.edge_transport import CoalescingHttpToolsProtocol, CoalescingTransport
+from gateway.edge.transport import CoalescingHttpToolsProtocol, CoalescingTransport
 
 
 async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.logs import REQUEST_LOGGER, BatchingStreamHandler, JsonFormatter
+from gateway.observe.logs import REQUEST_LOGGER, BatchingStreamHandler, JsonFormatter
 
 Logged = tuple[io.StringIO, logging.Logger, logging.Logger]
 

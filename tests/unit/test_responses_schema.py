@@ -7,7 +7,7 @@ import pytest
 
 from backends.base import BackendError, RequestKind, TokenLogprob, ToolCallDelta, TopLogprob, Usage
 from gateway.errors import error_payload
-from gateway.responses import SSE_DONE, ChoiceAccumulator, ChunkWriter, full_response
+from gateway.service.chat_bodies import SSE_DONE, ChoiceAccumulator, ChunkWriter, full_response
 from tests.tools.schemas import validate
 
 LOGPROB = TokenLogprob("Hi", -0.5, (72, 105), (TopLogprob("Hi", -0.5, (72, 105)),))

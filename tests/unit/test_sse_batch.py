@@ -8,8 +8,8 @@ from collections.abc import AsyncGenerator
 
 import pytest
 
-from gateway.responses import END_OF_FRAMES
-from gateway.sse_batch import ready_batches
+from gateway.edge.sse_batch import ready_batches
+from gateway.service.chat_bodies import END_OF_FRAMES
 
 
 async def _collect(frames: AsyncGenerator[bytes, None]) -> list[tuple[list[bytes], bool]]:

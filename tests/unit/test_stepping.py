@@ -1,4 +1,4 @@
-"""``gateway.stepping.first_step``: a ready awaitable costs no wait, a pending one is
+"""``gateway.edge.stepping.first_step``: a ready awaitable costs no wait, a pending one is
 resumed exactly as a plain ``await`` would be (results, errors, cancellation)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from gateway.stepping import first_step
+from gateway.edge.stepping import first_step
 
 
 async def _ready() -> str:

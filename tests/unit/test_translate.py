@@ -9,14 +9,14 @@ import pytest
 from pydantic import ValidationError
 
 from backends.base import InvalidRequest, RequestKind, ResponseFormat, ToolCall, ToolChoice
-from gateway.errors import from_validation_error
-from gateway.protocol import ChatCompletionRequest, CompletionRequest
-from gateway.translate import (
+from gateway.api.translate import (
     UNSET_MAX_TOKENS,
     chat_request,
     completion_prompts,
     completion_request,
 )
+from gateway.api.wire import ChatCompletionRequest, CompletionRequest
+from gateway.errors import from_validation_error
 
 TOOL = {
     "type": "function",

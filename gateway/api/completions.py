@@ -1,0 +1,208 @@
+"""``POST /v1/completions`` beyond one prompt: lists of prompts, ``echo`` and ``best_of``.
+
+A request with one prompt, no ``echo`` and ``best_of == n`` takes the ordinary generation
+path unchanged. Anything else becomes a ``CompletionPlan``: one backend request per
+prompt (each for ``best_of`` choices), opened together, and merged into one
+``Generation`` whose choice ``index`` runs prompt by prompt (prompt ``p``'s choice ``i`` is
+``p * best_of + i``), with one summed ``Usage`` at the end. The service's ordinary
+``complete()`` and ``stream()`` then shape it. ``echo`` puts the prompt in front of each
+choice's first text; ``best_of`` keeps, per prompt, the ``n`` choices with the highest
+mean token log-probability and numbers them ``p * n + j`` (never streamed).
+
+Everything here is owned by the task serving one request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, replace
+from typing import Any
+
+import orjson
+
+from backends.base import (
+    BackendEvent,
+    Finished,
+    GenerationRequest,
+    InvalidRequest,
+    Started,
+    TextDelta,
+    UnsupportedFeature,
+    Usage,
+)
+from gateway.api.base import ChatPresenter
+from gateway.api.translate import (
+    MAX_CHOICES,
+    completion_prompts,
+    completion_request,
+    report_unknown_fields,
+)
+from gateway.api.wire import CompletionRequest
+from gateway.edge.call import JSON_HEADER, GenerationCall, parse
+from gateway.frontdoor.door import admit
+from gateway.observe.record import RequestRecord
+from gateway.service.generation import CompletionService, Generation
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionPlan:
+    """``requests``: one per prompt, each asking for ``best_of`` choices; ``n`` of them
+    are returned per prompt."""
+
+    requests: tuple[GenerationRequest, ...]
+    n: int
+    echo: bool
+    want_logprobs: bool
+
+    @property
+    def best_of(self) -> int:
+        return self.requests[0].sampling.n
+
+    @property
+    def simple(self) -> bool:
+        return len(self.requests) == 1 and not self.echo and self.best_of == self.n
+
+
+def completion_plan(wire: CompletionRequest, request_id: str, arrival: float) -> CompletionPlan:
+    first = completion_request(wire, request_id, arrival)
+    prompts = completion_prompts(wire.prompt)
+    if len(prompts) * first.sampling.n > MAX_CHOICES:
+        raise InvalidRequest(
+            f"prompts x best_of (or n) must be at most {MAX_CHOICES}", param="prompt"
+        )
+    if wire.echo and not all(isinstance(prompt, str) for prompt in prompts):
+        raise InvalidRequest("echo needs text prompts, not token ids", param="echo")
+    requests = tuple(
+        replace(first, prompt=prompt, prompt_token_ids=())
+        if isinstance(prompt, str)
+        else replace(first, prompt="", prompt_token_ids=prompt)
+        for prompt in prompts
+    )
+    return CompletionPlan(requests, wire.n, wire.echo, wire.logprobs is not None)
+
+
+async def open_plan(
+    service: CompletionService, plan: CompletionPlan, record: RequestRecord
+) -> Generation:
+    """Open every prompt's generation together; one merged ``Generation`` back."""
+    tasks = [asyncio.ensure_future(service.open(request, record)) for request in plan.requests]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks)
+        for task in tasks:
+            if not task.cancelled() and task.exception() is None:
+                await task.result().close()
+        raise
+    parts = [task.result() for task in tasks]
+    stack = AsyncExitStack()
+    for part in parts:
+        stack.push_async_callback(part.close)
+    merged = _merged(parts, plan)
+    stack.push_async_callback(merged.aclose)
+    try:
+        first = await anext(merged)
+    except BaseException:
+        await stack.aclose()
+        raise
+    head = parts[0]
+    sampling = replace(head.request.sampling, n=len(parts) * plan.best_of)
+    return replace(head, request=replace(head.request, sampling=sampling), first=first,
+                   events=merged, closer=stack.aclose)  # fmt: skip
+
+
+async def _merged(
+    parts: list[Generation], plan: CompletionPlan
+) -> AsyncGenerator[BackendEvent, None]:
+    per = plan.best_of
+    prompt_tokens = completion_tokens = 0
+    upstream: float | None = None
+    for number, part in enumerate(parts):
+        echo = plan.requests[number].prompt if plan.echo else ""
+        unechoed = set(range(per)) if echo else set()
+        async for event in part.all_events():
+            if isinstance(event, Started):
+                if number == 0:
+                    yield event
+            elif isinstance(event, TextDelta):
+                text = event.text
+                if event.index in unechoed:
+                    unechoed.discard(event.index)
+                    text = echo + text
+                yield replace(event, index=number * per + event.index, text=text)
+            elif isinstance(event, Finished):
+                if event.index in unechoed:
+                    unechoed.discard(event.index)
+                    yield TextDelta(index=number * per + event.index, text=echo, num_tokens=0)
+                yield replace(event, index=number * per + event.index)
+            elif isinstance(event, Usage):
+                prompt_tokens += event.prompt_tokens
+                completion_tokens += event.completion_tokens
+                if event.upstream_seconds is not None:
+                    upstream = max(upstream or 0.0, event.upstream_seconds)
+    yield Usage(prompt_tokens, completion_tokens, upstream_seconds=upstream)
+
+
+def keep_best(body: dict[str, Any], plan: CompletionPlan) -> dict[str, Any]:
+    """Per prompt, the ``n`` choices with the best mean log-probability, renumbered."""
+    if plan.best_of == plan.n:
+        return body
+    choices: list[dict[str, Any]] = body["choices"]
+    kept: list[dict[str, Any]] = []
+    for start in range(0, len(choices), plan.best_of):
+        group = choices[start : start + plan.best_of]
+        ranked = sorted(group, key=_mean_logprob, reverse=True)[: plan.n]
+        for choice in ranked:
+            logprobs = choice["logprobs"] if plan.want_logprobs else None
+            kept.append({**choice, "index": len(kept), "logprobs": logprobs})
+    return {**body, "choices": kept}
+
+
+def _mean_logprob(choice: dict[str, Any]) -> float:
+    values = (choice.get("logprobs") or {}).get("token_logprobs") or []
+    return sum(values) / len(values) if values else float("-inf")
+
+
+class CompletionCall(GenerationCall):
+    """One completions request on one connection; owned by the task that runs it."""
+
+    __slots__ = ()
+
+    async def run_completion(self) -> None:
+        await self.guarded(self._completion())
+
+    async def _completion(self) -> None:
+        record = self.record
+        wire = parse(CompletionRequest, await self._read_body(self._state.max_body_bytes))
+        report_unknown_fields(wire, record.request_id)
+        plan = completion_plan(wire, record.request_id, record.arrival_time)
+        record.requested_model = wire.model
+        include_usage = bool(wire.stream_options and wire.stream_options.include_usage)
+        if plan.simple:
+            presenter = ChatPresenter(self._state.service, include_usage)
+            await self._serve(plan.requests[0], stream=wire.stream, presenter=presenter)
+            return
+        service = self._state.service
+        # One admission for the whole list (the key's models, limits, priority); the
+        # settlement at the end counts every prompt's real usage.
+        first = await admit(self._scope, plan.requests[0])
+        requests = (first, *(replace(r, priority=first.priority) for r in plan.requests[1:]))
+        plan = replace(plan, requests=tuple(self.traced(request) for request in requests))
+        async with self._watch_disconnect():
+            try:
+                generation = await open_plan(service, plan, record)
+            except UnsupportedFeature as exc:
+                if exc.param != "logprobs" or plan.want_logprobs:
+                    raise
+                raise UnsupportedFeature(
+                    f"best_of ranks choices by log-probability: {exc.message}", param="best_of"
+                ) from None
+            if wire.stream:
+                await self._stream(generation, service.stream(generation, include_usage))
+                return
+            body = keep_best(await service.complete(generation), plan)
+            await self._respond(200, orjson.dumps(body), self._headers(generation, JSON_HEADER))

@@ -1,0 +1,145 @@
+"""``POST /v1/responses``: prepare the request, render the response, keep it.
+
+``ResponsesEndpoint.prepare`` is handed to ``GenerationCall.serve`` (gateway.edge.asgi), so
+the body limit, disconnect watcher, request record and metrics are the chat route's own.
+The history behind ``previous_response_id`` comes from the store before routing; a
+finished response is stored (unless ``store: false``) before its last byte is sent, so a
+client that got the response can always continue it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import orjson
+
+from backends.base import ApiError, BackendEvent
+from gateway.api.base import Prepared, parse_wire
+from gateway.api.responses.output import OutputAssembler
+from gateway.api.responses.render import EventWriter, ResponseShape, new_id, with_id
+from gateway.api.responses.store import ResponseNotFound, ResponseStore, StoredResponse
+from gateway.api.responses.translate import generation_request, input_items, wire_param
+from gateway.api.responses.wire import ResponsesRequest
+from gateway.errors import InternalError
+from gateway.observe.record import RequestRecord
+from gateway.service.generation import CompletionService, Generation
+
+log = logging.getLogger(__name__)
+
+
+class ResponsesEndpoint:
+    """Stateless per request; ``store`` is owned by the app (closed by its lifespan)."""
+
+    def __init__(self, service: CompletionService, store: ResponseStore) -> None:
+        self.service = service
+        self.store = store
+
+    async def prepare(self, body: Any, record: RequestRecord) -> Prepared:
+        wire = parse_wire(ResponsesRequest, body)
+        unknown = wire.unknown_fields()
+        if unknown and log.isEnabledFor(logging.DEBUG):
+            log.debug("request %s: ignoring unknown fields %s", record.request_id, unknown)
+        history: list[dict[str, Any]] = []
+        if wire.previous_response_id is not None:
+            previous = await self.store.get(wire.previous_response_id)
+            if previous is None:
+                raise ResponseNotFound(
+                    f"Previous response with id '{wire.previous_response_id}' not found.",
+                    param="previous_response_id",
+                )
+            history = previous.items
+        conversation = [*history, *input_items(wire)]
+        request = generation_request(
+            wire, conversation, len(history), record.request_id, record.arrival_time
+        )
+        shape = ResponseShape(new_id("resp"), int(record.arrival_time), wire.model, wire)
+        presenter = ResponsesPresenter(self, shape, conversation, keep=wire.stores)
+        return Prepared(request, wire.stream, presenter, wire_param)
+
+
+class ResponsesPresenter:
+    """Renders one response; owned by the task serving its request."""
+
+    __slots__ = ("_conversation", "_endpoint", "_keep", "_shape")
+
+    def __init__(
+        self,
+        endpoint: ResponsesEndpoint,
+        shape: ResponseShape,
+        conversation: list[dict[str, Any]],
+        *,
+        keep: bool,
+    ) -> None:
+        self._endpoint = endpoint
+        self._shape = shape
+        self._conversation = conversation
+        self._keep = keep
+
+    async def body(self, generation: Generation) -> bytes:
+        self._shape.model = generation.model
+        output = OutputAssembler(lambda *_, **__: b"")
+        async with contextlib.aclosing(self._events(generation)) as events:
+            async for event in events:
+                output.feed(event)
+        output.finish()
+        response = self._shape.render(output.status, output.output, output.usage)
+        await self._keep_response(response)
+        return orjson.dumps(response)
+
+    async def frames(self, generation: Generation) -> AsyncGenerator[bytes, None]:
+        shape = self._shape
+        shape.model = generation.model
+        emit = EventWriter()
+        output = OutputAssembler(emit)
+        yield emit("response.created", response=shape.render("in_progress", []))
+        yield emit("response.in_progress", response=shape.render("in_progress", []))
+        try:
+            async with contextlib.aclosing(self._events(generation)) as events:
+                async for event in events:
+                    for frame in output.feed(event):
+                        yield frame
+            for frame in output.finish():
+                yield frame
+            response = shape.render(output.status, output.output, output.usage)
+            await self._keep_response(response)
+        except ApiError as exc:
+            yield self._failed(emit, generation, output, exc)
+            return
+        except Exception as exc:
+            log.exception("response %s failed mid-stream", shape.id)
+            error = InternalError(f"internal error: {type(exc).__name__}")
+            yield self._failed(emit, generation, output, error)
+            return
+        final = (
+            "response.incomplete" if response["status"] == "incomplete" else "response.completed"
+        )
+        yield emit(final, response=response)
+
+    async def _events(self, generation: Generation) -> AsyncGenerator[BackendEvent, None]:
+        """Every backend event, observed by the request record; closes the generation."""
+        record = generation.record
+        try:
+            async for event in generation.all_events():
+                if event is not generation.first:
+                    record.observe(event)
+                yield event
+        finally:
+            await generation.close()
+        self._endpoint.service.observe_overhead(generation)
+
+    def _failed(
+        self, emit: EventWriter, generation: Generation, output: OutputAssembler, exc: ApiError
+    ) -> bytes:
+        generation.record.fail("error", exc.error_type)
+        log.warning("response %s failed mid-stream: %s", self._shape.id, exc.message)
+        response = self._shape.render("failed", output.snapshot(), output.usage, exc)
+        return emit("response.failed", response=response)
+
+    async def _keep_response(self, response: dict[str, Any]) -> None:
+        if not self._keep:
+            return
+        items = [*map(with_id, self._conversation), *response["output"]]
+        await self._endpoint.store.put(response["id"], StoredResponse(response, items))

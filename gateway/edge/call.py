@@ -1,0 +1,321 @@
+"""One generation request on one connection, served as plain ASGI: read the body with a
+size limit, parse it once with orjson + pydantic, admit it at the front door, call the
+service and render. Every failure is a typed ``ApiError`` rendered by
+``gateway.errors.error_body``. A watcher listens for the client leaving for the whole
+life of a request, and cancels the work so no compute is spent on a client that is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
+from typing import Any, TypeVar
+
+import orjson
+
+from backends.base import ApiError, GenerationRequest, InvalidRequest
+from gateway.api.base import ChatPresenter, Prepare, Prepared, Presenter, parse_wire
+from gateway.api.translate import chat_request, report_unknown_fields
+from gateway.api.wire import ChatCompletionRequest, SamplingFields
+from gateway.edge.sse_batch import ready_batches
+from gateway.edge.state import AppState
+from gateway.edge.transport import DISCONNECT_HOOK, DisconnectHook
+from gateway.errors import (
+    InternalError,
+    RequestTooLarge,
+    error_body,
+)
+from gateway.frontdoor.door import admit, door_record
+from gateway.frontdoor.web import request_id as _request_id
+from gateway.observe.record import RequestRecord
+from gateway.observe.timing import timing_header
+from gateway.observe.trace_context import client_trace_headers
+from gateway.service.generation import Generation, server_timing
+
+log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_WireT = TypeVar("_WireT", bound=SamplingFields)
+JSON_HEADER = (b"content-type", b"application/json")
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+class ClientDisconnected(Exception):
+    """The client closed the connection before the response was complete."""
+
+
+class GenerationCall:
+    """One generation request on one connection; owned by the task that runs it."""
+
+    __slots__ = (
+        "_complete",
+        "_disconnected",
+        "_receive",
+        "_scope",
+        "_send",
+        "_started",
+        "_state",
+        "record",
+    )
+
+    def __init__(self, state: AppState, scope: Scope, receive: Receive, send: Send) -> None:
+        self._state = state
+        self._scope = scope
+        self._receive = receive
+        self._send = send
+        self._started = False
+        self._complete = False
+        self._disconnected = False
+        self.record = door_record(scope) or RequestRecord(
+            request_id=_request_id(scope), requested_model=""
+        )
+
+    async def run_chat(self) -> None:
+        """``POST /v1/chat/completions``."""
+        await self.guarded(self._chat())
+
+    async def _chat(self) -> None:
+        record = self.record
+        body = await self._read_body(self._state.max_body_bytes)
+        wire = parse(ChatCompletionRequest, body)
+        report_unknown_fields(wire, record.request_id)
+        record.requested_model = wire.model  # known even when translate refuses
+        request = chat_request(wire, record.request_id, record.arrival_time)
+        include_usage = bool(wire.stream_options and wire.stream_options.include_usage)
+        # A legacy `functions` request is answered in its own shape (`function_call`).
+        presenter = ChatPresenter(
+            self._state.service, include_usage, legacy_functions=bool(wire.functions)
+        )
+        await self._serve(request, stream=wire.stream, presenter=presenter)
+
+    async def guarded(self, work: Awaitable[None]) -> None:
+        """Await ``work`` (one request's serving), render what it raises as an error
+        response, and finish the record once."""
+        record = self.record
+        if self._state.tracing is not None:
+            record.trace = self._state.tracing.start_request(self._scope, record.request_id)
+        try:
+            await work
+        except ClientDisconnected:
+            record.fail("disconnected", None)
+        except ApiError as exc:
+            record.fail("client_error" if exc.status < 500 else "server_error", exc.error_type)
+            await self._send_error(exc)
+        except Exception:
+            log.exception("request %s failed", record.request_id)
+            record.fail("server_error", "server_error")
+            await self._send_error(InternalError("internal server error"))
+        finally:
+            if record.model or door_record(self._scope) is None:
+                record.finish()  # else the front door finishes it, after its settlement
+            if record.trace is not None:
+                record.trace.end(record, record.finish_time or time.time())
+
+    async def serve(self, prepare: Prepare) -> None:
+        """Another endpoint on this machinery: ``prepare`` turns the body into a request
+        and the presenter that renders it (``gateway.api.base``)."""
+        await self.guarded(self._prepared(prepare))
+
+    async def _prepared(self, prepare: Prepare) -> None:
+        prepared: Prepared = await prepare(await self._read_body(self._state.max_body_bytes))
+        self.record.requested_model = prepared.request.model
+        try:
+            await self._serve(
+                prepared.request, stream=prepared.stream, presenter=prepared.presenter
+            )
+        except ApiError as exc:
+            if exc.param and prepared.wire_param is not None and not self._started:
+                exc.param = prepared.wire_param(exc.param)
+            raise
+
+    def traced(self, request: GenerationRequest) -> GenerationRequest:
+        """Name the request on its trace, or (tracing off) relay the client's trace
+        context to upstreams as it came."""
+        if self.record.trace is not None:
+            self.record.trace.requested(request)
+            return request
+        return client_trace_headers(self._scope, request)
+
+    async def _serve(
+        self,
+        request: GenerationRequest,
+        *,
+        stream: bool,
+        presenter: Presenter,
+    ) -> None:
+        request = await admit(self._scope, request)  # key's models and limits (frontdoor)
+        service = self._state.service
+        request = _with_session(self.traced(request), _header(self._scope, b"x-session-id"))
+        async with self._watch_disconnect():
+            generation = await service.open(request, self.record)
+            if stream:
+                await self._stream(generation, presenter.frames(generation))
+                return
+            body = await presenter.body(generation)
+            await self._respond(200, body, self._headers(generation, JSON_HEADER))
+
+    async def _stream(self, generation: Generation, frames: AsyncGenerator[bytes, None]) -> None:
+        # Every frame that is ready goes out in one send; the last batch ends the body.
+        batches = ready_batches(frames)
+        try:
+            await self._start(200, self._headers(generation, *_SSE_HEADERS))
+            send = self._send
+            async for batch, last in batches:
+                body = batch[0] if len(batch) == 1 else b"".join(batch)  # [] at an end
+                if last:
+                    self._complete = True
+                await send({"type": "http.response.body", "body": body, "more_body": not last})
+            if not self._complete:
+                self._complete = True
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await batches.aclose()
+
+    def _watch_disconnect(self) -> _DisconnectWatch:
+        """Cancel the serving task if the client leaves (``async with``)."""
+        return _DisconnectWatch(self)
+
+    async def _read_body(self, limit: int) -> Any:
+        declared = _header(self._scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise RequestTooLarge(f"request body is larger than {limit} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnected()
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise RequestTooLarge(f"request body is larger than {limit} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        try:
+            return orjson.loads(b"".join(chunks))
+        except orjson.JSONDecodeError as exc:
+            raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+
+    def _headers(
+        self, generation: Generation, *extra: tuple[bytes, bytes]
+    ) -> list[tuple[bytes, bytes]]:
+        return [
+            *extra,
+            (b"x-request-id", self.record.request_id.encode()),
+            (b"server-timing", server_timing(generation).encode()),
+        ]
+
+    async def _start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self._started = True
+        if self.record.trace is not None:
+            self.record.trace.status_code = status
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def _respond(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        await self._start(status, headers)
+        self._complete = True
+        await self._send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _send_error(self, exc: ApiError) -> None:
+        if self._started:
+            return  # a stream already reported its own failure in-band
+        body, extra = error_body(exc)
+        headers = [
+            JSON_HEADER,
+            (b"x-request-id", self.record.request_id.encode()),
+            (b"server-timing", timing_header(self.record).encode()),
+        ]
+        headers.extend((name.lower().encode(), value.encode()) for name, value in extra.items())
+        with contextlib.suppress(OSError, RuntimeError):
+            await self._respond(exc.status, body, headers)
+
+
+class _DisconnectWatch:
+    """Cancels the serving task if the client leaves. Under ``llmso serve`` the protocol
+    calls back on connection loss (``transport.DisconnectHook``); elsewhere (an ASGI
+    test client, another server) a watcher task waits on ``receive``: the body is already
+    read, so the next ASGI message can only be the disconnect. A class, not
+    ``@asynccontextmanager``: one is entered per request."""
+
+    __slots__ = ("_call", "_hook", "_task", "_watcher")
+
+    def __init__(self, call: GenerationCall) -> None:
+        self._call = call
+        self._watcher: asyncio.Future[Message] | None = None
+
+    async def __aenter__(self) -> None:
+        hook: DisconnectHook | None = self._call._scope.get(DISCONNECT_HOOK)
+        task = asyncio.current_task(None if hook is None else hook.loop)
+        assert task is not None
+        self._task = task
+        self._hook = hook
+        if hook is None:
+            self._watcher = asyncio.ensure_future(self._call._receive())
+            self._watcher.add_done_callback(self._on_message)
+        elif hook.lost:
+            raise ClientDisconnected()
+        else:
+            hook.callback = self._on_lost
+
+    def _on_message(self, watcher: asyncio.Future[Message]) -> None:
+        if watcher.cancelled() or watcher.exception() is not None:
+            return
+        if watcher.result().get("type") == "http.disconnect":
+            self._on_lost()
+
+    def _on_lost(self) -> None:
+        call = self._call
+        # After the last body message the server reports a disconnect by design.
+        if not call._complete:
+            call._disconnected = True
+            self._task.cancel()
+
+    async def __aexit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        if self._hook is not None:
+            self._hook.callback = None
+        elif self._watcher is not None:
+            self._watcher.remove_done_callback(self._on_message)
+            self._watcher.cancel()
+        if (
+            kind is not None
+            and issubclass(kind, asyncio.CancelledError)
+            and self._call._disconnected
+        ):
+            # Our own cancellation: the client left. Un-cancel so cleanup can await.
+            self._task.uncancel()
+            raise ClientDisconnected() from None
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+def _with_session(request: GenerationRequest, session: str | None) -> GenerationRequest:
+    """Carry the client's ``x-session-id`` (a replica-affinity key) to the backend."""
+    if not session:
+        return request
+    if len(session) > 256:
+        raise InvalidRequest("x-session-id is longer than 256 characters", param="x-session-id")
+    return dataclasses.replace(request, session_id=session)
+
+
+def parse(model: type[_WireT], body: Any) -> _WireT:
+    """``parse_wire`` for the sampling wire types."""
+    return parse_wire(model, body)

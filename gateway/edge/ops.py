@@ -1,0 +1,156 @@
+"""Operational and catalogue routes: health, readiness, metrics, models, admin."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.responses import Response
+
+from gateway.console.gauges import NO_ENGINE_FIGURES
+from gateway.edge.state import AppState
+from gateway.errors import RouteNotFound, Unauthorized
+from gateway.registry import ModelNotFound, ModelStatus
+
+router = APIRouter()
+
+
+def _json(payload: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
+
+
+def _state(request: Request) -> AppState:
+    state: AppState = request.app.state.llmso
+    return state
+
+
+@router.get("/health")
+async def health() -> Response:
+    return _json({"status": "ok"})
+
+
+@router.get("/ready")
+async def ready(request: Request) -> Response:
+    state = _state(request)
+    registry = state.registry
+    models = {status.name: status.state for status in registry.list_models()}
+    draining = state.drain.draining  # SIGTERM: leave the load balancer (gateway.edge.drain)
+    if registry.is_ready() and not draining:
+        return _json({"status": "ready", "models": models})
+    status = "draining" if draining else "not_ready"
+    response = _json({"status": status, "models": models}, status=503)
+    response.headers["Retry-After"] = "1"
+    return response
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(generate_latest(_state(request).prometheus), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> Response:
+    state = _state(request)
+    client = state.frontdoor.keys.identify(request.scope)  # only the key's models
+    data = [
+        _model_card(status, state.started_at)
+        for status in state.registry.list_models()
+        if client.may_use(status)
+    ]
+    return _json({"object": "list", "data": data})
+
+
+@router.get("/v1/models/{model_id:path}")
+async def get_model(model_id: str, request: Request) -> Response:
+    state = _state(request)
+    client = state.frontdoor.keys.identify(request.scope)
+    for status in state.registry.list_models():
+        if (model_id == status.name or model_id in status.aliases) and client.may_use(status):
+            return _json(_model_card(status, state.started_at))
+    raise ModelNotFound(f"The model '{model_id}' does not exist", param="model")
+
+
+def _model_card(status: ModelStatus, started_at: int) -> dict[str, Any]:
+    return {
+        "id": status.name,
+        "object": "model",
+        "created": int(status.loaded_at or started_at),
+        "owned_by": status.owned_by,
+        "llmso": {
+            "backend": status.backend,
+            "state": status.state,
+            "aliases": list(status.aliases),
+            "capabilities": list(status.capabilities),
+        },
+    }
+
+
+# --------------------------------------------------------------------------- admin
+
+
+def require_admin(request: Request, *, read_only: bool = False) -> AppState:
+    """The app state once the caller may use this admin route. Without an admin key,
+    read-only views are open while client auth is off, and mutations do not exist."""
+    state = _state(request)
+    if not state.admin_key:
+        if read_only and not state.config.auth.required:
+            return state
+        raise RouteNotFound(f"no route for {request.method} {request.url.path}")
+    supplied = request.headers.get("authorization", "")
+    expected = f"Bearer {state.admin_key}"
+    if not hmac.compare_digest(supplied.encode(), expected.encode()):
+        raise Unauthorized("missing or wrong admin bearer token")
+    return state
+
+
+def _status_dict(status: ModelStatus) -> dict[str, Any]:
+    return {
+        "name": status.name,
+        "backend": status.backend,
+        "state": status.state,
+        "aliases": list(status.aliases),
+        "capabilities": list(status.capabilities),
+        "pid": status.pid,
+        "memory_bytes": status.memory_bytes,
+        "inflight": status.inflight,
+        "loaded_at": status.loaded_at,
+        "last_used": status.last_used,
+        "last_error": status.last_error,
+        "priority": status.priority,
+        "max_context": status.max_context,
+        "restarts": status.restarts,
+        "retry_in": status.retry_in,
+        "replicas": list(status.replicas),
+    }
+
+
+@router.get("/admin/models")
+async def admin_models(request: Request) -> Response:
+    state = require_admin(request, read_only=True)
+    engines = state.console.gauges.current()
+    models = [
+        {**_status_dict(status), **engines.get(status.name, NO_ENGINE_FIGURES)}
+        for status in state.registry.list_models()
+    ]
+    return _json({"models": models, "mutations": bool(state.admin_key)})
+
+
+@router.post("/admin/models/{name}/load")
+async def admin_load(name: str, request: Request) -> Response:
+    state = require_admin(request)
+    return _json(_status_dict(await state.registry.load(name)))
+
+
+@router.post("/admin/models/{name}/unload")
+async def admin_unload(name: str, request: Request) -> Response:
+    state = require_admin(request)
+    return _json(_status_dict(await state.registry.unload(name)))
+
+
+@router.post("/admin/models/{name}/drain")
+async def admin_drain(name: str, request: Request) -> Response:
+    state = require_admin(request)
+    return _json(_status_dict(state.registry.drain(name)))

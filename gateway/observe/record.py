@@ -1,0 +1,194 @@
+"""The request tracker: one record per request, its timestamps, metrics and log line.
+
+A ``RequestRecord`` is owned by the task serving its request and is mutated only there.
+``finish()`` is idempotent: the first call observes metrics and writes the one structured
+JSON log line the design asks for; later calls do nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import orjson
+
+from backends.base import (
+    BackendEvent,
+    Finished,
+    GenerationRequest,
+    Started,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+)
+from gateway.observe.logs import REQUEST_LOGGER
+from gateway.observe.metrics import GatewayMetrics, ModelSeries
+
+request_log = logging.getLogger(REQUEST_LOGGER)
+
+UNROUTED = "unrouted"
+"""The ``model`` label of a request refused before it was routed to a model."""
+
+
+class Trace(Protocol):
+    """What the request path asks of a request's trace (``gateway.observe.tracing.RequestTrace``,
+    which imports this module: the record only holds it)."""
+
+    status_code: int | None
+
+    def requested(self, request: GenerationRequest) -> None: ...
+
+    def enter_backend(self, request: GenerationRequest, backend: str) -> GenerationRequest: ...
+
+    def end(self, record: RequestRecord, end_time: float) -> None: ...
+
+
+FinishSink = Callable[["RequestRecord"], None]
+"""Called with each finished record, routed or refused before routing (``model`` empty),
+on the loop: in-process consumers such as the console's stats window."""
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    request_id: str
+    requested_model: str
+    arrival_time: float = field(default_factory=time.time)
+    arrival_mono: float = field(default_factory=time.perf_counter)
+    model: str = ""
+    backend: str = ""
+    queue_start_time: float | None = None
+    inference_start_time: float | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    upstream_seconds: float | None = None
+    status: str = "ok"
+    error_type: str | None = None
+    fallback_from: list[str] = field(default_factory=list)
+    text_events: int = 0
+    _first_token_mono: float | None = None
+    routed_at: float | None = None  # time.time() when the first model's lease was held
+    finish_reasons: list[str] = field(default_factory=list)
+    trace: Trace | None = None  # set only when tracing is on (gateway.observe.tracing)
+    key: str | None = None  # the client key's configured name, never the key
+    streamed_tokens: int = 0  # tokens seen so far, for requests cut short before Usage
+    may_use: Callable[[str], bool] | None = None  # the client key's model allow-list
+    _last_token_mono: float | None = None
+    _metrics: GatewayMetrics | None = None
+    _sinks: Sequence[FinishSink] = ()
+    _series: ModelSeries | None = None
+    _finished: bool = False
+
+    def bind(self, model: str, backend: str, metrics: GatewayMetrics) -> None:
+        """Attach the model that will answer; from here on the request counts as in flight.
+
+        A fallback binds again to the next model: the first binding is then undone.
+        """
+        if self._series is not None:
+            self._series.inflight.dec()
+        self.model, self.backend, self._metrics = model, backend, metrics
+        self._series = metrics.series(model, backend)
+        self.queue_start_time = time.time()
+        if self.routed_at is None:
+            self.routed_at = self.queue_start_time
+        self._series.inflight.inc()
+
+    def observe(self, event: BackendEvent) -> None:
+        if isinstance(event, TextDelta | ToolCallDelta):
+            if isinstance(event, TextDelta):
+                self.streamed_tokens += event.num_tokens
+            self._on_text()
+        elif isinstance(event, Started):
+            self.queue_start_time = event.queued_at
+            self.inference_start_time = event.started_at
+        elif isinstance(event, Finished):
+            self.finish_reasons.append(event.reason)
+        elif isinstance(event, Usage):
+            self.input_tokens = event.prompt_tokens
+            self.output_tokens = event.completion_tokens
+            self.upstream_seconds = event.upstream_seconds
+
+    def _on_text(self) -> None:
+        now = time.perf_counter()
+        series = self._series
+        self.text_events += 1
+        if self._last_token_mono is None:
+            self.first_token_time = time.time()
+            self._first_token_mono = now
+            if series is not None:
+                series.ttft.observe(now - self.arrival_mono)
+        elif series is not None:
+            series.itl.observe(now - self._last_token_mono)
+        self._last_token_mono = now
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.arrival_mono
+
+    @property
+    def mean_itl(self) -> float | None:
+        """Mean gap between consecutive text deltas; ``None`` with fewer than two."""
+        first, last = self._first_token_mono, self._last_token_mono
+        if first is None or last is None or self.text_events < 2:
+            return None
+        return (last - first) / (self.text_events - 1)
+
+    def track(self, metrics: GatewayMetrics, sinks: Sequence[FinishSink] = ()) -> None:
+        """Count this request even if it never reaches a model (label ``unrouted``), and
+        hand it to ``sinks`` when it finishes."""
+        self._metrics = metrics
+        self._sinks = sinks
+
+    def fail(self, status: str, error_type: str | None) -> None:
+        self.status, self.error_type = status, error_type
+
+    def finish(self) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        self.finish_time = time.time()
+        if self._metrics is not None:
+            if self._series is not None:
+                self._observe_finish(self._metrics, self._series)
+            else:
+                self._metrics.finished(UNROUTED, "none", self.status)
+        for sink in self._sinks:
+            sink(self)
+        if request_log.isEnabledFor(logging.INFO):
+            request_log.info(orjson.dumps(self.log_fields()).decode())
+
+    def _observe_finish(self, metrics: GatewayMetrics, series: ModelSeries) -> None:
+        series.inflight.dec()
+        metrics.finished(self.model, self.backend, self.status)
+        series.duration.observe(self.elapsed)
+        if self.inference_start_time is not None and self.queue_start_time is not None:
+            series.queue_time.observe(max(0.0, self.inference_start_time - self.queue_start_time))
+        series.prompt_tokens.inc(self.input_tokens)
+        series.generation_tokens.inc(self.output_tokens)
+        series.request_prompt_tokens.observe(self.input_tokens)
+        series.request_generation_tokens.observe(self.output_tokens)
+        if self.status == "disconnected":
+            series.disconnects.inc()
+
+    def log_fields(self) -> dict[str, object]:
+        return {
+            "event": "request_finished",
+            "request_id": self.request_id,
+            "model": self.model or self.requested_model or UNROUTED,
+            "key": self.key,
+            "backend": self.backend or None,
+            "arrival_time": self.arrival_time,
+            "queue_start_time": self.queue_start_time,
+            "inference_start_time": self.inference_start_time,
+            "first_token_time": self.first_token_time,
+            "finish_time": self.finish_time,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "status": self.status,
+            "error_type": self.error_type,
+            "fallback_from": self.fallback_from or None,
+        }

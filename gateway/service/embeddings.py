@@ -1,0 +1,135 @@
+"""``POST /v1/embeddings``: wire type, translation, routing and the response body.
+
+Parsed once here into a ``backends.embeddings.EmbeddingRequest``; routed like generation
+(exact name, alias, ``capability:``, fallbacks while nothing was sent); the routed
+backend must declare ``Feature.EMBEDDINGS`` (``gateway.service.capabilities``). Each request is
+one ``RequestRecord``, so it shows in the metrics and the request log like a generation
+request (prompt tokens in, zero generated). The service is stateless.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import replace
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from backends.base import BackendError, InvalidRequest, Started, Usage
+from backends.embeddings import EmbeddingRequest, EmbeddingResult
+from gateway.api.wire import _Wire
+from gateway.frontdoor.keys import allowed_candidates
+from gateway.observe.metrics import GatewayMetrics
+from gateway.observe.record import RequestRecord
+from gateway.registry import ModelRegistry
+from gateway.service.capabilities import require_embeddings
+from gateway.service.generation import FALLBACK_ERRORS
+
+MAX_INPUTS = 2048
+
+
+class EmbeddingsWire(_Wire):
+    """``CreateEmbeddingRequest``: only the fields we honour; others are reported."""
+
+    model: str = Field(min_length=1)
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+    user: str | None = None
+
+
+def embedding_request(wire: EmbeddingsWire, request_id: str, arrival: float) -> EmbeddingRequest:
+    texts, token_ids = _inputs(wire.input)
+    return EmbeddingRequest(
+        request_id=request_id,
+        model=wire.model,
+        texts=texts,
+        token_ids=token_ids,
+        dimensions=wire.dimensions,
+        arrival_time=arrival,
+        user=wire.user,
+    )
+
+
+def _inputs(
+    raw: str | list[str] | list[int] | list[list[int]],
+) -> tuple[tuple[str, ...], tuple[tuple[int, ...], ...]]:
+    items: list[Any] = [raw] if isinstance(raw, str) else list(raw)
+    if not items:
+        raise InvalidRequest("input must not be empty", param="input")
+    if isinstance(items[0], int):  # a single token-id list
+        items = [items]
+    if len(items) > MAX_INPUTS:
+        raise InvalidRequest(f"input holds more than {MAX_INPUTS} items", param="input")
+    if isinstance(items[0], str):
+        for index, text in enumerate(items):
+            if not text:
+                raise InvalidRequest("input strings must not be empty", param=f"input[{index}]")
+        return tuple(items), ()
+    for index, ids in enumerate(items):
+        if not ids:
+            raise InvalidRequest("token-id lists must not be empty", param=f"input[{index}]")
+        if min(ids) < 0:
+            raise InvalidRequest("token ids must not be negative", param=f"input[{index}]")
+    return (), tuple(tuple(ids) for ids in items)
+
+
+class EmbeddingService:
+    """Routes one ``EmbeddingRequest`` and builds the ``CreateEmbeddingResponse``."""
+
+    def __init__(self, registry: ModelRegistry, metrics: GatewayMetrics) -> None:
+        self._registry = registry
+        self._metrics = metrics
+
+    async def embed(
+        self, request: EmbeddingRequest, record: RequestRecord, encoding: str
+    ) -> dict[str, Any]:
+        candidates = self._registry.route(request.model).candidates
+        candidates = allowed_candidates(request.model, candidates, record.may_use)
+        for position, name in enumerate(candidates):
+            try:
+                result = await self._embed_on(name, request, record)
+            except FALLBACK_ERRORS as exc:
+                if position + 1 >= len(candidates):
+                    raise
+                self._registry.record_fallback(name, candidates[position + 1], type(exc).__name__)
+                record.fallback_from.append(name)
+                continue
+            return response_body(result, model=name, encoding=encoding)
+        raise AssertionError("route() returned no candidates")
+
+    async def _embed_on(
+        self, name: str, request: EmbeddingRequest, record: RequestRecord
+    ) -> EmbeddingResult:
+        async with self._registry.lease(name) as lease:
+            embedder = require_embeddings(lease.backend, name, lease.backend.info())
+            record.bind(name, lease.config.backend, self._metrics)
+            result = await embedder.embed(replace(request, model=name))
+        if len(result.vectors) != request.size:
+            raise BackendError(
+                f"model {name!r} returned {len(result.vectors)} vectors for {request.size} inputs"
+            )
+        if result.started_at:
+            record.observe(Started(queued_at=result.queued_at, started_at=result.started_at))
+        record.observe(Usage(result.prompt_tokens, 0, upstream_seconds=result.upstream_seconds))
+        return result
+
+
+def response_body(result: EmbeddingResult, *, model: str, encoding: str) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [
+            {"object": "embedding", "index": index, "embedding": _encode(vector, encoding)}
+            for index, vector in enumerate(result.vectors)
+        ],
+        "model": model,
+        "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens},
+    }
+
+
+def _encode(vector: tuple[float, ...], encoding: str) -> list[float] | str:
+    if encoding == "base64":
+        # OpenAI's base64 form: little-endian float32, what the SDKs decode.
+        return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+    return list(vector)
