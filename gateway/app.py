@@ -21,6 +21,9 @@ from backends.base import ApiError
 from backends.factory import BackendFactory, create_backend
 from backends.hop_metrics import BackendMetrics
 from config.schema import AppConfig
+from gateway.api.chat import ChatEndpoint
+from gateway.api.completions import CompletionsEndpoint
+from gateway.api.embeddings import EmbeddingsEndpoint
 from gateway.api.responses import api as responses_api
 from gateway.api.responses.endpoint import ResponsesEndpoint
 from gateway.api.responses.stores import open_store
@@ -35,6 +38,7 @@ from gateway.frontdoor import usage
 from gateway.frontdoor.door import FrontDoor
 from gateway.observe.metrics import GatewayMetrics
 from gateway.registry import ConfigWatcher, ModelRegistry, RegistryMetrics
+from gateway.service.embeddings import EmbeddingService
 from gateway.service.generation import CompletionService
 
 if TYPE_CHECKING:
@@ -119,7 +123,14 @@ def build_app(
     app.add_exception_handler(ApiError, handle_backend_error)
     app.add_exception_handler(StarletteHTTPException, handle_http_exception)
     app.add_exception_handler(Exception, handle_unexpected)
-    asgi = GatewayASGI(app, state)
+    # The public endpoints (gateway.api): one line each.
+    endpoints = (
+        ChatEndpoint(service),
+        CompletionsEndpoint(service),
+        EmbeddingsEndpoint(EmbeddingService(registry, gateway_metrics)),
+        state.responses,
+    )
+    asgi = GatewayASGI(app, state, endpoints)
     document(app, asgi.documented)
     return asgi
 

@@ -1,71 +1,100 @@
-"""What an endpoint served by ``gateway.edge.asgi.GenerationCall`` supplies.
+"""The one pattern every public endpoint follows: parse, admit once, one service call,
+present.
 
-Every generation route shares one call machinery (body limit, disconnect watcher, request
-record, metrics, error rendering); what differs per endpoint is how its wire body becomes
-a ``GenerationRequest`` (``prepare``) and how the routed ``Generation`` is rendered back
-(a ``Presenter``). Chat and completions use ``ChatPresenter``; ``/v1/responses`` brings
-its own (``gateway.api.responses``).
+An ``Endpoint`` names its path, its wire type (documented in ``/openapi.json``) and how a
+decoded JSON body becomes a ``Prepared``: the typed frozen request the front door admits,
+whether the answer streams, and the ``Presenter`` that makes the one service call and
+renders what it returns. The edge (``gateway.edge.call.EndpointCall.serve``) runs these
+steps in this order for every endpoint, with the same body limit, disconnect watch,
+request record and error rendering. Adding an endpoint is one module in this package and
+one line in ``gateway.app.build_app``'s list of endpoints.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from abc import ABC, abstractmethod
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
-import orjson
 from pydantic import BaseModel, ValidationError
 
 from backends.base import GenerationRequest, InvalidRequest
 from gateway.errors import from_validation_error
-from gateway.service.generation import CompletionService, Generation
+from gateway.observe.record import RequestRecord
+from gateway.service.generation import CompletionService, Generation, server_timing
 
 _ModelT = TypeVar("_ModelT", bound=BaseModel)
+AnswerT = TypeVar("AnswerT")
 
 
-class Presenter(Protocol):
-    """Renders one routed generation; each method consumes and closes it."""
+class Presenter(Protocol[AnswerT]):
+    """Makes one request's service call and renders its answer. ``body`` and ``frames``
+    each consume and close the answer; closing ``frames`` early closes it too."""
 
-    async def body(self, generation: Generation) -> bytes: ...
+    async def open(self, request: GenerationRequest, record: RequestRecord) -> AnswerT:
+        """The one service call, with the request as the front door admitted it."""
+        ...
 
-    def frames(self, generation: Generation) -> AsyncGenerator[bytes, None]:
-        """SSE frames; closing the iterator early closes the generation."""
+    async def body(self, answer: AnswerT) -> bytes: ...
+
+    def frames(self, answer: AnswerT) -> AsyncGenerator[bytes, None]: ...
+
+    def timing(self, answer: AnswerT) -> str:
+        """The ``Server-Timing`` header's value."""
         ...
 
 
 @dataclass(frozen=True, slots=True)
-class Prepared:
-    """A parsed, translated request and how to answer it. ``wire_param`` renames the
-    ``param`` of an error raised in chat notation (by routing or a backend) into this
-    endpoint's own field names."""
+class Prepared(Generic[AnswerT]):
+    """A parsed, translated request and how to answer it.
+
+    ``request`` is what the front door admits and meters (once). ``generates``: a
+    generation request, which is traced and carries the client's ``x-session-id``; an
+    embedding call is metered by a stand-in request and does neither. ``wire_param``
+    renames the ``param`` of an error raised in chat notation (by routing or a backend)
+    into this endpoint's own field names.
+    """
 
     request: GenerationRequest
     stream: bool
-    presenter: Presenter
+    presenter: Presenter[AnswerT]
     wire_param: Callable[[str], str] | None = None
+    generates: bool = True
 
 
-Prepare = Callable[[Any], Awaitable[Prepared]]
-"""Turns the decoded JSON body into a ``Prepared``; raises ``ApiError`` on bad input."""
+class Endpoint(ABC):
+    """One public endpoint. Stateless per request; built once by the app."""
+
+    path: ClassVar[str]
+    wire: ClassVar[type[BaseModel]]
+    summary: ClassVar[str]
+
+    @abstractmethod
+    async def prepare(self, body: Any, record: RequestRecord) -> Prepared[Any]:
+        """Parse the decoded JSON body into a typed request; raise ``ApiError`` on bad
+        input (a 400 naming the ``param``)."""
 
 
-class ChatPresenter:
-    """Chat completion and legacy completion bodies and chunks, from the service."""
+class GenerationPresenter(ABC):
+    """A presenter of one routed ``Generation``: opened through the completion service."""
 
-    __slots__ = ("_include_usage", "_legacy", "_service")
+    __slots__ = ("service",)
 
-    def __init__(
-        self, service: CompletionService, include_usage: bool, *, legacy_functions: bool = False
-    ) -> None:
-        self._service = service
-        self._include_usage = include_usage
-        self._legacy = legacy_functions
+    def __init__(self, service: CompletionService) -> None:
+        self.service = service
 
-    async def body(self, generation: Generation) -> bytes:
-        return orjson.dumps(await self._service.complete(generation, self._legacy))
+    async def open(self, request: GenerationRequest, record: RequestRecord) -> Generation:
+        return await self.service.open(request, record)
 
-    def frames(self, generation: Generation) -> AsyncGenerator[bytes, None]:
-        return self._service.stream(generation, self._include_usage, self._legacy)
+    def timing(self, generation: Generation) -> str:
+        return server_timing(generation)
+
+    @abstractmethod
+    async def body(self, generation: Generation) -> bytes: ...
+
+    @abstractmethod
+    def frames(self, generation: Generation) -> AsyncGenerator[bytes, None]: ...
 
 
 def parse_wire(model: type[_ModelT], body: Any) -> _ModelT:

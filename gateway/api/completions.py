@@ -32,7 +32,8 @@ from backends.base import (
     UnsupportedFeature,
     Usage,
 )
-from gateway.api.base import ChatPresenter
+from gateway.api.base import Endpoint, GenerationPresenter, Prepared, parse_wire
+from gateway.api.chat import ChatPresenter
 from gateway.api.translate import (
     MAX_CHOICES,
     completion_prompts,
@@ -40,8 +41,6 @@ from gateway.api.translate import (
     report_unknown_fields,
 )
 from gateway.api.wire import CompletionRequest
-from gateway.edge.call import JSON_HEADER, GenerationCall, parse
-from gateway.frontdoor.door import admit
 from gateway.observe.record import RequestRecord
 from gateway.service.generation import CompletionService, Generation
 
@@ -167,42 +166,66 @@ def _mean_logprob(choice: dict[str, Any]) -> float:
     return sum(values) / len(values) if values else float("-inf")
 
 
-class CompletionCall(GenerationCall):
-    """One completions request on one connection; owned by the task that runs it."""
+class PlanPresenter(GenerationPresenter):
+    """A ``CompletionPlan``'s requests opened together as one generation; the best
+    ``n`` of each prompt's ``best_of`` choices kept (never streamed)."""
 
-    __slots__ = ()
+    __slots__ = ("_include_usage", "_plan")
 
-    async def run_completion(self) -> None:
-        await self.guarded(self._completion())
+    def __init__(
+        self, service: CompletionService, plan: CompletionPlan, include_usage: bool
+    ) -> None:
+        super().__init__(service)
+        self._plan = plan
+        self._include_usage = include_usage
 
-    async def _completion(self) -> None:
-        record = self.record
-        wire = parse(CompletionRequest, await self._read_body(self._state.max_body_bytes))
+    async def open(self, request: GenerationRequest, record: RequestRecord) -> Generation:
+        """``request``: the first prompt's, as admitted for the whole list (the key's
+        models, limits, priority; the settlement counts every prompt's real usage)."""
+        plan = self._plan
+        rest = (
+            replace(
+                other,
+                priority=request.priority,
+                trace_headers=request.trace_headers,
+                session_id=request.session_id,
+            )
+            for other in plan.requests[1:]
+        )
+        plan = self._plan = replace(plan, requests=(request, *rest))
+        try:
+            return await open_plan(self.service, plan, record)
+        except UnsupportedFeature as exc:
+            if exc.param != "logprobs" or plan.want_logprobs:
+                raise
+            raise UnsupportedFeature(
+                f"best_of ranks choices by log-probability: {exc.message}", param="best_of"
+            ) from None
+
+    async def body(self, generation: Generation) -> bytes:
+        return orjson.dumps(keep_best(await self.service.complete(generation), self._plan))
+
+    def frames(self, generation: Generation) -> AsyncGenerator[bytes, None]:
+        return self.service.stream(generation, self._include_usage)
+
+
+class CompletionsEndpoint(Endpoint):
+    path = "/v1/completions"
+    wire = CompletionRequest
+    summary = "Create a completion"
+
+    def __init__(self, service: CompletionService) -> None:
+        self._service = service
+
+    async def prepare(self, body: Any, record: RequestRecord) -> Prepared[Generation]:
+        wire = parse_wire(CompletionRequest, body)
         report_unknown_fields(wire, record.request_id)
         plan = completion_plan(wire, record.request_id, record.arrival_time)
         record.requested_model = wire.model
         include_usage = bool(wire.stream_options and wire.stream_options.include_usage)
-        if plan.simple:
-            presenter = ChatPresenter(self._state.service, include_usage)
-            await self._serve(plan.requests[0], stream=wire.stream, presenter=presenter)
-            return
-        service = self._state.service
-        # One admission for the whole list (the key's models, limits, priority); the
-        # settlement at the end counts every prompt's real usage.
-        first = await admit(self._scope, plan.requests[0])
-        requests = (first, *(replace(r, priority=first.priority) for r in plan.requests[1:]))
-        plan = replace(plan, requests=tuple(self.traced(request) for request in requests))
-        async with self._watch_disconnect():
-            try:
-                generation = await open_plan(service, plan, record)
-            except UnsupportedFeature as exc:
-                if exc.param != "logprobs" or plan.want_logprobs:
-                    raise
-                raise UnsupportedFeature(
-                    f"best_of ranks choices by log-probability: {exc.message}", param="best_of"
-                ) from None
-            if wire.stream:
-                await self._stream(generation, service.stream(generation, include_usage))
-                return
-            body = keep_best(await service.complete(generation), plan)
-            await self._respond(200, orjson.dumps(body), self._headers(generation, JSON_HEADER))
+        presenter: GenerationPresenter = (
+            ChatPresenter(self._service, include_usage)
+            if plan.simple
+            else PlanPresenter(self._service, plan, include_usage)
+        )
+        return Prepared(plan.requests[0], wire.stream, presenter)

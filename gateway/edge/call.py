@@ -1,8 +1,9 @@
-"""One generation request on one connection, served as plain ASGI: read the body with a
-size limit, parse it once with orjson + pydantic, admit it at the front door, call the
-service and render. Every failure is a typed ``ApiError`` rendered by
-``gateway.errors.error_body``. A watcher listens for the client leaving for the whole
-life of a request, and cancels the work so no compute is spent on a client that is gone.
+"""One request to a public endpoint on one connection, served as plain ASGI: read the
+body with a size limit and decode it once with orjson, then the endpoint's steps
+(``gateway.api.base``): parse, admit at the front door, one service call, present.
+Every failure is a typed ``ApiError`` rendered by ``gateway.errors.error_body``. A
+watcher listens for the client leaving for the whole life of a request, and cancels the
+work so no compute is spent on a client that is gone.
 """
 
 from __future__ import annotations
@@ -13,14 +14,12 @@ import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 
 from backends.base import ApiError, GenerationRequest, InvalidRequest
-from gateway.api.base import ChatPresenter, Prepare, Prepared, Presenter, parse_wire
-from gateway.api.translate import chat_request, report_unknown_fields
-from gateway.api.wire import ChatCompletionRequest, SamplingFields
+from gateway.api.base import Endpoint, Prepared
 from gateway.edge.sse_batch import ready_batches
 from gateway.edge.state import AppState
 from gateway.edge.transport import DISCONNECT_HOOK, DisconnectHook
@@ -34,7 +33,6 @@ from gateway.frontdoor.web import request_id as _request_id
 from gateway.observe.record import RequestRecord
 from gateway.observe.timing import timing_header
 from gateway.observe.trace_context import client_trace_headers
-from gateway.service.generation import Generation, server_timing
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +42,6 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-_WireT = TypeVar("_WireT", bound=SamplingFields)
 JSON_HEADER = (b"content-type", b"application/json")
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -57,8 +54,8 @@ class ClientDisconnected(Exception):
     """The client closed the connection before the response was complete."""
 
 
-class GenerationCall:
-    """One generation request on one connection; owned by the task that runs it."""
+class EndpointCall:
+    """One endpoint request on one connection; owned by the task that runs it."""
 
     __slots__ = (
         "_complete",
@@ -83,24 +80,6 @@ class GenerationCall:
             request_id=_request_id(scope), requested_model=""
         )
 
-    async def run_chat(self) -> None:
-        """``POST /v1/chat/completions``."""
-        await self.guarded(self._chat())
-
-    async def _chat(self) -> None:
-        record = self.record
-        body = await self._read_body(self._state.max_body_bytes)
-        wire = parse(ChatCompletionRequest, body)
-        report_unknown_fields(wire, record.request_id)
-        record.requested_model = wire.model  # known even when translate refuses
-        request = chat_request(wire, record.request_id, record.arrival_time)
-        include_usage = bool(wire.stream_options and wire.stream_options.include_usage)
-        # A legacy `functions` request is answered in its own shape (`function_call`).
-        presenter = ChatPresenter(
-            self._state.service, include_usage, legacy_functions=bool(wire.functions)
-        )
-        await self._serve(request, stream=wire.stream, presenter=presenter)
-
     async def guarded(self, work: Awaitable[None]) -> None:
         """Await ``work`` (one request's serving), render what it raises as an error
         response, and finish the record once."""
@@ -124,18 +103,18 @@ class GenerationCall:
             if record.trace is not None:
                 record.trace.end(record, record.finish_time or time.time())
 
-    async def serve(self, prepare: Prepare) -> None:
-        """Another endpoint on this machinery: ``prepare`` turns the body into a request
-        and the presenter that renders it (``gateway.api.base``)."""
-        await self.guarded(self._prepared(prepare))
+    async def serve(self, endpoint: Endpoint) -> None:
+        """Serve ``endpoint``: parse, admit once, one service call, present
+        (``gateway.api.base``)."""
+        await self.guarded(self._serve(endpoint))
 
-    async def _prepared(self, prepare: Prepare) -> None:
-        prepared: Prepared = await prepare(await self._read_body(self._state.max_body_bytes))
+    async def _serve(self, endpoint: Endpoint) -> None:
+        prepared = await endpoint.prepare(
+            await self._read_body(self._state.max_body_bytes), self.record
+        )
         self.record.requested_model = prepared.request.model
         try:
-            await self._serve(
-                prepared.request, stream=prepared.stream, presenter=prepared.presenter
-            )
+            await self._answer(prepared)
         except ApiError as exc:
             if exc.param and prepared.wire_param is not None and not self._started:
                 exc.param = prepared.wire_param(exc.param)
@@ -149,29 +128,24 @@ class GenerationCall:
             return request
         return client_trace_headers(self._scope, request)
 
-    async def _serve(
-        self,
-        request: GenerationRequest,
-        *,
-        stream: bool,
-        presenter: Presenter,
-    ) -> None:
-        request = await admit(self._scope, request)  # key's models and limits (frontdoor)
-        service = self._state.service
-        request = _with_session(self.traced(request), _header(self._scope, b"x-session-id"))
+    async def _answer(self, prepared: Prepared[Any]) -> None:
+        request = await admit(self._scope, prepared.request)  # key's models and limits
+        if prepared.generates:
+            request = _with_session(self.traced(request), _header(self._scope, b"x-session-id"))
+        presenter = prepared.presenter
         async with self._watch_disconnect():
-            generation = await service.open(request, self.record)
-            if stream:
-                await self._stream(generation, presenter.frames(generation))
+            answer = await presenter.open(request, self.record)
+            if prepared.stream:
+                await self._stream(presenter.timing(answer), presenter.frames(answer))
                 return
-            body = await presenter.body(generation)
-            await self._respond(200, body, self._headers(generation, JSON_HEADER))
+            body = await presenter.body(answer)
+            await self._respond(200, body, self._headers(presenter.timing(answer), JSON_HEADER))
 
-    async def _stream(self, generation: Generation, frames: AsyncGenerator[bytes, None]) -> None:
+    async def _stream(self, timing: str, frames: AsyncGenerator[bytes, None]) -> None:
         # Every frame that is ready goes out in one send; the last batch ends the body.
         batches = ready_batches(frames)
         try:
-            await self._start(200, self._headers(generation, *_SSE_HEADERS))
+            await self._start(200, self._headers(timing, *_SSE_HEADERS))
             send = self._send
             async for batch, last in batches:
                 body = batch[0] if len(batch) == 1 else b"".join(batch)  # [] at an end
@@ -210,13 +184,11 @@ class GenerationCall:
         except orjson.JSONDecodeError as exc:
             raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
 
-    def _headers(
-        self, generation: Generation, *extra: tuple[bytes, bytes]
-    ) -> list[tuple[bytes, bytes]]:
+    def _headers(self, timing: str, *extra: tuple[bytes, bytes]) -> list[tuple[bytes, bytes]]:
         return [
             *extra,
             (b"x-request-id", self.record.request_id.encode()),
-            (b"server-timing", server_timing(generation).encode()),
+            (b"server-timing", timing.encode()),
         ]
 
     async def _start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
@@ -253,7 +225,7 @@ class _DisconnectWatch:
 
     __slots__ = ("_call", "_hook", "_task", "_watcher")
 
-    def __init__(self, call: GenerationCall) -> None:
+    def __init__(self, call: EndpointCall) -> None:
         self._call = call
         self._watcher: asyncio.Future[Message] | None = None
 
@@ -314,8 +286,3 @@ def _with_session(request: GenerationRequest, session: str | None) -> Generation
     if len(session) > 256:
         raise InvalidRequest("x-session-id is longer than 256 characters", param="x-session-id")
     return dataclasses.replace(request, session_id=session)
-
-
-def parse(model: type[_WireT], body: Any) -> _WireT:
-    """``parse_wire`` for the sampling wire types."""
-    return parse_wire(model, body)

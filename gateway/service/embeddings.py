@@ -1,6 +1,6 @@
-"""``POST /v1/embeddings``: wire type, translation, routing and the response body.
+"""The embedding service: routes an ``EmbeddingRequest`` and builds the response body.
 
-Parsed once here into a ``backends.embeddings.EmbeddingRequest``; routed like generation
+The request is parsed at the edge (``gateway.api.embeddings``); routed like generation
 (exact name, alias, ``capability:``, fallbacks while nothing was sent); the routed
 backend must declare ``Feature.EMBEDDINGS`` (``gateway.service.capabilities``). Each request is
 one ``RequestRecord``, so it shows in the metrics and the request log like a generation
@@ -11,68 +11,18 @@ from __future__ import annotations
 
 import base64
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-from pydantic import Field
 
-from backends.base import BackendError, InvalidRequest, Started, Usage
+from backends.base import BackendError, Started, Usage
 from backends.embeddings import EmbeddingRequest, EmbeddingResult
-from gateway.api.wire import _Wire
 from gateway.frontdoor.keys import allowed_candidates
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.record import RequestRecord
 from gateway.registry import ModelRegistry
 from gateway.service.capabilities import require_embeddings
 from gateway.service.generation import FALLBACK_ERRORS
-
-MAX_INPUTS = 2048
-
-
-class EmbeddingsWire(_Wire):
-    """``CreateEmbeddingRequest``: only the fields we honour; others are reported."""
-
-    model: str = Field(min_length=1)
-    input: str | list[str] | list[int] | list[list[int]]
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, ge=1)
-    user: str | None = None
-
-
-def embedding_request(wire: EmbeddingsWire, request_id: str, arrival: float) -> EmbeddingRequest:
-    texts, token_ids = _inputs(wire.input)
-    return EmbeddingRequest(
-        request_id=request_id,
-        model=wire.model,
-        texts=texts,
-        token_ids=token_ids,
-        dimensions=wire.dimensions,
-        arrival_time=arrival,
-        user=wire.user,
-    )
-
-
-def _inputs(
-    raw: str | list[str] | list[int] | list[list[int]],
-) -> tuple[tuple[str, ...], tuple[tuple[int, ...], ...]]:
-    items: list[Any] = [raw] if isinstance(raw, str) else list(raw)
-    if not items:
-        raise InvalidRequest("input must not be empty", param="input")
-    if isinstance(items[0], int):  # a single token-id list
-        items = [items]
-    if len(items) > MAX_INPUTS:
-        raise InvalidRequest(f"input holds more than {MAX_INPUTS} items", param="input")
-    if isinstance(items[0], str):
-        for index, text in enumerate(items):
-            if not text:
-                raise InvalidRequest("input strings must not be empty", param=f"input[{index}]")
-        return tuple(items), ()
-    for index, ids in enumerate(items):
-        if not ids:
-            raise InvalidRequest("token-id lists must not be empty", param=f"input[{index}]")
-        if min(ids) < 0:
-            raise InvalidRequest("token ids must not be negative", param=f"input[{index}]")
-    return (), tuple(tuple(ids) for ids in items)
 
 
 class EmbeddingService:

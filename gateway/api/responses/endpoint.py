@@ -1,7 +1,7 @@
 """``POST /v1/responses``: prepare the request, render the response, keep it.
 
-``ResponsesEndpoint.prepare`` is handed to ``GenerationCall.serve`` (gateway.edge.asgi), so
-the body limit, disconnect watcher, request record and metrics are the chat route's own.
+``ResponsesEndpoint`` is an ``Endpoint`` (``gateway.api.base``) like chat, so the body
+limit, disconnect watcher, request record and metrics are the chat route's own.
 The history behind ``previous_response_id`` comes from the store before routing; a
 finished response is stored (unless ``store: false``) before its last byte is sent, so a
 client that got the response can always continue it.
@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from backends.base import ApiError, BackendEvent
-from gateway.api.base import Prepared, parse_wire
+from gateway.api.base import Endpoint, GenerationPresenter, Prepared, parse_wire
 from gateway.api.responses.output import OutputAssembler
 from gateway.api.responses.render import EventWriter, ResponseShape, new_id, with_id
 from gateway.api.responses.store import ResponseNotFound, ResponseStore, StoredResponse
@@ -30,14 +30,18 @@ from gateway.service.generation import CompletionService, Generation
 log = logging.getLogger(__name__)
 
 
-class ResponsesEndpoint:
+class ResponsesEndpoint(Endpoint):
     """Stateless per request; ``store`` is owned by the app (closed by its lifespan)."""
+
+    path = "/v1/responses"
+    wire = ResponsesRequest
+    summary = "Create a model response"
 
     def __init__(self, service: CompletionService, store: ResponseStore) -> None:
         self.service = service
         self.store = store
 
-    async def prepare(self, body: Any, record: RequestRecord) -> Prepared:
+    async def prepare(self, body: Any, record: RequestRecord) -> Prepared[Generation]:
         wire = parse_wire(ResponsesRequest, body)
         unknown = wire.unknown_fields()
         if unknown and log.isEnabledFor(logging.DEBUG):
@@ -60,7 +64,7 @@ class ResponsesEndpoint:
         return Prepared(request, wire.stream, presenter, wire_param)
 
 
-class ResponsesPresenter:
+class ResponsesPresenter(GenerationPresenter):
     """Renders one response; owned by the task serving its request."""
 
     __slots__ = ("_conversation", "_endpoint", "_keep", "_shape")
@@ -73,6 +77,7 @@ class ResponsesPresenter:
         *,
         keep: bool,
     ) -> None:
+        super().__init__(endpoint.service)
         self._endpoint = endpoint
         self._shape = shape
         self._conversation = conversation
@@ -128,7 +133,7 @@ class ResponsesPresenter:
                 yield event
         finally:
             await generation.close()
-        self._endpoint.service.observe_overhead(generation)
+        self.service.observe_overhead(generation)
 
     def _failed(
         self, emit: EventWriter, generation: Generation, output: OutputAssembler, exc: ApiError
