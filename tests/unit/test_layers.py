@@ -6,7 +6,10 @@ a function-local import cannot hide a cycle. The contracts:
 - no import cycle inside ``gateway/`` (nor inside ``backends/`` or ``config/``);
 - the product (``gateway``, ``backends``, ``config``) never imports ``bench`` or ``tests``;
 - ``backends`` never imports ``gateway``, FastAPI or Starlette (the HTTP layer);
-- ``config`` never imports ``gateway`` or ``bench``.
+- ``config`` never imports ``gateway`` or ``bench``;
+- inside ``gateway``, the request path's packages point down: ``edge`` -> ``api`` ->
+  ``service`` -> ``registry``, and ``observe`` imports no other gateway package
+  (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -156,3 +159,30 @@ def test_the_checks_see_hidden_cycles_and_banned_imports(tmp_path: Path) -> None
     )
     assert cycles(internal_graph(tmp_path, "pkg")) == [["pkg.a", "pkg.sub.b"], ["pkg.c", "pkg.d"]]
     assert forbidden(tmp_path, "pkg", ("bench",)) == ["pkg.sub.b:3 -> bench.cli"]
+
+
+MAY_IMPORT = {
+    "edge": {"api", "service", "frontdoor", "console", "registry", "observe", "errors"},
+    "api": {"service", "frontdoor", "registry", "observe", "errors"},
+    "service": {"frontdoor", "registry", "observe", "errors"},
+    "registry": {"observe", "errors"},
+    "observe": set(),
+}
+"""The request path's packages, top to bottom, and the other gateway packages each may
+import (``frontdoor`` and ``console`` sit beside the edge; ``errors`` is a module)."""
+
+
+def gateway_package(module: str) -> str:
+    """``gateway.edge.call`` -> ``edge``; a top-level module (``gateway.errors``) -> ``errors``."""
+    return module.split(".")[1] if module.count(".") else ""
+
+
+def test_the_request_path_points_down() -> None:
+    upward = [
+        f"{source} -> {target}"
+        for source, targets in internal_graph(ROOT, "gateway").items()
+        if (here := gateway_package(source)) in MAY_IMPORT
+        for target in targets
+        if (there := gateway_package(target)) != here and there not in MAY_IMPORT[here]
+    ]
+    assert upward == []
