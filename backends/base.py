@@ -121,12 +121,14 @@ TEXT_FORMAT = ResponseFormat()
 class SamplingParams:
     """Per-request decoding controls, already validated and clamped by the gateway.
 
-    ``temperature == 0`` means greedy. ``top_k == 0`` means no top-k cut.
-    ``logprobs`` is ``None`` when off, else the number of top alternatives (0..20)
-    to return next to each sampled token's own log-probability.
+    ``max_tokens`` is ``None`` when the client set no limit (``effective_max_tokens``
+    turns that into the limit a backend enforces or forwards). ``temperature == 0``
+    means greedy. ``top_k == 0`` means no top-k cut. ``logprobs`` is ``None`` when off,
+    else the number of top alternatives (0..20) to return next to each sampled token's
+    own log-probability.
     """
 
-    max_tokens: int
+    max_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -143,6 +145,24 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+def effective_max_tokens(
+    requested: int | None, default: int | None, room: int | None
+) -> int | None:
+    """The completion-token limit a backend enforces or forwards, the one rule for all.
+
+    The client's ``max_tokens`` when it set one; else the model's ``default_max_tokens``
+    (config), capped by ``room``; else ``room``, the context left after the prompt
+    (``context - prompt tokens``: OpenAI's meaning of no limit). ``room`` is ``None``
+    when the backend knows the context or the prompt's length not; with no default
+    either, the result is ``None`` and a proxy sends no limit (the upstream's own
+    applies)."""
+    if requested is not None:
+        return requested
+    if default is None:
+        return room
+    return default if room is None else min(default, room)
+
+
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """One validated generation call.
@@ -152,8 +172,7 @@ class GenerationRequest:
     ``Feature.PROMPT_TOKEN_IDS``). ``suffix`` is the completions text after the insertion
     point (needs ``Feature.SUFFIX``). Backends that own
     a tokenizer render the chat template themselves; proxies forward messages as they are.
-    ``max_tokens_explicit`` tells a backend whether the client set a limit (a proxy only
-    forwards a limit the client asked for). ``arrival_time`` is ``time.time()`` at the edge.
+    ``arrival_time`` is ``time.time()`` at the edge.
 
     Tools and structured output: ``tool_choice`` and ``parallel_tool_calls`` are ``None``
     when the client did not set them (the OpenAI defaults then apply: ``auto`` with tools,
@@ -170,7 +189,6 @@ class GenerationRequest:
     sampling: SamplingParams
     messages: tuple[ChatMessage, ...] = ()
     prompt: str = ""
-    max_tokens_explicit: bool = True
     arrival_time: float = 0.0
     user: str | None = None
     prompt_token_ids: tuple[int, ...] = ()

@@ -100,6 +100,13 @@ class ModelBase(_Frozen):
     max_context: int | None = Field(
         None, gt=0, description="Context window in tokens (default: what the backend reports)."
     )
+    default_max_tokens: int | None = Field(
+        None,
+        gt=0,
+        description="Completion tokens for a request that sets no max_tokens, capped by the "
+        "context left after the prompt where the backend knows it (default: that room, "
+        "OpenAI's meaning; a proxy then sends no limit).",
+    )
 
     @field_validator("aliases", "capabilities", "fallback", mode="before")
     @classmethod

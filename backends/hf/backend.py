@@ -116,6 +116,7 @@ class HFBackend:
             max_num_batched_tokens=self._config.max_num_batched_tokens,
             max_batch_size=self._config.max_batch_size,
             batch_window_s=self._config.batch_window_ms / 1000.0,
+            default_max_tokens=self._config.default_max_tokens,
         )
         self._engine = Engine(
             tokenizer=loaded.tokenizer,

@@ -32,6 +32,7 @@ from backends.base import (
     GenerationRequest,
     InvalidRequest,
     RequestKind,
+    effective_max_tokens,
 )
 from backends.errors import StepFailed
 from backends.hf.detokenizer import TokenTable
@@ -62,6 +63,7 @@ class EngineLimits:
     max_num_batched_tokens: int
     max_batch_size: int
     batch_window_s: float
+    default_max_tokens: int | None = None  # the model's, for a request that sets none
 
 
 class _Stop:
@@ -256,16 +258,16 @@ class Engine:
 
     def _max_tokens(self, request: GenerationRequest, prompt_tokens: int) -> int:
         limit = self._limits.max_context
-        wanted = request.sampling.max_tokens
-        if prompt_tokens + wanted <= limit:
-            return wanted
-        if request.max_tokens_explicit or prompt_tokens >= limit:
+        requested = request.sampling.max_tokens
+        if prompt_tokens >= limit or (requested is not None and prompt_tokens + requested > limit):
+            shown = "not set" if requested is None else str(requested)
             raise ContextLengthExceeded(
                 f"This model's maximum context length is {limit} tokens; the prompt has "
-                f"{prompt_tokens} tokens and max_tokens is {wanted}.",
-                param="max_tokens" if request.max_tokens_explicit else "messages",
+                f"{prompt_tokens} tokens and max_tokens is {shown}.",
+                param="messages" if requested is None else "max_tokens",
             )
-        return limit - prompt_tokens
+        room = limit - prompt_tokens
+        return effective_max_tokens(requested, self._limits.default_max_tokens, room) or room
 
     def _apply_aborts(self, policy: StepPolicy) -> None:
         aborted = False

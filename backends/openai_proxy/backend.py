@@ -187,7 +187,12 @@ class OpenAIProxyBackend:
         try:
             if self._stopping:  # stopped while this request waited for a slot
                 raise BackendCrashed("backend stopped")
-            path, body = build_body(request, self._upstream_model, self._profile)
+            path, body = build_body(
+                request,
+                self._upstream_model,
+                self._profile,
+                default_max_tokens=self._config.default_max_tokens,
+            )
             stream, replica, started_at, first = await self._open(session, path, body, request)
             self._streams.add(stream)
             try:

@@ -2,7 +2,9 @@
 
 The body always streams with ``stream_options.include_usage`` so token counts come back
 from engines that support it; optional fields are sent only when they differ from the
-OpenAI defaults, so strict servers see a minimal body. Tools, tool choice, response
+OpenAI defaults, so strict servers see a minimal body; ``max_tokens`` is the effective
+limit (``backends.base.effective_max_tokens``: the client's, else the model's
+``default_max_tokens``, else none, so the upstream's own applies). Tools, tool choice, response
 format, logit_bias, content parts and the wire fields the contract does not model
 (``GenerationRequest.passthrough``) are forwarded as the client sent them.
 """
@@ -13,7 +15,14 @@ from typing import Any
 
 import orjson
 
-from backends.base import ChatMessage, GenerationRequest, RequestKind, ResponseFormat, ToolSpec
+from backends.base import (
+    ChatMessage,
+    GenerationRequest,
+    RequestKind,
+    ResponseFormat,
+    ToolSpec,
+    effective_max_tokens,
+)
 from backends.openai_proxy.engines import EngineProfile
 
 CHAT_PATH = "/chat/completions"
@@ -21,18 +30,31 @@ COMPLETIONS_PATH = "/completions"
 
 
 def build_body(
-    request: GenerationRequest, upstream_model: str, profile: EngineProfile
+    request: GenerationRequest,
+    upstream_model: str,
+    profile: EngineProfile,
+    *,
+    default_max_tokens: int | None = None,
 ) -> tuple[str, bytes]:
     """``(path under the API root, JSON body)`` for one request."""
     chat = request.kind is RequestKind.CHAT
     body = request_body(
-        request, upstream_model, stream=True, send_ignore_eos=profile.accepts_ignore_eos
+        request,
+        upstream_model,
+        stream=True,
+        send_ignore_eos=profile.accepts_ignore_eos,
+        default_max_tokens=default_max_tokens,
     )
     return (CHAT_PATH if chat else COMPLETIONS_PATH), orjson.dumps(body)
 
 
 def request_body(
-    request: GenerationRequest, model: str, *, stream: bool, send_ignore_eos: bool
+    request: GenerationRequest,
+    model: str,
+    *,
+    stream: bool,
+    send_ignore_eos: bool,
+    default_max_tokens: int | None = None,
 ) -> dict[str, Any]:
     """The OpenAI request body for ``request`` (the proxy's and the benchmark client's)."""
     body: dict[str, Any] = {"model": model}
@@ -44,7 +66,8 @@ def request_body(
         body["prompt"] = list(request.prompt_token_ids) or request.prompt
         if request.suffix is not None:
             body["suffix"] = request.suffix
-    _add_sampling(body, request, chat=chat, send_ignore_eos=send_ignore_eos)
+    limit = effective_max_tokens(request.sampling.max_tokens, default_max_tokens, None)
+    _add_sampling(body, request, limit, chat=chat, send_ignore_eos=send_ignore_eos)
     if request.logit_bias:
         body["logit_bias"] = dict(request.logit_bias)
     if request.passthrough:
@@ -117,11 +140,16 @@ def _response_format(fmt: ResponseFormat) -> dict[str, Any]:
 
 
 def _add_sampling(
-    body: dict[str, Any], request: GenerationRequest, *, chat: bool, send_ignore_eos: bool
+    body: dict[str, Any],
+    request: GenerationRequest,
+    limit: int | None,
+    *,
+    chat: bool,
+    send_ignore_eos: bool,
 ) -> None:
     s = request.sampling
-    if request.max_tokens_explicit:
-        body["max_tokens"] = s.max_tokens
+    if limit is not None:
+        body["max_tokens"] = limit
     body["temperature"] = s.temperature
     if s.top_p != 1.0:
         body["top_p"] = s.top_p

@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -40,14 +41,18 @@ from backends.base import (
     BackendCrashed,
     BackendError,
     BackendEvent,
+    ContextLengthExceeded,
     Feature,
     Finished,
     GenerationRequest,
     InvalidRequest,
     ModelInfo,
     NotReady,
+    RequestKind,
+    SamplingParams,
     Started,
     Usage,
+    effective_max_tokens,
 )
 from backends.errors import ContractMismatch
 from backends.hop_metrics import BackendMetrics
@@ -215,16 +220,35 @@ class TritonBackend:
     def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
         return self._generate(request)
 
-    async def _admit(self, request: GenerationRequest) -> str:
-        """The rendered prompt, or the refusal."""
+    async def _admit(self, request: GenerationRequest) -> tuple[str, SamplingParams]:
+        """The rendered prompt and the sampling with its effective ``max_tokens``
+        (``backends.base.effective_max_tokens``), or the refusal."""
         if self._stopped:
             raise BackendCrashed("the Triton backend is stopped")
         if not self._started():
             raise NotReady(f"the Triton backend for {self._config.name!r} is not started")
         _refuse_unsupported(request)
-        return await asyncio.to_thread(self._prompter.render, request)
+        text = await asyncio.to_thread(self._prompter.render, request)
+        sampling = request.sampling
+        room = None
+        context = self._config.max_context
+        if sampling.max_tokens is None and context is not None:
+            # The room left after the prompt, where the tokenizer can count it.
+            prompt = await asyncio.to_thread(self._prompter.count, text, prompt=True)
+            if prompt is not None:
+                if prompt >= context:
+                    raise ContextLengthExceeded(
+                        f"This model's maximum context length is {context} tokens; the "
+                        f"prompt has {prompt} tokens.",
+                        param="messages" if request.kind is RequestKind.CHAT else "prompt",
+                    )
+                room = context - prompt
+        limit = effective_max_tokens(sampling.max_tokens, self._config.default_max_tokens, room)
+        return text, replace(sampling, max_tokens=limit)
 
-    async def _open(self, request: GenerationRequest, text: str, replica: Replica) -> _Open:
+    async def _open(
+        self, request: GenerationRequest, text: str, sampling: SamplingParams, replica: Replica
+    ) -> _Open:
         """One attempt on one replica: send, and wait for Triton's first answer."""
         server = self._servers.get(replica.url)
         if server is None or server.client is None:
@@ -234,7 +258,7 @@ class TritonBackend:
             "model_name": self._config.triton_model,
             "model_version": self._config.model_version,
             "inputs": contract.build_inputs(
-                text, request.sampling, model_contract, structured_outputs(request)
+                text, sampling, model_contract, structured_outputs(request)
             ),
             "request_id": request.request_id,
         }
@@ -260,11 +284,13 @@ class TritonBackend:
             raise
         return _Open(server, call, chunks, first, sent)
 
-    async def _open_any(self, request: GenerationRequest, text: str) -> tuple[_Open, Replica]:
+    async def _open_any(
+        self, request: GenerationRequest, text: str, sampling: SamplingParams
+    ) -> tuple[_Open, Replica]:
         """Open on a replica, retrying refusals elsewhere before the first token."""
 
         async def attempt(replica: Replica) -> _Open:
-            return await self._open(request, text, replica)
+            return await self._open(request, text, sampling, replica)
 
         opened, replica, _ = await first_success(
             self._replicas,
@@ -277,9 +303,9 @@ class TritonBackend:
         return opened, replica
 
     async def _generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
-        text = await self._admit(request)
+        text, sampling = await self._admit(request)
         sent_wall = time.time()
-        opened, replica = await self._open_any(request, text)
+        opened, replica = await self._open_any(request, text, sampling)
         call, sent = opened.call, opened.sent
         status = "error"
         pieces: list[str] = []
@@ -323,9 +349,7 @@ class TritonBackend:
         prompt_tokens, completion_tokens = await self._usage(
             text, completion, last, reported_out, model_contract
         )
-        reason = contract.finish_reason(
-            last.finish_reason, completion_tokens, request.sampling.max_tokens
-        )
+        reason = contract.finish_reason(last.finish_reason, completion_tokens, sampling.max_tokens)
         tail, reason = closing_events(parser, reason)
         for event in tail:
             yield event

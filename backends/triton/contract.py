@@ -137,11 +137,12 @@ def sampling_json(sampling: SamplingParams, structured: Mapping[str, Any] | None
     ``structured`` (``tool_markup.structured_outputs``) travels as vLLM's
     ``structured_outputs`` key, a JSON string as Triton's vLLM backend expects it."""
     params: dict[str, Any] = {
-        "max_tokens": sampling.max_tokens,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
         "top_k": sampling.top_k if sampling.top_k > 0 else -1,
     }
+    if sampling.max_tokens is not None:  # else the model's own default applies
+        params["max_tokens"] = sampling.max_tokens
     if sampling.seed is not None:
         params["seed"] = sampling.seed
     if sampling.stop:
@@ -220,8 +221,10 @@ def _as_int(result: InferResult, name: str, names: set[str]) -> int | None:
     return int(values.sum()) if len(values) else None
 
 
-def finish_reason(reported: str | None, completion_tokens: int, max_tokens: int) -> FinishReason:
+def finish_reason(
+    reported: str | None, completion_tokens: int, max_tokens: int | None
+) -> FinishReason:
     """The model's reason when it says stop/length; else inferred from the token count."""
     if reported in ("stop", "length"):
         return "length" if reported == "length" else "stop"
-    return "length" if completion_tokens >= max_tokens else "stop"
+    return "length" if max_tokens is not None and completion_tokens >= max_tokens else "stop"

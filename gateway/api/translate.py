@@ -30,8 +30,6 @@ from gateway.api.wire import (
 
 log = logging.getLogger(__name__)
 
-# Without a client limit a backend caps generation at the model's context instead.
-UNSET_MAX_TOKENS = 1 << 20
 _SUPPORTED_ROLES = {"system", "user", "assistant", "developer", "tool", "function"}
 # A list of prompts fans out into one backend request per prompt; bound the fan-out.
 MAX_PROMPTS = 64
@@ -51,7 +49,6 @@ def chat_request(wire: ChatCompletionRequest, request_id: str, arrival: float) -
         kind=RequestKind.CHAT,
         sampling=_sampling(wire, limit, logprobs),
         messages=tuple(_message(index, wire.messages) for index in range(len(wire.messages))),
-        max_tokens_explicit=limit is not None,
         arrival_time=arrival,
         user=wire.user,
         tools=specs,
@@ -83,7 +80,6 @@ def completion_request(
         sampling=sampling,
         prompt=first if isinstance(first, str) else "",
         prompt_token_ids=() if isinstance(first, str) else first,
-        max_tokens_explicit=wire.max_tokens is not None,
         arrival_time=arrival,
         user=wire.user,
         suffix=wire.suffix,
@@ -158,7 +154,7 @@ def _sampling(wire: SamplingFields, limit: int | None, logprobs: int | None) -> 
         )
     stop = (wire.stop,) if isinstance(wire.stop, str) else tuple(wire.stop or ())
     return SamplingParams(
-        max_tokens=limit if limit is not None else UNSET_MAX_TOKENS,
+        max_tokens=limit,
         temperature=1.0 if wire.temperature is None else wire.temperature,
         top_p=1.0 if wire.top_p is None else wire.top_p,
         top_k=max(0, wire.top_k or 0),

@@ -183,8 +183,8 @@ class Pass:
         self._prompt_estimate = estimate_prompt_tokens(request)
         sampling = request.sampling
         completion = sampling.max_tokens
-        if not request.max_tokens_explicit:
-            completion = min(completion, self._door.unset_max_tokens)
+        if completion is None:
+            completion = self._door.unset_max_tokens
         cost = self._prompt_estimate + completion * sampling.n
         ask = Ask(client.name, client.limits, cost, f"{request.request_id}-{secrets.token_hex(4)}")
         verdict = await self._door.store.admit(ask)

@@ -143,11 +143,12 @@ class RequestTrace:
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": self._operation,
             "gen_ai.request.model": request.model,
-            "gen_ai.request.max_tokens": sampling.max_tokens,
             "gen_ai.request.temperature": sampling.temperature,
             "gen_ai.request.top_p": sampling.top_p,
             "gen_ai.request.choice.count": sampling.n,
         }
+        if sampling.max_tokens is not None:
+            attributes["gen_ai.request.max_tokens"] = sampling.max_tokens
         if sampling.seed is not None:
             attributes["gen_ai.request.seed"] = sampling.seed
         if sampling.stop:

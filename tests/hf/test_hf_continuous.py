@@ -176,7 +176,10 @@ async def test_greedy_top_k_and_penalties(backend: HFBackend, alone: list[str]) 
 async def test_context_length_checked_before_first_event(backend: HFBackend) -> None:
     with pytest.raises(ContextLengthExceeded):
         await anext(backend.generate(completion(PROMPTS[0], 8190)))
-    implicit = dataclasses.replace(completion(PROMPTS[0], 8190), max_tokens_explicit=False)
+    explicit = completion(PROMPTS[0], 8190)
+    implicit = dataclasses.replace(
+        explicit, sampling=dataclasses.replace(explicit.sampling, max_tokens=None)
+    )
     stream = backend.generate(implicit)
     first = await anext(stream)
     assert first.__class__.__name__ == "Started"

@@ -104,7 +104,7 @@ async def test_instructions_items_and_sampling_reach_the_chat_contract(
     assert assistant.content == "yo" and assistant.tool_calls[0].name == "f"
     assert request.messages[4].tool_call_id == "c1" and request.messages[4].content == "42"
     assert request.sampling.temperature == 0 and request.sampling.top_p == 0.5
-    assert request.sampling.max_tokens == 9 and request.max_tokens_explicit
+    assert request.sampling.max_tokens == 9
 
 
 async def test_max_output_tokens_makes_it_incomplete(client: httpx.AsyncClient) -> None:

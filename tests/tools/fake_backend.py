@@ -136,7 +136,7 @@ class FakeBackend:
             yield Started(queued_at=queued, started_at=time.time())
             total = 0
             for index in range(request.sampling.n):
-                budget = min(len(pieces), request.sampling.max_tokens)
+                budget = len(pieces[: request.sampling.max_tokens])
                 for piece in pieces[:budget]:
                     if fail_after is not None and total >= fail_after[0]:
                         raise fail_after[1]

@@ -55,7 +55,7 @@ class EchoBackend:
         self.calls.append(request)
         yield Started(queued_at=1.0, started_at=1.0)
         hold = bool(request.messages) and request.messages[-1].content == "hold"
-        count = min(3, request.sampling.max_tokens)
+        count = len(range(3)[: request.sampling.max_tokens])
         for index in range(count):
             if hold and index == 1:
                 await self.release.wait()

@@ -73,7 +73,7 @@ class ScriptedBackend:
             yield Finished(index=0, reason="tool_calls")
             yield Usage(prompt_tokens=7, completion_tokens=5)
             return
-        budget = min(len(words), request.sampling.max_tokens)
+        budget = len(words[: request.sampling.max_tokens])
         for position, word in enumerate(words[:budget]):
             if self.name == "broken" and position == 1:
                 raise UpstreamUnavailable("lost the upstream mid-stream")

@@ -11,9 +11,7 @@ DOC = (ROOT / "docs/architecture.md").read_text()
 
 
 def test_every_gateway_subpackage_is_named() -> None:
-    packages = sorted(
-        p.name for p in (ROOT / "gateway").iterdir() if (p / "__init__.py").is_file()
-    )
+    packages = sorted(p.name for p in (ROOT / "gateway").iterdir() if (p / "__init__.py").is_file())
     assert packages  # the walk found the tree
     missing = [name for name in packages if f"`gateway/{name}/`" not in DOC]
     assert missing == []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import orjson
 import pytest
 
@@ -78,18 +80,24 @@ def test_completion_body_maps_every_sampling_field() -> None:
     assert body["ignore_eos"] is True
 
 
-def test_max_tokens_only_when_explicit_and_chat_logprobs_shape() -> None:
+def test_max_tokens_only_when_set_and_chat_logprobs_shape() -> None:
     request = GenerationRequest(
         request_id="r",
         model="m",
         kind=RequestKind.CHAT,
-        sampling=SamplingParams(max_tokens=100, logprobs=3),
+        sampling=SamplingParams(logprobs=3),
         messages=(ChatMessage("user", "x"),),
-        max_tokens_explicit=False,
         user="u1",
     )
     body = orjson.loads(build_body(request, "up", profile_for("llamacpp"))[1])
     assert "max_tokens" not in body
+    # The model's default_max_tokens fills in for the client's; the client's wins.
+    profile = profile_for("llamacpp")
+    body = orjson.loads(build_body(request, "up", profile, default_max_tokens=50)[1])
+    assert body["max_tokens"] == 50
+    explicit = replace(request, sampling=replace(request.sampling, max_tokens=7))
+    body = orjson.loads(build_body(explicit, "up", profile, default_max_tokens=50)[1])
+    assert body["max_tokens"] == 7
     assert body["logprobs"] is True and body["top_logprobs"] == 3
     assert body["user"] == "u1"
     assert "top_k" not in body and "ignore_eos" not in body

@@ -10,7 +10,6 @@ from pydantic import ValidationError
 
 from backends.base import InvalidRequest, RequestKind, ResponseFormat, ToolCall, ToolChoice
 from gateway.api.translate import (
-    UNSET_MAX_TOKENS,
     chat_request,
     completion_prompts,
     completion_request,
@@ -60,13 +59,12 @@ def test_chat_fields_reach_sampling_params() -> None:
     assert sampling.stop == ("END",)
     assert sampling.logprobs == 4
     assert sampling.presence_penalty == 0.5
-    assert request.user == "u1" and request.max_tokens_explicit
+    assert request.user == "u1"
 
 
 def test_chat_defaults() -> None:
     request = chat_request(chat(), "rid", 1.0)
-    assert request.sampling.max_tokens == UNSET_MAX_TOKENS
-    assert not request.max_tokens_explicit
+    assert request.sampling.max_tokens is None  # unset: each backend's effective limit
     assert request.sampling.temperature == 1.0
     assert request.sampling.logprobs is None
 

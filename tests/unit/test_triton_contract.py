@@ -6,6 +6,7 @@ import asyncio
 import json
 import struct
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -284,3 +285,43 @@ async def test_closing_the_stream_cancels_the_call() -> None:
     assert call.cancelled
     labels = {"model": "t", "backend": "triton", "status": "cancelled"}
     assert registry.get_sample_value("llmso_upstream_requests_total", labels) == 1
+
+
+def test_sampling_json_sends_no_limit_it_was_not_given() -> None:
+    params = json.loads(contract.sampling_json(SamplingParams(temperature=0.0)))
+    assert "max_tokens" not in params  # the model's own default, never a sentinel
+    assert contract.finish_reason(None, 10_000, None) == "stop"
+
+
+def unlimited() -> GenerationRequest:
+    return replace(completion(1), sampling=SamplingParams())
+
+
+async def sent_max_tokens(
+    monkeypatch: pytest.MonkeyPatch, request: GenerationRequest, **config: Any
+) -> object:
+    """The ``max_tokens`` the backend put in ``sampling_parameters`` ("unset" if none)."""
+    sent: list[dict[str, Any]] = []
+    real = contract.sampling_json
+
+    def recording(sampling: SamplingParams, structured: Any = None) -> str:
+        text = real(sampling, structured)
+        sent.append(json.loads(text))
+        return text
+
+    monkeypatch.setattr(contract, "sampling_json", recording)
+    call = FakeCall([make_result("a", out_tokens=1), make_result("", final=True, out_tokens=1)])
+    backend, _ = fake_backend(call, **config)
+    events = [e async for e in backend.generate(request)]
+    assert isinstance(events[-1], Usage)
+    return sent[0].get("max_tokens", "unset")
+
+
+async def test_an_unset_max_tokens_is_never_forwarded_raw(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The Triton path takes the one effective limit: the client's, else the model's
+    default_max_tokens, else none (no 1 << 20 sentinel reaches the model)."""
+    assert await sent_max_tokens(monkeypatch, unlimited()) == "unset"
+    assert await sent_max_tokens(monkeypatch, unlimited(), default_max_tokens=5) == 5
+    assert await sent_max_tokens(monkeypatch, completion(3), default_max_tokens=5) == 3

@@ -35,7 +35,6 @@ from gateway.api.responses.wire import (
     ResponsesRequest,
 )
 from gateway.api.tool_wire import schema_text
-from gateway.api.translate import UNSET_MAX_TOKENS
 from gateway.errors import from_validation_error
 
 Item = dict[str, Any]
@@ -67,20 +66,18 @@ def generation_request(
     messages.extend(chat_messages(conversation, offset))
     if not any(message.role != "system" for message in messages):
         raise InvalidRequest("input must contain at least one item", param="input")
-    limit = wire.max_output_tokens
     tools = tool_specs(wire.tools or [])
     return GenerationRequest(
         request_id=request_id,
         model=wire.model,
         kind=RequestKind.CHAT,
         sampling=SamplingParams(
-            max_tokens=limit if limit is not None else UNSET_MAX_TOKENS,
+            max_tokens=wire.max_output_tokens,
             temperature=1.0 if wire.temperature is None else wire.temperature,
             top_p=1.0 if wire.top_p is None else wire.top_p,
             logprobs=logprobs_of(wire),
         ),
         messages=tuple(messages),
-        max_tokens_explicit=limit is not None,
         arrival_time=arrival,
         user=wire.user or wire.safety_identifier,
         tools=tools,
