@@ -16,10 +16,10 @@ hashable (a grammar cache keys on it) and forwarded byte-for-byte by proxies.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 # The errors live in one module; they stay importable from the contract's home.
 from backends.errors import (
@@ -82,14 +82,22 @@ class ChatMessage:
     parts: tuple[ContentPart, ...] = ()
 
 
+JsonSchema = Mapping[str, Any] | bool
+"""A JSON Schema as parsed JSON, checked against its meta-schema at the edge. Read-only:
+a backend that needs text dumps it once (into its upstream body, a grammar, a prompt)."""
+
+
+def _no_parameters() -> JsonSchema:
+    return {"type": "object", "properties": {}}
+
+
 @dataclass(frozen=True, slots=True)
 class ToolSpec:
-    """A function the model may call. ``parameters`` is its JSON Schema as JSON text,
-    already checked against the JSON Schema meta-schema at the edge."""
+    """A function the model may call; ``parameters`` is its JSON Schema."""
 
     name: str
     description: str | None = None
-    parameters: str = '{"type": "object", "properties": {}}'
+    parameters: JsonSchema = field(default_factory=_no_parameters)
     strict: bool | None = None
 
 
@@ -105,11 +113,11 @@ class ToolChoice:
 @dataclass(frozen=True, slots=True)
 class ResponseFormat:
     """``text``: free text; ``json_object``: any JSON object; ``json_schema``: JSON
-    matching ``schema`` (JSON text, meta-schema checked at the edge)."""
+    matching ``schema``."""
 
     type: Literal["text", "json_object", "json_schema"] = "text"
     name: str | None = None
-    schema: str | None = None
+    schema: JsonSchema | None = None
     strict: bool | None = None
     description: str | None = None
 

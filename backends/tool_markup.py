@@ -49,7 +49,7 @@ def _tool_json(tool: ToolSpec) -> dict[str, Any]:
     function: dict[str, Any] = {"name": tool.name}
     if tool.description:
         function["description"] = tool.description
-    function["parameters"] = json.loads(tool.parameters)
+    function["parameters"] = tool.parameters
     return {"type": "function", "function": function}
 
 
@@ -115,7 +115,7 @@ def structured_outputs(request: GenerationRequest) -> dict[str, Any] | None:
     if fmt.type == "json_object":
         return {"json_object": True}
     if fmt.type == "json_schema":
-        return {"json": json.loads(fmt.schema or "{}")}
+        return {"json": fmt.schema if fmt.schema is not None else {}}
     return None
 
 
@@ -126,7 +126,7 @@ def _tool_tag(request: GenerationRequest) -> dict[str, Any]:
         {
             "type": "tag",
             "begin": f'{OPEN}\n{{"name": {json.dumps(tool.name)}, "arguments": ',
-            "content": {"type": "json_schema", "json_schema": json.loads(tool.parameters)},
+            "content": {"type": "json_schema", "json_schema": tool.parameters},
             "end": f"}}\n{CLOSE}",
         }
         for tool in request.tools

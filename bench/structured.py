@@ -54,7 +54,7 @@ def _request(index: int, tokens: int, constrained: bool) -> GenerationRequest:
     )
     if not constrained:
         return request
-    fmt = ResponseFormat("json_schema", name="long", schema=json.dumps(LONG))
+    fmt = ResponseFormat("json_schema", name="long", schema=LONG)
     return dataclasses.replace(request, response_format=fmt)
 
 
@@ -76,13 +76,13 @@ async def _level(backend: HFBackend, concurrency: int, tokens: int, constrained:
     return sum(counts) / (time.perf_counter() - began)
 
 
-def _schemas(count: int) -> list[str]:
+def _schemas(count: int) -> list[dict[str, Any]]:
     rng = random.Random(7)
     kinds = [{"type": "string"}, {"type": "integer"}, {"type": "boolean"}, {"enum": ["a", "b"]}]
     out = []
     for index in range(count):
         props = {f"f{index}_{k}": rng.choice(kinds) for k in range(rng.randint(2, 8))}
-        out.append(json.dumps({"type": "object", "properties": props, "required": list(props)}))
+        out.append({"type": "object", "properties": props, "required": list(props)})
     return out
 
 

@@ -122,7 +122,7 @@ def _tool(tool: ToolSpec) -> dict[str, Any]:
     function: dict[str, Any] = {"name": tool.name}
     if tool.description is not None:
         function["description"] = tool.description
-    function["parameters"] = orjson.loads(tool.parameters)
+    function["parameters"] = tool.parameters
     if tool.strict is not None:
         function["strict"] = tool.strict
     return {"type": "function", "function": function}
@@ -131,7 +131,8 @@ def _tool(tool: ToolSpec) -> dict[str, Any]:
 def _response_format(fmt: ResponseFormat) -> dict[str, Any]:
     if fmt.type != "json_schema":
         return {"type": fmt.type}
-    spec: dict[str, Any] = {"name": fmt.name, "schema": orjson.loads(fmt.schema or "{}")}
+    schema = fmt.schema if fmt.schema is not None else {}
+    spec: dict[str, Any] = {"name": fmt.name, "schema": schema}
     if fmt.description is not None:
         spec["description"] = fmt.description
     if fmt.strict is not None:

@@ -9,7 +9,6 @@ unknown function, a tool message without ``tool_call_id`` or a tool call whose
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -18,6 +17,7 @@ from jsonschema.validators import validator_for
 
 from backends.base import (
     InvalidRequest,
+    JsonSchema,
     ResponseFormat,
     ToolCall,
     ToolChoice,
@@ -26,13 +26,12 @@ from backends.base import (
 from gateway.api.wire import ChatCompletionRequest, WireMessage
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_EMPTY_PARAMETERS = '{"type": "object", "properties": {}}'
 # The id a legacy function_call turn gets, so the following function message can name it.
 LEGACY_CALL_ID = "call_legacy_{index}"
 
 
-def schema_text(schema: Any, param: str) -> str:
-    """``schema`` as JSON text after checking it against its JSON Schema meta-schema."""
+def checked_schema(schema: Any, param: str) -> JsonSchema:
+    """``schema`` (parsed JSON) once it passes its JSON Schema meta-schema."""
     if not isinstance(schema, dict | bool):
         raise InvalidRequest("must be a JSON Schema object", param=param)
     try:
@@ -42,7 +41,7 @@ def schema_text(schema: Any, param: str) -> str:
         raise InvalidRequest(
             f"invalid JSON Schema{f' at {where}' if where else ''}: {exc.message}", param=param
         ) from None
-    return json.dumps(schema, ensure_ascii=False)
+    return schema
 
 
 def tools(wire: ChatCompletionRequest) -> tuple[ToolSpec, ...]:
@@ -80,10 +79,10 @@ def _function(where: str, function: dict[str, Any]) -> ToolSpec:
     if strict is not None and not isinstance(strict, bool):
         raise InvalidRequest("strict must be a boolean", param=f"{where}.strict")
     parameters = function.get("parameters")
-    text = (
-        _EMPTY_PARAMETERS if parameters is None else schema_text(parameters, f"{where}.parameters")
-    )
-    return ToolSpec(name=name, description=description, parameters=text, strict=strict)
+    if parameters is None:
+        return ToolSpec(name=name, description=description, strict=strict)
+    schema = checked_schema(parameters, f"{where}.parameters")
+    return ToolSpec(name=name, description=description, parameters=schema, strict=strict)
 
 
 def tool_choice(wire: ChatCompletionRequest, specs: tuple[ToolSpec, ...]) -> ToolChoice | None:
@@ -148,7 +147,7 @@ def response_format(wire: ChatCompletionRequest) -> ResponseFormat:
     return ResponseFormat(
         "json_schema",
         name=name,
-        schema=schema_text(schema, "response_format.json_schema.schema"),
+        schema=checked_schema(schema, "response_format.json_schema.schema"),
         strict=strict if isinstance(strict, bool) else None,
         description=description if isinstance(description, str) else None,
     )

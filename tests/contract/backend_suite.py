@@ -151,7 +151,7 @@ class BackendContract:
 
     async def test_declared_json_schema_is_honoured(self, backend: Backend) -> None:
         self._declared(backend, Feature.JSON_SCHEMA)
-        schema = orjson.dumps(self.city_schema).decode()
+        schema = self.city_schema
         request = replace(
             self.request(64),
             messages=(ChatMessage("user", "Name a big city and its population as JSON."),),
@@ -163,7 +163,7 @@ class BackendContract:
 
     async def test_declared_tools_force_a_valid_call(self, backend: Backend) -> None:
         self._declared(backend, Feature.TOOLS)
-        tool = ToolSpec("get_city", "Look a city up.", orjson.dumps(self.city_schema).decode())
+        tool = ToolSpec("get_city", "Look a city up.", self.city_schema)
         request = replace(
             self.request(96),
             messages=(ChatMessage("user", "Look up Paris."),),

@@ -38,16 +38,14 @@ PERSON = {
 WEATHER = ToolSpec(
     "get_weather",
     "Current weather for a city",
-    json.dumps(
-        {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 16}},
-            "required": ["city"],
-        }
-    ),
+    {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 16}},
+        "required": ["city"],
+    },
 )
 FLAG = {"type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"]}
-CLOCK = ToolSpec("get_time", "Current time", json.dumps({"type": "object", "properties": {}}))
+CLOCK = ToolSpec("get_time", "Current time", {"type": "object", "properties": {}})
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +57,7 @@ async def backend() -> AsyncIterator[HFBackend]:
 
 
 def with_schema(request: GenerationRequest, schema: dict[str, Any]) -> GenerationRequest:
-    fmt = ResponseFormat("json_schema", name="s", schema=json.dumps(schema))
+    fmt = ResponseFormat("json_schema", name="s", schema=schema)
     return dataclasses.replace(request, response_format=fmt)
 
 
@@ -95,11 +93,11 @@ async def test_required_tool_call_matches_the_tool_schema(backend: HFBackend) ->
     assert result.text() == ""  # no markup leaks into content
     [(name, arguments)] = result.calls()
     tools = {"get_weather": WEATHER, "get_time": CLOCK}
-    jsonschema.validate(json.loads(arguments), json.loads(tools[name].parameters))
+    jsonschema.validate(json.loads(arguments), tools[name].parameters)
 
 
 async def test_n_forks_the_matcher(backend: HFBackend) -> None:
-    flag = ToolSpec("set_flag", None, json.dumps(FLAG))
+    flag = ToolSpec("set_flag", None, FLAG)
     request = dataclasses.replace(
         chat("Set the flag.", 40, n=2, temperature=0.9, seed=7),
         tools=(WEATHER, flag),
@@ -119,7 +117,7 @@ async def test_uncompilable_schema_is_a_400_with_the_reason(backend: HFBackend) 
         await run(backend, with_schema(chat("x", 4), schema))
     assert caught.value.param == "response_format.json_schema.schema"
     assert "compile" in caught.value.message
-    bad_tool = dataclasses.replace(WEATHER, parameters=json.dumps(schema))
+    bad_tool = dataclasses.replace(WEATHER, parameters=schema)
     request = dataclasses.replace(
         chat("x", 4), tools=(bad_tool,), tool_choice=ToolChoice("required")
     )

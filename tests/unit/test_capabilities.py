@@ -43,7 +43,7 @@ def _chat(**fields: object) -> GenerationRequest:
             "response_format",
         ),
         (
-            _chat(response_format=ResponseFormat("json_schema", name="x", schema="{}")),
+            _chat(response_format=ResponseFormat("json_schema", name="x", schema={})),
             Feature.JSON_SCHEMA,
             "response_format",
         ),

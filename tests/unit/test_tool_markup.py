@@ -107,12 +107,12 @@ def test_constraints_map_onto_vllm_structured_outputs() -> None:
     base = GenerationRequest(
         request_id="r", model="m", kind=RequestKind.CHAT, sampling=SamplingParams(max_tokens=4)
     )
-    schema = '{"type": "object", "properties": {"a": {"type": "integer"}}}'
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     assert structured_outputs(base) is None
     as_object = replace(base, response_format=ResponseFormat("json_object"))
     assert structured_outputs(as_object) == {"json_object": True}
     as_schema = replace(base, response_format=ResponseFormat("json_schema", "s", schema))
-    assert structured_outputs(as_schema) == {"json": json.loads(schema)}
+    assert structured_outputs(as_schema) == {"json": schema}
     tools = (ToolSpec("f", None, schema), ToolSpec("g"))
     named = replace(base, tools=tools, tool_choice=ToolChoice("named", "g"))
     found = structured_outputs(named)

@@ -34,7 +34,7 @@ from gateway.api.responses.wire import (
     MessageItem,
     ResponsesRequest,
 )
-from gateway.api.tool_wire import schema_text
+from gateway.api.tool_wire import checked_schema
 from gateway.errors import from_validation_error
 
 Item = dict[str, Any]
@@ -216,17 +216,11 @@ def tool_specs(tools: list[dict[str, Any]]) -> tuple[ToolSpec, ...]:
                 param=f"{where}.type",
             )
         tool = _parse(FunctionToolParam, raw, where)
-        parameters = (
-            tool.parameters if tool.parameters is not None else {"type": "object", "properties": {}}
-        )
-        specs.append(
-            ToolSpec(
-                name=tool.name,
-                description=tool.description,
-                parameters=schema_text(parameters, f"{where}.parameters"),
-                strict=tool.strict,
-            )
-        )
+        spec = ToolSpec(name=tool.name, description=tool.description, strict=tool.strict)
+        if tool.parameters is not None:
+            schema = checked_schema(tool.parameters, f"{where}.parameters")
+            spec = ToolSpec(tool.name, tool.description, schema, tool.strict)
+        specs.append(spec)
     names = [spec.name for spec in specs]
     if len(set(names)) != len(names):
         raise InvalidRequest("tool names must be unique", param="tools")
@@ -270,7 +264,7 @@ def response_format(wire: ResponsesRequest) -> ResponseFormat:
         return ResponseFormat(
             "json_schema",
             name=spec.name,
-            schema=schema_text(spec.schema_, "text.format.schema"),
+            schema=checked_schema(spec.schema_, "text.format.schema"),
             strict=spec.strict,
             description=spec.description,
         )
