@@ -39,7 +39,7 @@ from backends.hf.detokenizer import TokenTable
 from backends.hf.outputs import StepOutputs
 from backends.hf.sequence import RequestState, make_choices
 from backends.hop_metrics import WorkerObserver
-from backends.tool_markup import render_chat
+from backends.tool_markup.prompt import render_chat
 
 log = logging.getLogger(__name__)
 

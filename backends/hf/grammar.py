@@ -23,7 +23,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from backends.base import GenerationRequest, InvalidRequest
-from backends.tool_markup import structured_outputs
+from backends.tool_markup.constraints import structured_outputs
 
 if TYPE_CHECKING:
     import torch
@@ -105,7 +105,8 @@ def grammar_spec(request: GenerationRequest) -> tuple[str, str, str] | None:
     """(kind, text to compile, param to blame) for a constrained request, else ``None``.
 
     Cheap (no compilation): the same constraint the Triton path sends to vLLM
-    (``tool_markup.structured_outputs``); tools take precedence over ``response_format``.
+    (``tool_markup.constraints.structured_outputs``); tools take precedence over
+    ``response_format``.
     """
     structured = structured_outputs(request)
     if structured is None:

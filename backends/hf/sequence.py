@@ -16,7 +16,8 @@ import torch
 from backends.base import FinishReason, GenerationRequest, SamplingParams
 from backends.hf.detokenizer import IncrementalDetokenizer, StopMatcher, TokenDecoder
 from backends.hf.grammar import new_matcher
-from backends.tool_markup import ToolCallParser, tools_active
+from backends.tool_markup.markup import tools_active
+from backends.tool_markup.parser import ToolCallParser
 
 
 @dataclass(eq=False)

@@ -34,7 +34,7 @@ from backends.base import (
     UpstreamBadResponse,
 )
 from backends.openai_proxy.errors import from_stream_error
-from backends.tool_markup import new_call_id
+from backends.tool_markup.markup import new_call_id
 
 DONE = b"[DONE]"
 _REASONS: dict[str, FinishReason] = {

@@ -59,13 +59,9 @@ from backends.hop_metrics import BackendMetrics
 from backends.replicas.attempts import first_success
 from backends.replicas.replica import Replica
 from backends.replicas.replica_set import ReplicaSet, cancel
-from backends.tool_markup import (
-    ToolCallParser,
-    closing_events,
-    content_events,
-    structured_outputs,
-    tools_active,
-)
+from backends.tool_markup.constraints import structured_outputs
+from backends.tool_markup.markup import tools_active
+from backends.tool_markup.parser import ToolCallParser, closing_events, content_events
 from backends.triton import contract
 from backends.triton.errors import (
     retryable,

@@ -134,7 +134,7 @@ def _describe(tensors: Mapping[str, str]) -> str:
 def sampling_json(sampling: SamplingParams, structured: Mapping[str, Any] | None = None) -> str:
     """``sampling_parameters`` in vLLM's names. top_k off is -1, which every vLLM takes.
 
-    ``structured`` (``tool_markup.structured_outputs``) travels as vLLM's
+    ``structured`` (``tool_markup.constraints.structured_outputs``) travels as vLLM's
     ``structured_outputs`` key, a JSON string as Triton's vLLM backend expects it."""
     params: dict[str, Any] = {
         "temperature": sampling.temperature,

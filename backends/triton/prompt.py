@@ -13,7 +13,7 @@ from typing import Any
 
 from backends.base import GenerationRequest, InvalidRequest, RequestKind
 from backends.process_wide import exclusive
-from backends.tool_markup import render_chat
+from backends.tool_markup.prompt import render_chat
 
 
 class Prompter:

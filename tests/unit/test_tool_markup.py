@@ -18,7 +18,10 @@ from backends.base import (
     ToolChoice,
     ToolSpec,
 )
-from backends.tool_markup import ToolCallParser, chat_messages, render_call, structured_outputs
+from backends.tool_markup.constraints import structured_outputs
+from backends.tool_markup.markup import render_call
+from backends.tool_markup.parser import ToolCallParser
+from backends.tool_markup.prompt import chat_messages
 from backends.triton.contract import sampling_json
 
 ARGS = '{"city": "Os\\"lo", "n": [1, {"a": "}"}]}'

@@ -1,0 +1,102 @@
+"""Tools and past tool turns rendered into a chat prompt: through the tokenizer's chat
+template when it takes ``tools``, else as a system prompt with the markup's rules."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from backends.base import ChatMessage, GenerationRequest, ToolCall, ToolSpec
+from backends.tool_markup.markup import CLOSE, OPEN, render_call, tools_active
+
+
+def _tool_json(tool: ToolSpec) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": tool.name}
+    if tool.description:
+        function["description"] = tool.description
+    function["parameters"] = tool.parameters
+    return {"type": "function", "function": function}
+
+
+def tools_json(request: GenerationRequest) -> list[dict[str, Any]]:
+    """The request's tools in the OpenAI shape (what templates and xgrammar take)."""
+    return [_tool_json(tool) for tool in request.tools]
+
+
+def tools_system_prompt(request: GenerationRequest) -> str:
+    """How the tools are explained to a model whose chat template does not take them."""
+    listing = "\n".join(json.dumps(tool) for tool in tools_json(request))
+    return (
+        "You can call functions to help answer. The functions, as JSON signatures:\n"
+        f"<tools>\n{listing}\n</tools>\n"
+        "To call a function, answer with a JSON object naming it and its arguments, "
+        "inside tags:\n"
+        f'{OPEN}\n{{"name": "function name", "arguments": {{...}}}}\n{CLOSE}'
+    )
+
+
+def chat_messages(request: GenerationRequest, template_takes_tools: bool) -> list[dict[str, Any]]:
+    """The request's messages as chat-template dicts, with tools and past calls rendered.
+
+    A template that takes ``tools`` gets calls and tool results in the Hugging Face shape
+    (it renders them itself); otherwise calls become markup in the assistant's text, tool
+    results a ``<tool_response>`` user turn, and the tools a system prompt.
+    """
+    messages = [_message(m, template_takes_tools) for m in request.messages]
+    if tools_active(request) and not template_takes_tools:
+        prompt = tools_system_prompt(request)
+        if messages and messages[0]["role"] == "system":
+            messages[0] = {**messages[0], "content": messages[0]["content"] + "\n\n" + prompt}
+        else:
+            messages.insert(0, {"role": "system", "content": prompt})
+    return messages
+
+
+def template_takes_tools(tokenizer: Any) -> bool:
+    """Whether the chat template renders a ``tools`` list itself (Hermes, Qwen, Llama 3)."""
+    template = getattr(tokenizer, "chat_template", None)
+    return isinstance(template, str) and "tools" in template
+
+
+def render_chat(tokenizer: Any, request: GenerationRequest) -> str:
+    """The prompt text of a chat request, tools and past calls included."""
+    takes_tools = template_takes_tools(tokenizer)
+    extra: dict[str, Any] = {}
+    if takes_tools and tools_active(request):
+        extra["tools"] = tools_json(request)
+    text = tokenizer.apply_chat_template(
+        chat_messages(request, takes_tools), tokenize=False, add_generation_prompt=True, **extra
+    )
+    return str(text)
+
+
+def _message(message: ChatMessage, template_takes_tools: bool) -> dict[str, Any]:
+    if template_takes_tools:
+        out: dict[str, Any] = {"role": message.role, "content": message.content}
+        if message.tool_calls:
+            out["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": _arguments(call)},
+                }
+                for call in message.tool_calls
+            ]
+        if message.role == "tool":
+            out["tool_call_id"] = message.tool_call_id
+            if message.name:
+                out["name"] = message.name
+        return out
+    if message.tool_calls:
+        text = "\n".join([message.content, *(render_call(c) for c in message.tool_calls)])
+        return {"role": "assistant", "content": text.strip("\n")}
+    if message.role == "tool":
+        return {"role": "user", "content": f"<tool_response>\n{message.content}\n</tool_response>"}
+    return {"role": message.role, "content": message.content}
+
+
+def _arguments(call: ToolCall) -> Any:
+    try:
+        return json.loads(call.arguments)
+    except ValueError:
+        return call.arguments
