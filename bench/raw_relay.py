@@ -1,9 +1,9 @@
 """The raw relay: the floor under any Python gateway on llmso's own server stack.
 
 The server ``llmso serve`` runs (uvicorn, uvloop, ``CoalescingHttpToolsProtocol``) and the
-upstream client its openai backend uses (``backends.http1``), with nothing between them:
-the request body goes upstream as it came, the answer's bytes come back as they arrive.
-No parsing, validation, routing, re-framing, metrics or log line. Whatever llmso spends
+upstream client its openai backend uses (``backends.openai_proxy.http1``), with nothing
+between them: the request body goes upstream as it came, the answer's bytes come back as
+they arrive. No parsing, validation, routing, re-framing, metrics or log line. Whatever llmso spends
 above this in the overhead suite is the price of what llmso does per request::
 
     python -m bench.raw_relay --upstream http://127.0.0.1:8001 --port 8005
@@ -15,7 +15,7 @@ import argparse
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from backends.http1 import Pool
+from backends.openai_proxy.http1 import Pool
 from gateway.cli import tune_gc
 from gateway.edge.transport import CoalescingHttpToolsProtocol
 

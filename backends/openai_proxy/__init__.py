@@ -6,6 +6,11 @@ Modules, from the wire inwards:
 - ``payload``  ``GenerationRequest`` -> upstream JSON body (pure)
 - ``stream``   upstream SSE bytes -> ``BackendEvent`` values (pure, one per stream)
 - ``errors``   upstream statuses and client exceptions -> ``BackendError``
-- ``backend``  ``OpenAIProxyBackend``: the pooled client, limits, metrics; replicas,
-               health, ejection and retries come from ``backends.replicas``
+- ``http1``    the data path's lean HTTP/1.1 keep-alive client (generation streams)
+- ``relay``    one upstream stream: open, read, translate; unhiding an empty stream's error
+- ``embeddings`` the ``/v1/embeddings`` relay's body and answer
+- ``slots``    ``max_concurrency`` slots with a bounded wait
+- ``probes``   health probes and what the upstream says about itself (model id, context)
+- ``backend``  ``OpenAIProxyBackend``: lifecycle and the request path over the above;
+               replicas, ejection and retries come from ``backends.replicas``
 """

@@ -1,15 +1,16 @@
 """``OpenAIProxyBackend``: serve a model by relaying to an OpenAI-compatible server.
 
 Lifecycle: ``start()`` creates the lean keep-alive pool of the data path
-(``backends.http1``: generation streams) and one aiohttp session for the rest (probes,
+(``backends.openai_proxy.http1``: generation streams) and one aiohttp session for the rest (probes,
 scrapes, embeddings; aiohttp measured ~4x cheaper per relayed stream than httpx, the
 lean pool cheaper still), probes every
 replica once and starts the periodic health and ``/metrics`` scrape tasks; ``stop()``
 ends open streams (each raises ``BackendCrashed``), cancels the tasks and closes the
 session.
 
-Ownership: every mutable field (session, replicas, open streams, waiter count) is owned
-by the event loop that called ``start()``; nothing here is thread-safe.
+Ownership: every mutable field (session, replicas, open streams, the slot gate and the
+prober with theirs) is owned by the event loop that called ``start()``; nothing here is
+thread-safe.
 
 Per request (``generate``): refuse at once while every replica is ejected; wait a
 bounded time for a ``max_concurrency`` slot (else ``Overloaded``); pick a replica
@@ -28,7 +29,7 @@ import asyncio
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import aiohttp
 import orjson
@@ -41,7 +42,6 @@ from backends.base import (
     GenerationRequest,
     ModelInfo,
     NotReady,
-    Overloaded,
     RequestKind,
     Started,
     UpstreamTimeout,
@@ -49,7 +49,6 @@ from backends.base import (
 )
 from backends.embeddings import EmbeddingRequest, EmbeddingResult
 from backends.hop_metrics import BackendMetrics
-from backends.http1 import Pool
 from backends.openai_proxy.embeddings import (
     EMBEDDINGS_PATH,
     embeddings_body,
@@ -57,9 +56,12 @@ from backends.openai_proxy.embeddings import (
     post_embeddings,
 )
 from backends.openai_proxy.engines import profile_for, split_base_url
-from backends.openai_proxy.errors import from_exception, from_status, is_retryable
+from backends.openai_proxy.errors import is_retryable
+from backends.openai_proxy.http1 import Pool
 from backends.openai_proxy.payload import build_body, estimate_prompt_tokens
-from backends.openai_proxy.relay import EmptyStream, HopMetrics, UpstreamStream
+from backends.openai_proxy.probes import Prober
+from backends.openai_proxy.relay import EmptyStream, HopMetrics, UpstreamStream, unhidden_error
+from backends.openai_proxy.slots import SlotGate
 from backends.openai_proxy.stream import ChunkTranslator
 from backends.replicas.attempts import GiveUp, first_success
 from backends.replicas.replica import Replica
@@ -75,7 +77,6 @@ class OpenAIProxyBackend:
     def __init__(self, config: OpenAIModelConfig, metrics: BackendMetrics) -> None:
         self._config = config
         self._profile = profile_for(config.engine, config.health_path)
-        self._upstream_model = config.upstream_model or config.name
         labels = (config.name, "openai")
         self._hop = HopMetrics(
             latency=metrics.upstream_latency.labels(*labels),
@@ -85,14 +86,12 @@ class OpenAIProxyBackend:
         )
         self._up_gauge = metrics.upstream_up.labels(*labels)
         self._replicas = ReplicaSet(config, _endpoints(config), metrics.replicas)
-        self._slots = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
-        self._waiting = 0
+        self._slots = SlotGate(config)
         self._session: aiohttp.ClientSession | None = None
         self._pool: Pool | None = None  # the data path's connections; set with _session
         self._streams: set[UpstreamStream] = set()
         self._stopping = False
-        self._discovered = False
-        self._upstream_context: int | None = None
+        self._prober = Prober(config, self._profile)
         # An upstream serving an embedding model says so with the `embed` capability.
         embeds = "embed" in config.capabilities
         # Token-id prompts and suffix are forwarded; the upstream accepts or refuses them.
@@ -126,9 +125,10 @@ class OpenAIProxyBackend:
             read_timeout=config.first_token_timeout,
             total_timeout=config.total_timeout,
         )
-        await self._replicas.probe_all(self._probe_one)
+        self._prober.session = self._session
+        await self._replicas.probe_all(self._prober.probe)
         self._set_up()
-        self._replicas.start(self._probe_one, self._session, self._set_up)
+        self._replicas.start(self._prober.probe, self._session, self._set_up)
 
     async def stop(self) -> None:
         self._stopping = True
@@ -136,6 +136,7 @@ class OpenAIProxyBackend:
         for stream in list(self._streams):
             stream.close()
         session, self._session = self._session, None
+        self._prober.session = None
         if session is not None:
             await session.close()
         pool, self._pool = self._pool, None
@@ -148,7 +149,7 @@ class OpenAIProxyBackend:
 
     def info(self) -> ModelInfo:
         return ModelInfo(
-            max_context=self._config.max_context or self._upstream_context,
+            max_context=self._config.max_context or self._prober.context,
             owned_by=self._config.engine,
             features=self._features,
             extra={
@@ -159,6 +160,11 @@ class OpenAIProxyBackend:
                 "replicas": str(len(self._replicas.replicas)),
             },
         )
+
+    @property
+    def _upstream_model(self) -> str:
+        """The model id sent upstream: configured, or learnt by the first probe."""
+        return self._prober.model
 
     def reconfigure(self, config: OpenAIModelConfig) -> None:
         """Hot reload of the replica list or balance fields only (``REPLICA_FIELDS``)."""
@@ -183,7 +189,7 @@ class OpenAIProxyBackend:
     async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
         queued_at = time.time()
         session = self._admit()
-        await self._take_slot()
+        await self._slots.take()
         try:
             if self._stopping:  # stopped while this request waited for a slot
                 raise BackendCrashed("backend stopped")
@@ -208,7 +214,7 @@ class OpenAIProxyBackend:
                 stream.close()
                 replica.release()
         finally:
-            self._free_slot()
+            self._slots.free()
 
     async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
         """Relay to the upstream's /v1/embeddings: same breaker, slots and retries as
@@ -218,12 +224,12 @@ class OpenAIProxyBackend:
         body = embeddings_body(request, self._upstream_model)
         try:
             async with asyncio.timeout(request.timeout):
-                await self._take_slot()
+                await self._slots.take()
                 try:
                     started_at = time.time()
                     vectors, tokens = await self._post_embeddings(session, body, request.size)
                 finally:
-                    self._free_slot()
+                    self._slots.free()
         except TimeoutError:
             raise UpstreamTimeout(f"upstream embeddings took over {request.timeout:g}s") from None
         waited = time.time() - started_at
@@ -272,7 +278,7 @@ class OpenAIProxyBackend:
             except EmptyStream as empty:
                 stream.close()
                 if self._profile.hides_stream_errors:
-                    raise GiveUp(await self._unhidden_error(session, url, body, empty)) from None
+                    raise GiveUp(await unhidden_error(session, url, body, empty)) from None
                 failed_waits.append(stream.waited)
                 raise empty.cause or empty from None
             except BackendError:
@@ -305,28 +311,6 @@ class OpenAIProxyBackend:
             raise BackendCrashed("backend stopped")
         return pool
 
-    async def _unhidden_error(
-        self, session: aiohttp.ClientSession, url: str, body: bytes, empty: EmptyStream
-    ) -> BackendError:
-        """Ask again without streaming to learn why the stream came back empty (only for
-        engines that hide errors that way). The body is unchanged, so the engine rejects
-        it the same way; should it answer 200 instead, the empty stream stays a 502."""
-        plain = orjson.loads(body)
-        plain["stream"] = False
-        plain.pop("stream_options", None)
-        data = orjson.dumps(plain)
-        error: BackendError = empty
-        for _ in range(2):  # once more if a pooled connection was stale
-            try:
-                async with session.post(url, data=data) as response:
-                    raw = await response.content.read(64 * 1024)
-                    if response.status == 200:
-                        return empty
-                    return from_status(response.status, raw, response.headers.get("Retry-After"))
-            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                error = from_exception(exc, url=url)
-        return error
-
     async def _next(self, stream: UpstreamStream, replica: Replica) -> list[BackendEvent]:
         try:
             return await stream.next_events()
@@ -344,76 +328,10 @@ class OpenAIProxyBackend:
             prompt, completion = estimate_prompt_tokens(request), translator.counted_tokens
         return Usage(prompt, completion, upstream_seconds=stream.waited)
 
-    async def _take_slot(self) -> None:
-        """Hold one of ``max_concurrency`` slots (``_free_slot`` gives it back); wait at
-        most ``queue_timeout``. Two methods, not an ``@asynccontextmanager``: one is taken
-        per request, and a generator-based context costs several times more."""
-        slots = self._slots
-        if slots is None:
-            return
-        if not slots.locked():
-            await slots.acquire()
-            return
-        if self._waiting >= self._config.max_queue:
-            raise Overloaded(f"model {self._config.name!r}: too many waiting requests")
-        self._waiting += 1
-        try:
-            async with asyncio.timeout(self._config.queue_timeout):
-                await slots.acquire()
-        except TimeoutError:
-            raise Overloaded(
-                f"model {self._config.name!r}: no free upstream slot within "
-                f"{self._config.queue_timeout:g}s"
-            ) from None
-        finally:
-            self._waiting -= 1
-
-    def _free_slot(self) -> None:
-        if self._slots is not None:
-            self._slots.release()
-
     # ------------------------------------------------------------------ health
 
     def _set_up(self) -> None:
         self._up_gauge.set(1 if self._replicas.up else 0)
-
-    async def _probe_one(self, replica: Replica) -> bool:
-        """One health probe of one replica. Until the model list was read once (from
-        any replica), the probe reads ``/v1/models`` to learn the upstream's model id
-        and context size."""
-        session = self._session
-        if session is None:
-            return False
-        discovering = not self._discovered
-        path = "/models" if discovering else self._profile.health_path
-        root, api = split_base_url(replica.url)
-        url = api + path if discovering else root + path
-        ok = False
-        try:
-            timeout = aiohttp.ClientTimeout(total=2 * self._config.connect_timeout)
-            async with session.get(url, timeout=timeout) as response:
-                ok = response.status == 200
-                if ok and discovering:
-                    self._learn(await response.read())
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
-            ok = False
-        return ok
-
-    def _learn(self, raw: bytes) -> None:
-        """Take the upstream model id (when not configured) and its context size."""
-        self._discovered = True
-        models: Any = orjson.loads(raw).get("data") or []
-        if not models:
-            return
-        if self._config.upstream_model is None:
-            names = [m.get("id") for m in models]
-            if self._config.name not in names and isinstance(names[0], str):
-                self._upstream_model = names[0]
-        for model in models:
-            if model.get("id") == self._upstream_model:
-                length = model.get("max_model_len")
-                if isinstance(length, int) and length > 0:
-                    self._upstream_context = length
 
 
 def _endpoints(config: OpenAIModelConfig) -> list[tuple[str, str | None]]:

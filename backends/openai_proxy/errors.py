@@ -16,7 +16,6 @@ from typing import Any
 import aiohttp
 import orjson
 
-from backends import http1
 from backends.base import (
     BackendError,
     Overloaded,
@@ -25,6 +24,7 @@ from backends.base import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+from backends.openai_proxy import http1
 
 _MAX_MESSAGE = 1000
 _CONTEXT_HINTS = ("maximum context length", "context length", "context window", "too long")

@@ -1,6 +1,6 @@
 """One attempt at one upstream request: send, check the answer, relay the stream.
 
-``UpstreamStream`` wraps a single response of the lean client (``backends.http1``). It
+``UpstreamStream`` wraps a single response of the lean client (``backends.openai_proxy.http1``). It
 is owned by the coroutine that runs the request (the backend's ``generate``) and must be
 closed by it: ``close()`` on a stream that has not ended drops the connection, which is
 how an engine learns that the client left and aborts the generation.
@@ -12,6 +12,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
+import orjson
+
 from backends.base import (
     BackendError,
     BackendEvent,
@@ -20,8 +23,8 @@ from backends.base import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
-from backends.http1 import Pool, Response
 from backends.openai_proxy.errors import from_exception, from_status
+from backends.openai_proxy.http1 import Pool, Response
 from backends.openai_proxy.stream import ChunkTranslator, SSEDecoder
 
 _MAX_ERROR_BODY = 64 * 1024
@@ -192,3 +195,26 @@ def _label(error: BackendError) -> str:
     if error.status == 503:
         return "unavailable"
     return "bad_response"
+
+
+async def unhidden_error(
+    session: aiohttp.ClientSession, url: str, body: bytes, empty: EmptyStream
+) -> BackendError:
+    """Ask again without streaming to learn why the stream came back empty (only for
+    engines that hide errors that way). The body is unchanged, so the engine rejects
+    it the same way; should it answer 200 instead, the empty stream stays a 502."""
+    plain = orjson.loads(body)
+    plain["stream"] = False
+    plain.pop("stream_options", None)
+    data = orjson.dumps(plain)
+    error: BackendError = empty
+    for _ in range(2):  # once more if a pooled connection was stale
+        try:
+            async with session.post(url, data=data) as response:
+                raw = await response.content.read(64 * 1024)
+                if response.status == 200:
+                    return empty
+                return from_status(response.status, raw, response.headers.get("Retry-After"))
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            error = from_exception(exc, url=url)
+    return error

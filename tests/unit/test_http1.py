@@ -1,4 +1,4 @@
-"""``backends.http1`` against real servers on loopback: an aiohttp app (chunked and
+"""``backends.openai_proxy.http1`` against real servers on loopback: an aiohttp app (chunked and
 Content-Length answers, keep-alive) and raw asyncio socket servers for the failure
 cases (closed mid-body, body until EOF, a stale keep-alive connection, stalls). Every
 test runs on both event loops the gateway may use (asyncio's and uvloop's)."""
@@ -14,8 +14,8 @@ import pytest
 import uvloop
 from aiohttp import web
 
-from backends import http1
 from backends.base import UpstreamBadResponse, UpstreamTimeout, UpstreamUnavailable
+from backends.openai_proxy import http1
 from backends.openai_proxy.errors import from_exception
 
 _LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
