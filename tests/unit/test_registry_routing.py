@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from backends.factory import memory_estimate
 from backends.hf.memory import weights_bytes
 from config.schema import HFModelConfig
 from gateway.registry import ModelNotFound, ModelState
 from gateway.registry.diff import diff_configs
 from gateway.registry.eviction import Resident, busy_victim, idle_victim
-from gateway.registry.memory import estimate_memory_bytes
 from gateway.registry.routing import build_index, route
 from tests.tools.registry_fakes import app_config, fake_model
 
@@ -118,18 +118,18 @@ def _write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]]) ->
     path.write_bytes(struct.pack("<Q", len(raw)) + raw)
 
 
-def test_weights_bytes_from_safetensors_headers(tmp_path: Path) -> None:
+async def test_weights_bytes_from_safetensors_headers(tmp_path: Path) -> None:
     _write_safetensors(tmp_path / "model-1.safetensors", {"w": ("BF16", [10, 20])})
     _write_safetensors(tmp_path / "model-2.safetensors", {"b": ("F32", [5])})
     assert weights_bytes(tmp_path) == 10 * 20 * 2 + 5 * 4
     assert weights_bytes(tmp_path, "float32") == (200 + 5) * 4
     (tmp_path / "config.json").write_text("{}")
     hf = HFModelConfig(name="local", backend="hf", source=str(tmp_path), dtype="bfloat16")
-    assert estimate_memory_bytes(hf) == 205 * 2
-    assert estimate_memory_bytes(hf.model_copy(update={"memory_bytes": 7})) == 7
+    assert await memory_estimate(hf) == 205 * 2
+    assert await memory_estimate(hf.model_copy(update={"memory_bytes": 7})) == 7
 
 
-def test_unknown_sources_estimate_zero(tmp_path: Path) -> None:
+async def test_unknown_sources_estimate_nothing(tmp_path: Path) -> None:
     missing = HFModelConfig(name="gone", backend="hf", source=str(tmp_path / "nothing"))
-    assert estimate_memory_bytes(missing) == 0
-    assert estimate_memory_bytes(CONFIG.models[0]) == 0  # a proxy holds no local weights
+    assert await memory_estimate(missing) == 0
+    assert await memory_estimate(CONFIG.models[0]) is None  # a proxy holds no local weights
