@@ -80,7 +80,7 @@ class EndpointCall:
             request_id=_request_id(scope), requested_model=""
         )
 
-    async def guarded(self, work: Awaitable[None]) -> None:
+    async def _guarded(self, work: Awaitable[None]) -> None:
         """Await ``work`` (one request's serving), render what it raises as an error
         response, and finish the record once."""
         record = self.record
@@ -106,7 +106,7 @@ class EndpointCall:
     async def serve(self, endpoint: Endpoint) -> None:
         """Serve ``endpoint``: parse, admit once, one service call, present
         (``gateway.api.base``)."""
-        await self.guarded(self._serve(endpoint))
+        await self._guarded(self._serve(endpoint))
 
     async def _serve(self, endpoint: Endpoint) -> None:
         prepared = await endpoint.prepare(
@@ -120,7 +120,7 @@ class EndpointCall:
                 exc.param = prepared.wire_param(exc.param)
             raise
 
-    def traced(self, request: GenerationRequest) -> GenerationRequest:
+    def _traced(self, request: GenerationRequest) -> GenerationRequest:
         """Name the request on its trace, or (tracing off) relay the client's trace
         context to upstreams as it came."""
         if self.record.trace is not None:
@@ -131,7 +131,7 @@ class EndpointCall:
     async def _answer(self, prepared: Prepared[Any]) -> None:
         request = await admit(self._scope, prepared.request)  # key's models and limits
         if prepared.generates:
-            request = _with_session(self.traced(request), _header(self._scope, b"x-session-id"))
+            request = _with_session(self._traced(request), _header(self._scope, b"x-session-id"))
         presenter = prepared.presenter
         async with self._watch_disconnect():
             answer = await presenter.open(request, self.record)
