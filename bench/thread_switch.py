@@ -1,7 +1,7 @@
 """Decode-step times before and after a phase of one-thread steps (docs/hf_profile.md,
 "Thread switching").
 
-Loads the model into a ``LlamaRunner`` on a worker thread (as the hf backend does), then
+Loads the model into a ``DecoderRunner`` on a worker thread (as the hf backend does), then
 on a second thread (the engine's) times phases of decode steps: ``rows`` rows on 2
 threads, ``small`` rows on 1 thread, ``rows`` rows on 2 threads again. Per phase it prints
 the median step time and the CPU each OS thread of the process used, so a worker that
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from backends.hf.llama_runner import LlamaRunner, PrefillChunk
 from backends.hf.loader import load
 from backends.hf.own_thread import call_in_own_thread
+from backends.hf.runner import DecoderRunner, PrefillChunk
 from backends.hf.threads import StepThreads
 from config.schema import HFModelConfig
 
@@ -51,7 +51,7 @@ class Phases:
     """Decode steps over slots ``0..rows-1`` prefilled with ``context`` tokens each.
     Owner: the thread that calls ``run`` (it owns the runner's cache)."""
 
-    def __init__(self, runner: LlamaRunner, rows: int, context: int) -> None:
+    def __init__(self, runner: DecoderRunner, rows: int, context: int) -> None:
         self.runner = runner
         chunks = [
             PrefillChunk(
@@ -102,11 +102,11 @@ def main() -> None:
         name="m", backend="hf", source=args.model_path, dtype="bfloat16", device="cpu", threads=2
     )
 
-    def build() -> LlamaRunner:
+    def build() -> DecoderRunner:
         torch.set_num_threads(2)
         loaded = load(config)
         with torch.inference_mode():
-            return LlamaRunner(
+            return DecoderRunner(
                 loaded.model,
                 max_slots=args.rows + 1,
                 max_context=512,
@@ -115,7 +115,7 @@ def main() -> None:
                 step_threads=StepThreads(2),
             )
 
-    runner: LlamaRunner = call_in_own_thread(build, "build")
+    runner: DecoderRunner = call_in_own_thread(build, "build")
     if args.attention:  # instead of what load timed fastest
         runner.decode_impl = runner.decode_impl_long = args.attention
     print(f"decode attention: {runner.decode_impl} / {runner.decode_impl_long}", flush=True)

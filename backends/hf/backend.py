@@ -36,7 +36,6 @@ from backends.base import (
     Started,
     Usage,
 )
-from backends.hf import llama_runner
 from backends.hf.detokenizer import TokenTable
 from backends.hf.engine import Engine, EngineLimits, StepPolicy, Submission
 from backends.hf.grammar import GrammarBook, grammar_spec
@@ -44,6 +43,7 @@ from backends.hf.loader import LoadedModel, load, threads_for
 from backends.hf.outputs import Item, StepOutputs
 from backends.hf.own_thread import run_in_own_thread
 from backends.hf.prefix_cache import PrefixCache
+from backends.hf.runner import DecoderRunner, unsupported_reason
 from backends.hf.scheduler import ContinuousScheduler
 from backends.hf.static import StaticScheduler
 from backends.hf.threads import StepThreads
@@ -157,12 +157,9 @@ class HFBackend:
         torch.set_num_threads(threads_for(self._config))
         config = self._config
         mode = config.scheduling
-        if mode != "static" and not llama_runner.supports(loaded.model):
-            log.warning(
-                "%s: model type %r has no slot-cache runner; using static batching",
-                config.name,
-                getattr(loaded.model.config, "model_type", "?"),
-            )
+        reason = unsupported_reason(loaded.model) if mode != "static" else None
+        if reason is not None:
+            log.warning("%s: %s; using static batching", config.name, reason)
             mode = "static"
         self.scheduling = mode
         if mode == "static":
@@ -182,7 +179,7 @@ class HFBackend:
         with torch.inference_mode():
             # One spare slot: moving a half-prefilled request out of the way when another
             # request's choices take their places never runs out of room.
-            runner = llama_runner.LlamaRunner(
+            runner = DecoderRunner(
                 loaded.model,
                 max_slots=config.max_num_seqs + 1,
                 max_context=loaded.max_context,

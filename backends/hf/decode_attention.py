@@ -1,7 +1,7 @@
 """Decode attention kernels: one query per decoding slot over a strided view of the cache.
 
 Three implementations of the same fp32 attention, chosen per machine at load
-(``LlamaRunner._pick_decode_attention``):
+(``DecoderRunner._pick_decode_attention``):
 
 - ``sdpa``: PyTorch's fused kernel (CUDA; CPUs where its bf16 GEMMs are fast, e.g. AMX);
 - ``matmul``: two fp32 batched matmuls over upcast copies of K and V;
@@ -38,18 +38,53 @@ def decode_sdpa(
 
 
 def decode_matmul(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor,
+    scale: float,
+    *,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Two fp32 batched matmuls, the query heads sharing a kv head folded into the M
     dimension (no key repetition); half-precision operands are upcast (the strided cache
-    view is copied either way) and the result cast back."""
+    view is copied either way) and the result cast back. With ``softcap`` (Gemma 2) the
+    scaled scores become ``cap * tanh(score / cap)`` before the mask, as in transformers'
+    eager attention."""
     d, heads, hd = q.shape
     kvh, span = k.shape[1], k.shape[2]
     qd = q.reshape(d * kvh, heads // kvh, hd).float()
     kd = k.reshape(d * kvh, span, hd).float()
     vd = v.reshape(d * kvh, span, hd).float()
-    scores = torch.baddbmm(bias, qd, kd.transpose(1, 2), alpha=scale)
+    if softcap is None:
+        scores = torch.baddbmm(bias, qd, kd.transpose(1, 2), alpha=scale)
+    else:
+        scores = torch.tanh(torch.bmm(qd, kd.transpose(1, 2)) * scale / softcap) * softcap + bias
     return torch.bmm(scores.softmax(-1), vd).view(d, heads * hd).to(q.dtype)
+
+
+def prefill_softcapped(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    mask: torch.Tensor | None,
+    scale: float,
+    softcap: float,
+) -> torch.Tensor:
+    """A prefill chunk's attention with soft-capped scores (SDPA has no cap):
+    ``q [1, heads, T, hd]`` over ``k``/``v [1, kv_heads, L, hd]`` (the chunk's queries are
+    the last ``T`` positions); ``mask`` boolean ``[T, L]``, None for plain causal. In fp32
+    like the decode kernels; returns ``q``'s dtype."""
+    t, length = q.shape[2], k.shape[2]
+    group = q.shape[1] // k.shape[1]
+    keys = k.float().repeat_interleave(group, dim=1)
+    values = v.float().repeat_interleave(group, dim=1)
+    scores = torch.tanh(q.float() @ keys.transpose(2, 3) * scale / softcap) * softcap
+    if mask is None:
+        mask = torch.ones(t, length, dtype=torch.bool, device=q.device).tril(length - t)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return (scores.softmax(-1) @ values).to(q.dtype)
 
 
 def decode_reduce(

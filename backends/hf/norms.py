@@ -48,3 +48,23 @@ class RMSNorm:
         if self.direct:
             return F.rms_norm(x, (self.hidden,), None, self.eps) * weight
         return upcast_rms_norm(x, weight, self.eps)
+
+
+class OffsetRMSNorm:
+    """Gemma's RMSNorm: ``x_hat * (1 + w)`` computed in fp32, rounded once to ``x``'s
+    dtype (unlike Llama's, which rounds ``x_hat`` before the product). Takes the fp32
+    ``1 + w`` prepared at load (``offset_weight``). Stateless; safe to share."""
+
+    def __init__(self, hidden: int, eps: float):
+        self.hidden = hidden
+        self.eps = eps
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (self.hidden,), weight, self.eps)
+        return F.rms_norm(x.float(), (self.hidden,), weight, self.eps).to(x.dtype)
+
+
+def offset_weight(weight: torch.Tensor) -> torch.Tensor:
+    """The fp32 ``1 + w`` an ``OffsetRMSNorm`` multiplies by."""
+    return 1.0 + weight.detach().float()

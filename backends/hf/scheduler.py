@@ -24,9 +24,9 @@ import time
 import torch
 
 from backends.hf.detokenizer import TokenTable
-from backends.hf.llama_runner import LlamaRunner, PrefillChunk
 from backends.hf.outputs import StepOutputs, accept_token, emit_started
 from backends.hf.prefix_cache import PrefixCache
+from backends.hf.runner import DecoderRunner, PrefillChunk
 from backends.hf.sampler import sample
 from backends.hf.sequence import Choice, RequestState
 from backends.hf.waiting import WaitingQueue
@@ -40,7 +40,7 @@ class ContinuousScheduler:
 
     def __init__(
         self,
-        runner: LlamaRunner,
+        runner: DecoderRunner,
         table: TokenTable,
         *,
         max_num_seqs: int,

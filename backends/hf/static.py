@@ -9,7 +9,7 @@ from the same prompt alone. The batch decodes step by step (events stream every 
 aborts apply between steps) until every row has finished; nothing joins meanwhile.
 
 This path works for any ``AutoModelForCausalLM`` and is the fallback for model types
-that ``LlamaRunner`` does not cover. Owner: the engine thread.
+that ``DecoderRunner`` does not cover. Owner: the engine thread.
 """
 
 from __future__ import annotations

@@ -9,13 +9,13 @@ import threading
 import torch
 import torch._dynamo.utils
 
-from backends.hf.llama_runner import LlamaRunner, PrefillChunk
 from backends.hf.loader import load
+from backends.hf.runner import DecoderRunner, PrefillChunk
 from backends.hf.threads import StepThreads
 from tests.hf.helpers import config
 
 
-def _logits(runner: LlamaRunner, impl: str, prompts: list[list[int]], steps: int) -> torch.Tensor:
+def _logits(runner: DecoderRunner, impl: str, prompts: list[list[int]], steps: int) -> torch.Tensor:
     """Prefill, then ``steps`` decode steps fed fixed tokens (teacher-forced, so a near
     tie cannot send the two kernels down different continuations)."""
     runner.decode_impl = runner.decode_impl_long = impl
@@ -36,7 +36,7 @@ def test_compiled_decode_attention_matches_the_matmuls_without_recompiling() -> 
     torch.set_num_threads(1)
     loaded = load(config(dtype="bfloat16"))
     with torch.inference_mode():
-        runner = LlamaRunner(loaded.model, max_slots=8, max_context=1024, compile_attention=True)
+        runner = DecoderRunner(loaded.model, max_slots=8, max_context=1024, compile_attention=True)
         graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
         assert graphs >= 1  # compiled (and warmed) at load
         # one row (its own guard), short batches, and a batch long enough for the long
@@ -68,7 +68,7 @@ def test_one_thread_steps_of_adaptive_threads_do_not_recompile_while_serving() -
         torch.set_num_threads(2)
         loaded = load(config(dtype="bfloat16", threads=2))
         with torch.inference_mode():
-            runner = LlamaRunner(
+            runner = DecoderRunner(
                 loaded.model,
                 max_slots=4,
                 max_context=512,

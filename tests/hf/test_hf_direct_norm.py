@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from backends.hf.llama_runner import LlamaRunner, PrefillChunk
 from backends.hf.loader import load
+from backends.hf.runner import DecoderRunner, PrefillChunk
 from tests.hf.helpers import config
 
 
@@ -15,7 +15,7 @@ def test_direct_norm_logits_equal_upcast_ones() -> None:
     results = []
     with torch.inference_mode():
         for direct in (True, False):
-            runner = LlamaRunner(loaded.model, max_slots=2, max_context=256)
+            runner = DecoderRunner(loaded.model, max_slots=2, max_context=256)
             assert runner._norm.direct  # CPU bf16: the probe finds the kernels agree
             runner._norm.direct = direct
             chunks = [

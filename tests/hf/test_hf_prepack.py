@@ -5,23 +5,23 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backends.hf import llama_runner
-from backends.hf.llama_runner import LlamaRunner, PrefillChunk
+from backends.hf import runner as runner_module
 from backends.hf.loader import load
+from backends.hf.runner import DecoderRunner, PrefillChunk
 from tests.hf.helpers import config
 
 
 @pytest.mark.skipif(
-    not llama_runner._can_prepack(torch.device("cpu"), torch.bfloat16),
+    not runner_module._can_prepack(torch.device("cpu"), torch.bfloat16),
     reason="no oneDNN linear prepacking in this torch build",
 )
 def test_prepacked_linears_match_plain_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     torch.set_num_threads(1)
     loaded = load(config(dtype="bfloat16"))
     with torch.inference_mode():
-        packed = LlamaRunner(loaded.model, max_slots=4, max_context=512)
-        monkeypatch.setattr(llama_runner, "_can_prepack", lambda device, dtype: False)
-        plain = LlamaRunner(loaded.model, max_slots=4, max_context=512)
+        packed = DecoderRunner(loaded.model, max_slots=4, max_context=512)
+        monkeypatch.setattr(runner_module, "_can_prepack", lambda device, dtype: False)
+        plain = DecoderRunner(loaded.model, max_slots=4, max_context=512)
         assert packed.prepack and not plain.prepack
         # compare the linears, not the attention
         packed.decode_impl, packed.decode_impl_long = plain.decode_impl, plain.decode_impl_long

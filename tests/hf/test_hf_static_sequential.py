@@ -108,7 +108,9 @@ def _break_runner(backend: HFBackend) -> None:
     assert engine is not None
     policy_factory = engine._policy_factory
     cells = getattr(policy_factory, "__closure__", None) or ()
-    runner = next(c.cell_contents for c in cells if type(c.cell_contents).__name__ == "LlamaRunner")
+    runner = next(
+        c.cell_contents for c in cells if type(c.cell_contents).__name__ == "DecoderRunner"
+    )
 
     def boom(*args: object, **kwargs: object) -> None:
         raise RuntimeError("injected fault")

@@ -17,7 +17,7 @@ import pytest
 
 from backends.base import BackendCrashed, TextDelta
 from backends.errors import StepFailed
-from backends.hf import llama_runner
+from backends.hf import runner
 from backends.hf.backend import HFBackend
 from backends.hf.engine import MAX_FAILED_STEPS
 from tests.hf.helpers import RecordingObserver, chat, collect, completion, config
@@ -36,7 +36,7 @@ class Fault:
 @pytest.fixture
 def fault(monkeypatch: pytest.MonkeyPatch) -> Iterator[Fault]:
     armed = Fault()
-    real = llama_runner.LlamaRunner.forward
+    real = runner.DecoderRunner.forward
 
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         logits = real(self, *args, **kwargs)  # the KV writes of this step happen here
@@ -46,7 +46,7 @@ def fault(monkeypatch: pytest.MonkeyPatch) -> Iterator[Fault]:
             raise RuntimeError("injected fault after the step's KV writes")
         return logits
 
-    monkeypatch.setattr(llama_runner.LlamaRunner, "forward", forward)
+    monkeypatch.setattr(runner.DecoderRunner, "forward", forward)
     yield armed
 
 

@@ -7,13 +7,13 @@ import threading
 import pytest
 import torch
 
-from backends.hf.llama_runner import LlamaRunner, PrefillChunk
 from backends.hf.loader import load
+from backends.hf.runner import DecoderRunner, PrefillChunk
 from backends.hf.threads import StepThreads
 from tests.hf.helpers import config
 
 
-def _greedy(runner: LlamaRunner, steps: int) -> tuple[list[list[int]], list[int]]:
+def _greedy(runner: DecoderRunner, steps: int) -> tuple[list[list[int]], list[int]]:
     """Three prompts prefilled in one step (60 tokens), then ``steps`` decode steps of
     three rows; returns the greedy tokens and the thread count after each step."""
     chunks = [
@@ -40,7 +40,7 @@ def test_adaptive_threads_keep_greedy_outputs(dtype: str) -> None:
         with torch.inference_mode():
             for name, threads in (("plain", None), ("adaptive", StepThreads(2, small_tokens=8))):
                 torch.set_num_threads(2)
-                runner = LlamaRunner(
+                runner = DecoderRunner(
                     loaded.model, max_slots=4, max_context=256, step_threads=threads
                 )
                 results[name] = _greedy(runner, steps=6)

@@ -1,23 +1,26 @@
-"""A hand-written forward pass for Llama-family decoders over a ``SlotKVCache``.
+"""One hand-written forward for the common decoder families over a ``SlotKVCache``.
 
 Why not ``model(...)``: for a 135M model with 30 layers, transformers' forward spends
 more time in Python (mask building, cache objects, hooks) than in matmuls, and its caches
 cannot let one sequence join or leave a running batch without recomputing or copying the
-others. This runner takes the weights out of a loaded ``LlamaForCausalLM`` once (fused
-QKV and gate/up matrices, a precomputed RoPE table taken from the model's own rotary
-module, so RoPE variants such as llama3 scaling stay exact) and runs one *packed* forward
-per engine step: the decode tokens of all running sequences (rows ``0..D-1``, sequence in
+others. This runner takes the weights out of a loaded model once (fused QKV and gate/up
+matrices, RoPE tables taken from the model's own rotary module, so variants such as
+llama3 scaling or Gemma 3's local base stay exact) and runs one *packed* forward per
+engine step: the decode tokens of all running sequences (rows ``0..D-1``, sequence in
 slot ``i`` on row ``i``) followed by any number of prefill chunks. Projections and MLPs
 run once over all packed tokens; attention runs as one batched matmul over the decode rows
 (grouped-query heads folded into the matmul, no key repetition) and one SDPA call per
-prefill chunk.
+prefill chunk. What differs between Llama, Mistral, Qwen2/3, Phi-3 and Gemma 1/2/3 is a
+``Family`` of switches read from the config (``families.py``), not a copy per family.
 
 Owner: the engine thread. Not thread-safe.
 """
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,17 +32,19 @@ from backends.hf.decode_attention import (
     compiled_reduce,
     decode_matmul,
     decode_sdpa,
+    prefill_softcapped,
 )
+from backends.hf.families import Family, Unsupported, family_of
 from backends.hf.kv_cache import SlotKVCache
-from backends.hf.norms import RMSNorm
+from backends.hf.norms import OffsetRMSNorm, RMSNorm, offset_weight
 from backends.hf.threads import StepThreads, as_step
 
-SUPPORTED_MODEL_TYPES = frozenset({"llama"})
 _PACK_BATCH_HINT = 16  # oneDNN picks its blocking for about this many rows
 # Decode steps reading at least this many cached positions (rows x span) use the kernel
 # timed on a large shape: the compiled one pays ~0.1 ms of guards per call, which only a
 # large, memory-bound attention repays.
 LONG_DECODE_KEYS = 4096
+Norm = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,18 +59,19 @@ class PrefillChunk:
 
 @dataclass(frozen=True, slots=True)
 class _Step:
-    """Per-step tensors shared by every layer (built once per forward)."""
+    """Per-step tensors shared by every layer (built once per forward); the RoPE tables
+    keyed by rotary kind, the decode biases and prefill masks by attention window."""
 
     n: int
     num_decode: int
     span_len: int
     attend: str
-    cos: torch.Tensor
-    sin: torch.Tensor
+    cos: dict[str | None, torch.Tensor]
+    sin: dict[str | None, torch.Tensor]
     write_idx: torch.Tensor
-    bias: torch.Tensor | None
+    bias: dict[int | None, torch.Tensor]
     spans: list[tuple[int, int, PrefillChunk]]
-    masks: list[torch.Tensor | None]
+    masks: list[dict[int | None, torch.Tensor | None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,10 +79,19 @@ class _Layer:
     ln_in: torch.Tensor
     w_qkv: torch.Tensor
     b_qkv: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
     w_o: torch.Tensor
-    ln_post: torch.Tensor
+    b_o: torch.Tensor | None
+    ln_attn_out: torch.Tensor | None  # Gemma 2/3 only
+    ln_mlp_in: torch.Tensor
     w_gate_up: torch.Tensor
+    b_gate_up: torch.Tensor | None
     w_down: torch.Tensor
+    b_down: torch.Tensor | None
+    ln_mlp_out: torch.Tensor | None  # Gemma 2/3 only
+    window: int | None
+    rope: str | None
 
 
 def _can_prepack(device: torch.device, dtype: torch.dtype) -> bool:
@@ -88,18 +103,43 @@ def _can_prepack(device: torch.device, dtype: torch.dtype) -> bool:
     )
 
 
+def unsupported_reason(model: Any) -> str | None:
+    """Why this runner cannot compute exactly what ``model`` computes (None: it can)."""
+    try:
+        family_of(model)
+    except Unsupported as exc:
+        return str(exc)
+    return None
+
+
 def supports(model: Any) -> bool:
     """Whether this runner computes exactly what ``model`` computes."""
-    config = getattr(model, "config", None)
-    if config is None or getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
-        return False
-    if getattr(config, "hidden_act", "silu") != "silu" or getattr(config, "mlp_bias", False):
-        return False
-    rope = getattr(config, "rope_parameters", None) or {}
-    return bool(rope.get("rope_type", "default") != "dynamic")
+    return unsupported_reason(model) is None
 
 
-class LlamaRunner:
+def _detach(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return None if tensor is None else tensor.detach()
+
+
+def _bias(*linears: Any) -> torch.Tensor | None:
+    biases = [linear.bias for linear in linears]
+    if all(b is None for b in biases):
+        return None
+    if any(b is None for b in biases):
+        raise Unsupported("a fused projection with a bias on only some of its parts")
+    return torch.cat(biases).detach()
+
+
+def _activation(mlp: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The MLP's own activation; SiLU as the bare function (the module call is pure
+    Python overhead per layer)."""
+    act = getattr(mlp, "act_fn", None) or mlp.activation_fn
+    if isinstance(act, torch.nn.SiLU):
+        return F.silu
+    return act  # type: ignore[no-any-return]
+
+
+class DecoderRunner:
     """Packed forward over slot-cached sequences. See the module docstring."""
 
     def __init__(
@@ -113,6 +153,7 @@ class LlamaRunner:
     ) -> None:
         config = model.config
         inner = model.model
+        self.family: Family = family_of(model)
         param = next(model.parameters())
         self.device = param.device
         self.dtype = param.dtype
@@ -124,24 +165,45 @@ class LlamaRunner:
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
         self.group = self.heads // self.kv_heads
         self.hidden = int(config.hidden_size)
-        self._norm = RMSNorm(self.hidden, float(config.rms_norm_eps), self.dtype, self.device)
-        self.scale = self.head_dim**-0.5
+        eps = float(config.rms_norm_eps)
+        self._norm: Norm
+        self._head_norm: Norm
+        if self.family.offset_norms:
+            self._norm = OffsetRMSNorm(self.hidden, eps)
+            self._head_norm = OffsetRMSNorm(self.head_dim, eps)
+        else:
+            self._norm = RMSNorm(self.hidden, eps, self.dtype, self.device)
+            self._head_norm = RMSNorm(self.head_dim, eps, self.dtype, self.device)
+        self.scale = self.family.scale
         self.vocab_size = int(config.vocab_size)
         self.embed = inner.embed_tokens.weight.detach()
-        self.norm = inner.norm.weight.detach()
+        scale = getattr(inner.embed_tokens, "embed_scale", None)  # Gemma: sqrt(hidden)
+        self.embed_scale = None if scale is None else scale.to(self.dtype)
+        self.norm = self._norm_weight(inner.norm)
         self.prepack = _can_prepack(self.device, self.dtype)
         # Packed too: at 1-16 decode rows the vocabulary projection measured 3.6/5.3 ms
         # unpacked vs 2.4/3.2 ms packed on the AMD box (bitwise-identical logits).
         self.lm_head = self._pack(model.lm_head.weight.detach().contiguous())
-        self.layers = [self._take_layer(layer) for layer in inner.layers]
         self.max_context = max_context
-        cos, sin = self._rope_table(inner, max_context)
-        half = self.head_dim // 2
-        self.cos = cos
-        # rotate_half(x) * sin == flip_halves(x) * [-sin_lo, sin_hi]
-        self.sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+        self.cos: dict[str | None, torch.Tensor] = {}
+        self.sin_signed: dict[str | None, torch.Tensor] = {}
+        for kind in sorted(set(self.family.rope_kinds), key=str):
+            cos, sin = self._rope_table(inner, max_context, kind)
+            half = cos.shape[-1] // 2
+            self.cos[kind] = cos
+            # rotate_half(x) * sin == flip_halves(x) * [-sin_lo, sin_hi]
+            self.sin_signed[kind] = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+        # Phi-3's partial rotary: RoPE covers the first rotary_dim features of a head
+        self.rotary_dim = next(iter(self.cos.values())).shape[-1]
+        self.act = _activation(inner.layers[0].mlp)
+        self.layers = [self._take_layer(i, layer) for i, layer in enumerate(inner.layers)]
+        self.windows = sorted(set(self.family.windows), key=lambda w: -1 if w is None else w)
         self._kernels: dict[str, Attend] = {"sdpa": decode_sdpa, "matmul": decode_matmul}
-        if compile_attention and self.upcast and self.device.type == "cpu":
+        if self.family.attn_softcap is not None:  # only the matmuls apply the cap
+            self._kernels = {
+                "matmul": functools.partial(decode_matmul, softcap=self.family.attn_softcap)
+            }
+        elif compile_attention and self.upcast and self.device.type == "cpu":
             self._kernels["compiled"] = compiled_reduce()
         self.decode_timings: dict[str, dict[str, float]] = {}  # shape -> kernel -> seconds
         self.step_threads = step_threads  # None: the caller's thread count for every step
@@ -156,23 +218,48 @@ class LlamaRunner:
             device=self.device,
         )
 
-    def _take_layer(self, layer: Any) -> _Layer:
+    def _norm_weight(self, norm: Any) -> torch.Tensor:
+        if self.family.offset_norms:
+            return offset_weight(norm.weight)
+        return norm.weight.detach()  # type: ignore[no-any-return]
+
+    def _take_layer(self, index: int, layer: Any) -> _Layer:
         attn = layer.self_attn
         mlp = layer.mlp
-        w_qkv = torch.cat((attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)).detach()
-        b_qkv = None
-        if attn.q_proj.bias is not None:
-            b_qkv = torch.cat((attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias)).detach()
+        if hasattr(attn, "qkv_proj"):  # Phi-3 ships it fused
+            w_qkv = attn.qkv_proj.weight.detach()
+            b_qkv = _detach(attn.qkv_proj.bias)
+        else:
+            parts = (attn.q_proj, attn.k_proj, attn.v_proj)
+            w_qkv = torch.cat([p.weight for p in parts]).detach()
+            b_qkv = _bias(*parts)
+        if hasattr(mlp, "gate_up_proj"):
+            w_gate_up = mlp.gate_up_proj.weight.detach()
+            b_gate_up = _detach(mlp.gate_up_proj.bias)
+        else:
+            w_gate_up = torch.cat((mlp.gate_proj.weight, mlp.up_proj.weight), dim=0).detach()
+            b_gate_up = _bias(mlp.gate_proj, mlp.up_proj)
+        family = self.family
+        sandwich = family.sandwich_norms
         return _Layer(
-            ln_in=layer.input_layernorm.weight.detach(),
+            ln_in=self._norm_weight(layer.input_layernorm),
             w_qkv=self._pack(w_qkv.contiguous()),
             b_qkv=b_qkv,
+            q_norm=self._norm_weight(attn.q_norm) if family.qk_norm else None,
+            k_norm=self._norm_weight(attn.k_norm) if family.qk_norm else None,
             w_o=self._pack(attn.o_proj.weight.detach()),
-            ln_post=layer.post_attention_layernorm.weight.detach(),
-            w_gate_up=self._pack(
-                torch.cat((mlp.gate_proj.weight, mlp.up_proj.weight), dim=0).detach().contiguous()
+            b_o=_detach(attn.o_proj.bias),
+            ln_attn_out=self._norm_weight(layer.post_attention_layernorm) if sandwich else None,
+            ln_mlp_in=self._norm_weight(
+                layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm
             ),
+            w_gate_up=self._pack(w_gate_up.contiguous()),
+            b_gate_up=b_gate_up,
             w_down=self._pack(mlp.down_proj.weight.detach()),
+            b_down=_detach(mlp.down_proj.bias),
+            ln_mlp_out=self._norm_weight(layer.post_feedforward_layernorm) if sandwich else None,
+            window=family.windows[index],
+            rope=family.rope_kinds[index],
         )
 
     def _pack(self, weight: torch.Tensor) -> torch.Tensor:
@@ -193,10 +280,15 @@ class LlamaRunner:
             return out
         return F.linear(x, weight, bias)
 
-    def _rope_table(self, inner: Any, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rope_table(
+        self, inner: Any, length: int, kind: str | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         positions = torch.arange(length, device=self.device)[None, :]
         probe = torch.zeros(1, dtype=self.dtype, device=self.device)
-        cos, sin = inner.rotary_emb(probe, positions)
+        if kind is None:
+            cos, sin = inner.rotary_emb(probe, positions)
+        else:
+            cos, sin = inner.rotary_emb(probe, positions, kind)
         return cos[0].to(self.dtype).contiguous(), sin[0].to(self.dtype).contiguous()
 
     @torch.inference_mode()
@@ -214,11 +306,17 @@ class LlamaRunner:
             self.step_threads.apply(len(decode_tokens) + sum(len(c.tokens) for c in prefills))
         step, ids, logit_rows = self._prepare(decode_tokens, decode_positions, prefills)
         x = F.embedding(ids, self.embed)
+        if self.embed_scale is not None:
+            x = x * self.embed_scale
         for index, layer in enumerate(self.layers):
             x = self._layer(index, layer, x, step)
         rows = torch.tensor(logit_rows, dtype=torch.long, device=self.device)
         h = self._norm(x.index_select(0, rows), self.norm)
-        return self._linear(h, self.lm_head).float()
+        logits = self._linear(h, self.lm_head)
+        cap = self.family.final_softcap
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits.float()
 
     def _prepare(
         self,
@@ -245,33 +343,42 @@ class LlamaRunner:
         ids_t = torch.tensor(tokens, dtype=torch.long, device=dev)
         pos_t = torch.tensor(positions, dtype=torch.long, device=dev)
         slot_t = torch.tensor(slots, dtype=torch.long, device=dev)
-        bias: torch.Tensor | None = None
+        bias: dict[int | None, torch.Tensor] = {}
         span_len = 0
         attend = self.decode_impl
         if num_decode:
             span_len = max(decode_positions) + 1
             if num_decode * span_len >= LONG_DECODE_KEYS:
                 attend = self.decode_impl_long
-            bias = self._decode_bias(pos_t[:num_decode], span_len, attend)
+            bias = {
+                w: self._decode_bias(pos_t[:num_decode], span_len, attend, w) for w in self.windows
+            }
         step = _Step(
             n=len(tokens),
             num_decode=num_decode,
             span_len=span_len,
             attend=attend,
-            cos=self.cos[pos_t][:, None, :],
-            sin=self.sin_signed[pos_t][:, None, :],
+            cos={kind: table[pos_t][:, None, :] for kind, table in self.cos.items()},
+            sin={kind: table[pos_t][:, None, :] for kind, table in self.sin_signed.items()},
             write_idx=self.cache.write_index(slot_t, pos_t),
             bias=bias,
             spans=spans,
-            masks=[self._prefill_mask(chunk) for _, _, chunk in spans],
+            masks=[
+                {w: self._prefill_mask(chunk, w) for w in self.windows} for _, _, chunk in spans
+            ],
         )
         return step, ids_t, logit_rows
 
-    def _decode_bias(self, positions: torch.Tensor, span_len: int, impl: str) -> torch.Tensor:
-        """Additive mask, 0 up to each row's own position: ``[D, 1, 1, span]`` in the model
-        dtype for SDPA, or fp32 ``[D*kv_heads, 1, span]`` for the matmul/compiled paths."""
+    def _decode_bias(
+        self, positions: torch.Tensor, span_len: int, impl: str, window: int | None = None
+    ) -> torch.Tensor:
+        """Additive mask, 0 up to each row's own position (and, with a ``window``, only
+        over its last ``window`` positions): ``[D, 1, 1, span]`` in the model dtype for
+        SDPA, or fp32 ``[D*kv_heads, 1, span]`` for the matmul/compiled paths."""
         keys = torch.arange(span_len, device=self.device)
         allowed = keys[None, :] <= positions[:, None]
+        if window is not None:
+            allowed &= keys[None, :] > positions[:, None] - window
         sdpa = impl == "sdpa"
         dtype = self.dtype if sdpa else torch.float32
         bias = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
@@ -282,21 +389,40 @@ class LlamaRunner:
         expanded = bias[:, None, None, :].expand(rows, self.kv_heads, 1, span_len)
         return expanded.reshape(rows * self.kv_heads, 1, span_len)
 
-    def _prefill_mask(self, chunk: PrefillChunk) -> torch.Tensor | None:
-        if chunk.start == 0:
-            return None  # plain causal
+    def _prefill_mask(self, chunk: PrefillChunk, window: int | None) -> torch.Tensor | None:
         t = len(chunk.tokens)
+        if chunk.start == 0 and (window is None or window >= t):
+            return None  # plain causal
         q_pos = torch.arange(chunk.start, chunk.start + t, device=self.device)
         k_pos = torch.arange(chunk.start + t, device=self.device)
-        return k_pos[None, :] <= q_pos[:, None]
+        allowed = k_pos[None, :] <= q_pos[:, None]
+        if window is not None:
+            allowed &= k_pos[None, :] > q_pos[:, None] - window
+        return allowed
+
+    def _rope(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        rd, n, rows = self.rotary_dim, qk.shape[0], qk.shape[1]
+        part = qk if rd == self.head_dim else qk[..., :rd]
+        flipped = part.reshape(n, rows, 2, rd // 2).flip(2).view(n, rows, rd)
+        rotated = part * cos + flipped * sin
+        if rd == self.head_dim:
+            return rotated
+        return torch.cat((rotated, qk[..., rd:]), dim=-1)
 
     def _layer(self, index: int, layer: _Layer, x: torch.Tensor, step: _Step) -> torch.Tensor:
         hd, heads, kvh, n = self.head_dim, self.heads, self.kv_heads, step.n
         h = self._norm(x, layer.ln_in)
         qkv = self._linear(h, layer.w_qkv, layer.b_qkv)
         qk = qkv[:, : (heads + kvh) * hd].view(n, heads + kvh, hd)
-        flipped = qk.view(n, heads + kvh, 2, hd // 2).flip(2).view(n, heads + kvh, hd)
-        qk = qk * step.cos + flipped * step.sin
+        if layer.q_norm is not None and layer.k_norm is not None:
+            qk = torch.cat(
+                (
+                    self._head_norm(qk[:, :heads], layer.q_norm),
+                    self._head_norm(qk[:, heads:], layer.k_norm),
+                ),
+                dim=1,
+            )
+        qk = self._rope(qk, step.cos[layer.rope], step.sin[layer.rope])
         q = qk[:, :heads]
         k_cache = self.cache.k[index]
         v_cache = self.cache.v[index]
@@ -305,13 +431,42 @@ class LlamaRunner:
             0, step.write_idx, qkv[:, (heads + kvh) * hd :].reshape(n * kvh, hd)
         )
         parts: list[torch.Tensor] = []
-        if step.bias is not None:
-            parts.append(self._decode_attention(q, k_cache, v_cache, step))
-        for (begin, end, chunk), mask in zip(step.spans, step.masks, strict=True):
-            length = chunk.start + end - begin
-            qp = q[begin:end].transpose(0, 1)[None]
-            kp = k_cache[chunk.slot : chunk.slot + 1, :, :length]
-            vp = v_cache[chunk.slot : chunk.slot + 1, :, :length]
+        if step.num_decode:
+            parts.append(self._decode_attention(q, k_cache, v_cache, step, layer.window))
+        for (begin, end, chunk), masks in zip(step.spans, step.masks, strict=True):
+            parts.append(
+                self._prefill_attention(q[begin:end], k_cache, v_cache, chunk, masks[layer.window])
+            )
+        attn = parts[0] if len(parts) == 1 else torch.cat(parts)
+        out = self._linear(attn, layer.w_o, layer.b_o)
+        if layer.ln_attn_out is not None:
+            out = self._norm(out, layer.ln_attn_out)
+        x = x + out
+        h = self._norm(x, layer.ln_mlp_in)
+        gate, up = self._linear(h, layer.w_gate_up, layer.b_gate_up).chunk(2, dim=-1)
+        out = self._linear(self.act(gate) * up, layer.w_down, layer.b_down)
+        if layer.ln_mlp_out is not None:
+            out = self._norm(out, layer.ln_mlp_out)
+        return x + out
+
+    def _prefill_attention(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        chunk: PrefillChunk,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """One chunk's queries over its slot's keys up to the chunk's end."""
+        t = q.shape[0]
+        length = chunk.start + t
+        qp = q.transpose(0, 1)[None]
+        kp = k_cache[chunk.slot : chunk.slot + 1, :, :length]
+        vp = v_cache[chunk.slot : chunk.slot + 1, :, :length]
+        cap = self.family.attn_softcap
+        if cap is not None:
+            out = prefill_softcapped(qp, kp, vp, mask=mask, scale=self.scale, softcap=cap)
+        else:
             out = F.scaled_dot_product_attention(
                 qp,
                 kp,
@@ -321,24 +476,25 @@ class LlamaRunner:
                 scale=self.scale,
                 enable_gqa=True,
             )
-            parts.append(out[0].transpose(0, 1).reshape(end - begin, heads * hd))
-        attn = parts[0] if len(parts) == 1 else torch.cat(parts)
-        x = x + self._linear(attn, layer.w_o)
-        h = self._norm(x, layer.ln_post)
-        gate, up = self._linear(h, layer.w_gate_up).chunk(2, dim=-1)
-        return x + self._linear(F.silu(gate) * up, layer.w_down)
+        return out[0].transpose(0, 1).reshape(t, self.heads * self.head_dim)
 
     def _decode_attention(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, step: _Step
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        step: _Step,
+        window: int | None,
     ) -> torch.Tensor:
         """One query per decoding slot ``0..D-1``; keys are read as a view of the cache."""
         d, span = step.num_decode, step.span_len
-        assert step.bias is not None
         attend = self._kernels[step.attend]
         # q contiguous (a small copy; one row stays a strided view): the layouts the
         # compiled kernel is warmed for
         qd = q[:d].contiguous()
-        return attend(qd, k_cache[:d, :, :span], v_cache[:d, :, :span], step.bias, self.scale)
+        return attend(
+            qd, k_cache[:d, :, :span], v_cache[:d, :, :span], step.bias[window], self.scale
+        )
 
     def _pick_decode_attention(self) -> tuple[str, str]:
         """The kernels for short and for long (``LONG_DECODE_KEYS``) decode steps.
@@ -349,6 +505,9 @@ class LlamaRunner:
         ~6x slower on an AMD EPYC (its bf16 GEMMs take MKL's generic paths there), where
         upcasting to fp32 matmuls wins; all compute the same attention in fp32. With
         ``compile_attention`` the compiled kernel competes too (compiled here, at load)."""
+        if len(self._kernels) == 1:  # soft-capped attention: only the matmuls apply it
+            only = next(iter(self._kernels))
+            return only, only
         if not self.upcast:
             return "matmul", "matmul"
         if self.device.type != "cpu":
