@@ -22,7 +22,8 @@ import torch
 
 from backends.hf.loader import load
 from backends.hf.own_thread import call_in_own_thread
-from backends.hf.runner import DecoderRunner, PrefillChunk
+from backends.hf.runner import DecoderRunner
+from backends.hf.slot_attention import PrefillChunk
 from backends.hf.threads import StepThreads
 from config.schema import HFModelConfig
 
@@ -117,9 +118,12 @@ def main() -> None:
 
     runner: DecoderRunner = call_in_own_thread(build, "build")
     if args.attention:  # instead of what load timed fastest
-        runner.decode_impl = runner.decode_impl_long = args.attention
-    print(f"decode attention: {runner.decode_impl} / {runner.decode_impl_long}", flush=True)
-    print(f"timed at load (s per 3 calls): {runner.decode_timings}", flush=True)
+        runner.attention.decode_impl = runner.attention.decode_impl_long = args.attention
+    print(
+        f"decode attention: {runner.attention.decode_impl} / {runner.attention.decode_impl_long}",
+        flush=True,
+    )
+    print(f"timed at load (s per 3 calls): {runner.attention.decode_timings}", flush=True)
 
     def engine() -> None:
         with torch.inference_mode():

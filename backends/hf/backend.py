@@ -189,11 +189,11 @@ class HFBackend:
         log.info(
             "%s: decode attention via %s (long spans: %s); timed at load, ms per 3 calls: %s",
             config.name,
-            runner.decode_impl,
-            runner.decode_impl_long,
+            runner.attention.decode_impl,
+            runner.attention.decode_impl_long,
             {
                 shape: {impl: round(t * 1e3, 3) for impl, t in runs.items()}
-                for shape, runs in runner.decode_timings.items()
+                for shape, runs in runner.attention.decode_timings.items()
             },
         )
         prefix = None

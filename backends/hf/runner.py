@@ -18,8 +18,6 @@ Owner: the engine thread. Not thread-safe.
 
 from __future__ import annotations
 
-import functools
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,51 +25,22 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from backends.hf.decode_attention import (
-    Attend,
-    compiled_reduce,
-    decode_matmul,
-    decode_sdpa,
-    prefill_softcapped,
-)
 from backends.hf.families import Family, Unsupported, family_of
-from backends.hf.kv_cache import SlotKVCache
 from backends.hf.norms import OffsetRMSNorm, RMSNorm, offset_weight
-from backends.hf.threads import StepThreads, as_step
+from backends.hf.slot_attention import PrefillChunk, SlotAttention, SlotStep
+from backends.hf.threads import StepThreads
 
 _PACK_BATCH_HINT = 16  # oneDNN picks its blocking for about this many rows
-# Decode steps reading at least this many cached positions (rows x span) use the kernel
-# timed on a large shape: the compiled one pays ~0.1 ms of guards per call, which only a
-# large, memory-bound attention repays.
-LONG_DECODE_KEYS = 4096
 Norm = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True, slots=True)
-class PrefillChunk:
-    """``tokens`` of the sequence in ``slot`` at positions ``start..start+len-1``."""
-
-    slot: int
-    tokens: tuple[int, ...]
-    start: int
-    want_logits: bool
-
-
-@dataclass(frozen=True, slots=True)
 class _Step:
-    """Per-step tensors shared by every layer (built once per forward); the RoPE tables
-    keyed by rotary kind, the decode biases and prefill masks by attention window."""
+    """One step's attention plan and its RoPE rows, keyed by rotary kind."""
 
-    n: int
-    num_decode: int
-    span_len: int
-    attend: str
+    slots: SlotStep
     cos: dict[str | None, torch.Tensor]
     sin: dict[str | None, torch.Tensor]
-    write_idx: torch.Tensor
-    bias: dict[int | None, torch.Tensor]
-    spans: list[tuple[int, int, PrefillChunk]]
-    masks: list[dict[int | None, torch.Tensor | None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,26 +166,22 @@ class DecoderRunner:
         self.rotary_dim = next(iter(self.cos.values())).shape[-1]
         self.act = _activation(inner.layers[0].mlp)
         self.layers = [self._take_layer(i, layer) for i, layer in enumerate(inner.layers)]
-        self.windows = sorted(set(self.family.windows), key=lambda w: -1 if w is None else w)
-        self._kernels: dict[str, Attend] = {"sdpa": decode_sdpa, "matmul": decode_matmul}
-        if self.family.attn_softcap is not None:  # only the matmuls apply the cap
-            self._kernels = {
-                "matmul": functools.partial(decode_matmul, softcap=self.family.attn_softcap)
-            }
-        elif compile_attention and self.upcast and self.device.type == "cpu":
-            self._kernels["compiled"] = compiled_reduce()
-        self.decode_timings: dict[str, dict[str, float]] = {}  # shape -> kernel -> seconds
-        self.step_threads = step_threads  # None: the caller's thread count for every step
-        self.decode_impl, self.decode_impl_long = self._pick_decode_attention()
-        self.cache = SlotKVCache(
+        self.attention = SlotAttention(
             layers=len(self.layers),
+            heads=self.heads,
             kv_heads=self.kv_heads,
             head_dim=self.head_dim,
+            windows=set(self.family.windows),
             max_slots=max_slots,
-            max_capacity=max_context,
+            max_context=max_context,
             dtype=self.dtype,
             device=self.device,
+            softcap=self.family.attn_softcap,
+            compile_attention=compile_attention,
+            step_threads=step_threads,
         )
+        self.cache = self.attention.cache
+        self.step_threads = step_threads  # None: the caller's thread count for every step
 
     def _norm_weight(self, norm: Any) -> torch.Tensor:
         if self.family.offset_norms:
@@ -304,8 +269,16 @@ class DecoderRunner:
         Decode row ``i`` must belong to the sequence in cache slot ``i``."""
         if self.step_threads is not None:
             self.step_threads.apply(len(decode_tokens) + sum(len(c.tokens) for c in prefills))
-        step, ids, logit_rows = self._prepare(decode_tokens, decode_positions, prefills)
-        x = F.embedding(ids, self.embed)
+        packed = self.attention.pack(decode_tokens, decode_positions, prefills)
+        step = _Step(
+            slots=packed.step,
+            cos={kind: table[packed.positions][:, None, :] for kind, table in self.cos.items()},
+            sin={
+                kind: table[packed.positions][:, None, :] for kind, table in self.sin_signed.items()
+            },
+        )
+        logit_rows = packed.logit_rows
+        x = F.embedding(packed.ids, self.embed)
         if self.embed_scale is not None:
             x = x * self.embed_scale
         for index, layer in enumerate(self.layers):
@@ -318,88 +291,6 @@ class DecoderRunner:
             logits = torch.tanh(logits / cap) * cap
         return logits.float()
 
-    def _prepare(
-        self,
-        decode_tokens: list[int],
-        decode_positions: list[int],
-        prefills: list[PrefillChunk],
-    ) -> tuple[_Step, torch.Tensor, list[int]]:
-        dev = self.device
-        num_decode = len(decode_tokens)
-        tokens = list(decode_tokens)
-        positions = list(decode_positions)
-        slots = list(range(num_decode))
-        logit_rows = list(range(num_decode))
-        spans: list[tuple[int, int, PrefillChunk]] = []
-        for chunk in prefills:
-            begin = len(tokens)
-            tokens.extend(chunk.tokens)
-            positions.extend(range(chunk.start, chunk.start + len(chunk.tokens)))
-            slots.extend([chunk.slot] * len(chunk.tokens))
-            spans.append((begin, len(tokens), chunk))
-            if chunk.want_logits:
-                logit_rows.append(len(tokens) - 1)
-        self.cache.ensure(max(slots) + 1, max(positions) + 1)
-        ids_t = torch.tensor(tokens, dtype=torch.long, device=dev)
-        pos_t = torch.tensor(positions, dtype=torch.long, device=dev)
-        slot_t = torch.tensor(slots, dtype=torch.long, device=dev)
-        bias: dict[int | None, torch.Tensor] = {}
-        span_len = 0
-        attend = self.decode_impl
-        if num_decode:
-            span_len = max(decode_positions) + 1
-            if num_decode * span_len >= LONG_DECODE_KEYS:
-                attend = self.decode_impl_long
-            bias = {
-                w: self._decode_bias(pos_t[:num_decode], span_len, attend, w) for w in self.windows
-            }
-        step = _Step(
-            n=len(tokens),
-            num_decode=num_decode,
-            span_len=span_len,
-            attend=attend,
-            cos={kind: table[pos_t][:, None, :] for kind, table in self.cos.items()},
-            sin={kind: table[pos_t][:, None, :] for kind, table in self.sin_signed.items()},
-            write_idx=self.cache.write_index(slot_t, pos_t),
-            bias=bias,
-            spans=spans,
-            masks=[
-                {w: self._prefill_mask(chunk, w) for w in self.windows} for _, _, chunk in spans
-            ],
-        )
-        return step, ids_t, logit_rows
-
-    def _decode_bias(
-        self, positions: torch.Tensor, span_len: int, impl: str, window: int | None = None
-    ) -> torch.Tensor:
-        """Additive mask, 0 up to each row's own position (and, with a ``window``, only
-        over its last ``window`` positions): ``[D, 1, 1, span]`` in the model dtype for
-        SDPA, or fp32 ``[D*kv_heads, 1, span]`` for the matmul/compiled paths."""
-        keys = torch.arange(span_len, device=self.device)
-        allowed = keys[None, :] <= positions[:, None]
-        if window is not None:
-            allowed &= keys[None, :] > positions[:, None] - window
-        sdpa = impl == "sdpa"
-        dtype = self.dtype if sdpa else torch.float32
-        bias = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
-        bias.masked_fill_(~allowed, float("-inf"))
-        rows = positions.shape[0]
-        if sdpa:
-            return bias[:, None, None, :]
-        expanded = bias[:, None, None, :].expand(rows, self.kv_heads, 1, span_len)
-        return expanded.reshape(rows * self.kv_heads, 1, span_len)
-
-    def _prefill_mask(self, chunk: PrefillChunk, window: int | None) -> torch.Tensor | None:
-        t = len(chunk.tokens)
-        if chunk.start == 0 and (window is None or window >= t):
-            return None  # plain causal
-        q_pos = torch.arange(chunk.start, chunk.start + t, device=self.device)
-        k_pos = torch.arange(chunk.start + t, device=self.device)
-        allowed = k_pos[None, :] <= q_pos[:, None]
-        if window is not None:
-            allowed &= k_pos[None, :] > q_pos[:, None] - window
-        return allowed
-
     def _rope(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         rd, n, rows = self.rotary_dim, qk.shape[0], qk.shape[1]
         part = qk if rd == self.head_dim else qk[..., :rd]
@@ -410,7 +301,7 @@ class DecoderRunner:
         return torch.cat((rotated, qk[..., rd:]), dim=-1)
 
     def _layer(self, index: int, layer: _Layer, x: torch.Tensor, step: _Step) -> torch.Tensor:
-        hd, heads, kvh, n = self.head_dim, self.heads, self.kv_heads, step.n
+        hd, heads, kvh, n = self.head_dim, self.heads, self.kv_heads, step.slots.n
         h = self._norm(x, layer.ln_in)
         qkv = self._linear(h, layer.w_qkv, layer.b_qkv)
         qk = qkv[:, : (heads + kvh) * hd].view(n, heads + kvh, hd)
@@ -423,21 +314,10 @@ class DecoderRunner:
                 dim=1,
             )
         qk = self._rope(qk, step.cos[layer.rope], step.sin[layer.rope])
-        q = qk[:, :heads]
-        k_cache = self.cache.k[index]
-        v_cache = self.cache.v[index]
-        k_cache.view(-1, hd).index_copy_(0, step.write_idx, qk[:, heads:].reshape(n * kvh, hd))
-        v_cache.view(-1, hd).index_copy_(
-            0, step.write_idx, qkv[:, (heads + kvh) * hd :].reshape(n * kvh, hd)
+        self.attention.write(
+            index, qk[:, heads:], qkv[:, (heads + kvh) * hd :].view(n, kvh, hd), step.slots
         )
-        parts: list[torch.Tensor] = []
-        if step.num_decode:
-            parts.append(self._decode_attention(q, k_cache, v_cache, step, layer.window))
-        for (begin, end, chunk), masks in zip(step.spans, step.masks, strict=True):
-            parts.append(
-                self._prefill_attention(q[begin:end], k_cache, v_cache, chunk, masks[layer.window])
-            )
-        attn = parts[0] if len(parts) == 1 else torch.cat(parts)
+        attn = self.attention.attend(index, qk[:, :heads], step.slots, layer.window, self.scale)
         out = self._linear(attn, layer.w_o, layer.b_o)
         if layer.ln_attn_out is not None:
             out = self._norm(out, layer.ln_attn_out)
@@ -448,115 +328,3 @@ class DecoderRunner:
         if layer.ln_mlp_out is not None:
             out = self._norm(out, layer.ln_mlp_out)
         return x + out
-
-    def _prefill_attention(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        chunk: PrefillChunk,
-        mask: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """One chunk's queries over its slot's keys up to the chunk's end."""
-        t = q.shape[0]
-        length = chunk.start + t
-        qp = q.transpose(0, 1)[None]
-        kp = k_cache[chunk.slot : chunk.slot + 1, :, :length]
-        vp = v_cache[chunk.slot : chunk.slot + 1, :, :length]
-        cap = self.family.attn_softcap
-        if cap is not None:
-            out = prefill_softcapped(qp, kp, vp, mask=mask, scale=self.scale, softcap=cap)
-        else:
-            out = F.scaled_dot_product_attention(
-                qp,
-                kp,
-                vp,
-                attn_mask=mask,
-                is_causal=mask is None,
-                scale=self.scale,
-                enable_gqa=True,
-            )
-        return out[0].transpose(0, 1).reshape(t, self.heads * self.head_dim)
-
-    def _decode_attention(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        step: _Step,
-        window: int | None,
-    ) -> torch.Tensor:
-        """One query per decoding slot ``0..D-1``; keys are read as a view of the cache."""
-        d, span = step.num_decode, step.span_len
-        attend = self._kernels[step.attend]
-        # q contiguous (a small copy; one row stays a strided view): the layouts the
-        # compiled kernel is warmed for
-        qd = q[:d].contiguous()
-        return attend(
-            qd, k_cache[:d, :, :span], v_cache[:d, :, :span], step.bias[window], self.scale
-        )
-
-    def _pick_decode_attention(self) -> tuple[str, str]:
-        """The kernels for short and for long (``LONG_DECODE_KEYS``) decode steps.
-
-        fp32: the matmuls (bit-stable across batch sizes). Half precision on CUDA: SDPA.
-        Half precision on CPU: whichever is faster here, timed on synthetic batches at
-        load. SDPA's CPU kernel measured ~1.6x faster than the matmuls on an AMX Xeon but
-        ~6x slower on an AMD EPYC (its bf16 GEMMs take MKL's generic paths there), where
-        upcasting to fp32 matmuls wins; all compute the same attention in fp32. With
-        ``compile_attention`` the compiled kernel competes too (compiled here, at load)."""
-        if len(self._kernels) == 1:  # soft-capped attention: only the matmuls apply it
-            only = next(iter(self._kernels))
-            return only, only
-        if not self.upcast:
-            return "matmul", "matmul"
-        if self.device.type != "cpu":
-            return "sdpa", "sdpa"
-        gen = torch.Generator(device=self.device).manual_seed(0)  # leave the global RNG be
-        compiled = "compiled" in self._kernels
-        if compiled:  # on the engine's own thread count, which long steps run on
-            self._warm_compiled(*self._probe(8, 256, gen))
-        with as_step(self.step_threads, 8):  # short steps of <= 8 rows may run on 1 thread
-            if compiled and self.step_threads is not None:  # the kernel bakes the count
-                self._warm_compiled(*self._probe(8, 256, gen))
-            short = self._fastest(*self._probe(8, 256, gen))
-        return short, self._fastest(*self._probe(16, 512, gen))
-
-    def _probe(
-        self, rows: int, span: int, gen: torch.Generator
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-        """A query and K/V caches of twice ``span`` positions, strided like a step's: the
-        query a view of the fused q/k projection, K/V views of a larger cache."""
-        shape = (rows, self.kv_heads, 2 * span, self.head_dim)
-        k = torch.randn(shape, generator=gen, device=self.device).to(self.dtype)
-        v = torch.randn(shape, generator=gen, device=self.device).to(self.dtype)
-        q_shape = (rows, self.heads + self.kv_heads, self.head_dim)
-        q = torch.randn(q_shape, generator=gen, device=self.device).to(self.dtype)
-        return q[:, : self.heads], k, v, span
-
-    def _fastest(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, span: int) -> str:
-        positions = torch.full((q.shape[0],), span - 1, device=self.device)
-        biases = {impl: self._decode_bias(positions, span, impl) for impl in self._kernels}
-        timings: dict[str, list[float]] = {impl: [] for impl in self._kernels}
-        q = q.contiguous()
-        for rep in range(8):  # interleaved, so drift of a shared machine hits all alike
-            for impl, attend in self._kernels.items():
-                began = time.perf_counter()
-                for _ in range(3):
-                    attend(q, k[:, :, :span], v[:, :, :span], biases[impl], self.scale)
-                if rep:  # the first round warms each kernel's allocations
-                    timings[impl].append(time.perf_counter() - began)
-        # the fastest run of each: interference on a shared machine only ever adds time
-        best = {impl: min(runs) for impl, runs in timings.items()}
-        self.decode_timings[f"{q.shape[0]}x{span}"] = best
-        return min(best, key=best.__getitem__)
-
-    def _warm_compiled(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, span: int) -> None:
-        """Compile for every guard a step can hit (one row is specialised; a span equal to
-        the capacity is a contiguous view), so no step recompiles on the engine thread."""
-        rows = q.shape[0]
-        for d, length in ((1, span), (rows, span), (rows, k.shape[2]), (1, 2)):
-            positions = torch.full((d,), length - 1, device=self.device)
-            bias = self._decode_bias(positions, length, "compiled")
-            kd, vd = k[:d, :, :length], v[:d, :, :length]
-            self._kernels["compiled"](q[:d].contiguous(), kd, vd, bias, self.scale)

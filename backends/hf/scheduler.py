@@ -26,9 +26,10 @@ import torch
 from backends.hf.detokenizer import TokenTable
 from backends.hf.outputs import StepOutputs, accept_token, emit_started
 from backends.hf.prefix_cache import PrefixCache
-from backends.hf.runner import DecoderRunner, PrefillChunk
+from backends.hf.runner import DecoderRunner
 from backends.hf.sampler import sample
 from backends.hf.sequence import Choice, RequestState
+from backends.hf.slot_attention import PrefillChunk
 from backends.hf.waiting import WaitingQueue
 from backends.hop_metrics import WorkerObserver
 

@@ -10,7 +10,8 @@ import torch
 import torch._dynamo.utils
 
 from backends.hf.loader import load
-from backends.hf.runner import DecoderRunner, PrefillChunk
+from backends.hf.runner import DecoderRunner
+from backends.hf.slot_attention import PrefillChunk
 from backends.hf.threads import StepThreads
 from tests.hf.helpers import config
 
@@ -18,7 +19,7 @@ from tests.hf.helpers import config
 def _logits(runner: DecoderRunner, impl: str, prompts: list[list[int]], steps: int) -> torch.Tensor:
     """Prefill, then ``steps`` decode steps fed fixed tokens (teacher-forced, so a near
     tie cannot send the two kernels down different continuations)."""
-    runner.decode_impl = runner.decode_impl_long = impl
+    runner.attention.decode_impl = runner.attention.decode_impl_long = impl
     chunks = [
         PrefillChunk(slot=s, tokens=tuple(p), start=0, want_logits=True)
         for s, p in enumerate(prompts)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from backends.hf.loader import load
-from backends.hf.runner import DecoderRunner, PrefillChunk
+from backends.hf.runner import DecoderRunner
+from backends.hf.slot_attention import PrefillChunk
 from tests.hf.helpers import config
 
 

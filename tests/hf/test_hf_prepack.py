@@ -7,7 +7,8 @@ import torch
 
 from backends.hf import runner as runner_module
 from backends.hf.loader import load
-from backends.hf.runner import DecoderRunner, PrefillChunk
+from backends.hf.runner import DecoderRunner
+from backends.hf.slot_attention import PrefillChunk
 from tests.hf.helpers import config
 
 
@@ -24,7 +25,8 @@ def test_prepacked_linears_match_plain_ones(monkeypatch: pytest.MonkeyPatch) -> 
         plain = DecoderRunner(loaded.model, max_slots=4, max_context=512)
         assert packed.prepack and not plain.prepack
         # compare the linears, not the attention
-        packed.decode_impl, packed.decode_impl_long = plain.decode_impl, plain.decode_impl_long
+        packed.attention.decode_impl = plain.attention.decode_impl
+        packed.attention.decode_impl_long = plain.attention.decode_impl_long
         results = []
         for runner in (plain, packed):
             chunks = [

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from backends.hf.loader import load
-from backends.hf.runner import DecoderRunner, PrefillChunk
+from backends.hf.runner import DecoderRunner
+from backends.hf.slot_attention import PrefillChunk
 from backends.hf.threads import StepThreads
 from tests.hf.helpers import config
 

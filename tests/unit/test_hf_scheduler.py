@@ -15,9 +15,9 @@ import torch
 from backends.base import GenerationRequest, RequestKind, SamplingParams, TextDelta
 from backends.hf.detokenizer import TokenTable
 from backends.hf.outputs import StepOutputs
-from backends.hf.runner import PrefillChunk
 from backends.hf.scheduler import ContinuousScheduler
 from backends.hf.sequence import RequestState, make_choices
+from backends.hf.slot_attention import PrefillChunk
 
 VOCAB = 50
 EOS = 0
