@@ -38,8 +38,10 @@ from backends.base import (
 )
 from backends.hf.detokenizer import TokenTable
 from backends.hf.engine import Engine, EngineLimits, StepPolicy, Submission
+from backends.hf.families import Unsupported
 from backends.hf.grammar import GrammarBook, grammar_spec
-from backends.hf.loader import LoadedModel, load, threads_for
+from backends.hf.loader import LoadedModel, ModelLoadError, load, threads_for
+from backends.hf.module_runner import ModuleRunner
 from backends.hf.outputs import Item, StepOutputs
 from backends.hf.own_thread import run_in_own_thread
 from backends.hf.prefix_cache import PrefixCache
@@ -98,6 +100,7 @@ class HFBackend:
         self._not_started = 0
         self._failed: str | None = None
         self.scheduling = config.scheduling
+        self.runner_path = "transformers' generate (static)"
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -157,10 +160,6 @@ class HFBackend:
         torch.set_num_threads(threads_for(self._config))
         config = self._config
         mode = config.scheduling
-        reason = unsupported_reason(loaded.model) if mode != "static" else None
-        if reason is not None:
-            log.warning("%s: %s; using static batching", config.name, reason)
-            mode = "static"
         self.scheduling = mode
         if mode == "static":
             batch = config.max_batch_size
@@ -176,19 +175,12 @@ class HFBackend:
                 )
 
             return loaded, static_policy
-        with torch.inference_mode():
-            # One spare slot: moving a half-prefilled request out of the way when another
-            # request's choices take their places never runs out of room.
-            runner = DecoderRunner(
-                loaded.model,
-                max_slots=config.max_num_seqs + 1,
-                max_context=loaded.max_context,
-                compile_attention=config.compile_attention,
-                step_threads=_step_threads(config, loaded.device),
-            )
+        runner = _runner(config, loaded)
+        self.runner_path = runner.path
         log.info(
-            "%s: decode attention via %s (long spans: %s); timed at load, ms per 3 calls: %s",
+            "%s: %s; decode attention via %s (long spans: %s); timed at load, ms per 3 calls: %s",
             config.name,
+            runner.path,
             runner.attention.decode_impl,
             runner.attention.decode_impl_long,
             {
@@ -249,6 +241,7 @@ class HFBackend:
                 "dtype": str(loaded.dtype).removeprefix("torch."),
                 "device": str(loaded.device),
                 "scheduling": self.scheduling,
+                "runner": self.runner_path,
             },
         )
 
@@ -321,6 +314,34 @@ class HFBackend:
 def _dispatch(out: StepOutputs) -> None:
     for sink, item in out:
         sink.queue.put_nowait(item)
+
+
+def _runner(config: HFModelConfig, loaded: LoadedModel) -> DecoderRunner | ModuleRunner:
+    """The packed runner when it covers the model's family, else transformers' own
+    modules over the slot cache; a model neither computes exactly is refused."""
+    import torch
+
+    fast = unsupported_reason(loaded.model)
+    runner: type[DecoderRunner] | type[ModuleRunner] = (
+        DecoderRunner if fast is None else ModuleRunner
+    )
+    with torch.inference_mode():
+        try:
+            # One spare slot: moving a half-prefilled request out of the way when another
+            # request's choices take their places never runs out of room.
+            return runner(
+                loaded.model,
+                max_slots=config.max_num_seqs + 1,
+                max_context=loaded.max_context,
+                compile_attention=config.compile_attention,
+                step_threads=_step_threads(config, loaded.device),
+            )
+        except Unsupported as exc:
+            raise ModelLoadError(
+                f"{config.name}: cannot batch {config.source!r} continuously: {fast}, and "
+                f"transformers' own modules over the slot cache are not exact: {exc} "
+                "(scheduling: static runs it with transformers' own generate)"
+            ) from exc
 
 
 def _step_threads(config: HFModelConfig, device: torch.device) -> StepThreads | None:

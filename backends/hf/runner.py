@@ -182,6 +182,7 @@ class DecoderRunner:
         )
         self.cache = self.attention.cache
         self.step_threads = step_threads  # None: the caller's thread count for every step
+        self.path = f"packed runner ({self.family.model_type})"
 
     def _norm_weight(self, norm: Any) -> torch.Tensor:
         if self.family.offset_norms:

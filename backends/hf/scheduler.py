@@ -20,13 +20,14 @@ time.
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
 import torch
 
 from backends.hf.detokenizer import TokenTable
+from backends.hf.kv_cache import SlotKVCache
 from backends.hf.outputs import StepOutputs, accept_token, emit_started
 from backends.hf.prefix_cache import PrefixCache
-from backends.hf.runner import DecoderRunner
 from backends.hf.sampler import sample
 from backends.hf.sequence import Choice, RequestState
 from backends.hf.slot_attention import PrefillChunk
@@ -36,12 +37,23 @@ from backends.hop_metrics import WorkerObserver
 PREFILL_CHUNK = 512
 
 
+class SlotRunner(Protocol):
+    """What the scheduler needs of a runner (``DecoderRunner``, ``ModuleRunner``)."""
+
+    cache: SlotKVCache
+    max_context: int
+
+    def forward(
+        self, decode_tokens: list[int], decode_positions: list[int], prefills: list[PrefillChunk]
+    ) -> torch.Tensor: ...
+
+
 class ContinuousScheduler:
     """See the module docstring."""
 
     def __init__(
         self,
-        runner: DecoderRunner,
+        runner: SlotRunner,
         table: TokenTable,
         *,
         max_num_seqs: int,

@@ -1,5 +1,6 @@
-"""Every fast-path family (tiny random weights, fp32) generates exactly what transformers'
-own ``generate()`` does: alone, in one continuous batch, and with prompts that reuse a
+"""Every fast-path family (tiny random weights, fp32), and two served by the generic path
+(their own modules over the slot cache), generates exactly what transformers' own
+``generate()`` does: alone, in one continuous batch, and with prompts that reuse a
 cached prefix; the sliding-window families run past their window."""
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ PROMPTS = [
 TOKENS = 12
 
 
-@pytest.mark.parametrize("family", sorted(tiny.FAMILIES))
+@pytest.mark.parametrize("family", [*sorted(tiny.FAMILIES), "gpt_neox", "stablelm"])
 async def test_family_equals_transformers_generate(family: str, tmp_path: Path) -> None:
     folder = tiny.build(family, tmp_path / family)
     expected = [tiny.reference(folder, p, TOKENS) for p in PROMPTS]
@@ -34,6 +35,8 @@ async def test_family_equals_transformers_generate(family: str, tmp_path: Path) 
     await backend.start()
     try:
         assert backend.scheduling == "continuous"
+        path = "packed" if family in tiny.FAMILIES else "generic"
+        assert backend.info().extra["runner"].startswith(path)
 
         async def run(prompt: str) -> str:
             return (await collect(backend.generate(completion(prompt, TOKENS)))).text()

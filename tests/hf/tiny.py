@@ -90,6 +90,14 @@ FAMILIES: dict[str, dict[str, Any]] = {
     },
 }
 
+# Not on the packed runner: served by transformers' own modules over the slot cache
+# (GPT-NeoX, StableLM), or refused (Falcon's attention bypasses the interface).
+GENERIC: dict[str, dict[str, Any]] = {
+    "gpt_neox": {"model_type": "gpt_neox", "use_parallel_residual": True},
+    "stablelm": {"model_type": "stablelm", "use_qkv_bias": True},
+    "falcon": {"model_type": "falcon", "drop": ("head_dim",)},  # derived, not settable
+}
+
 
 def tokenizer() -> Any:
     """A character-level BPE over ``_TEXT`` with ``VOCAB`` entries (id 0 is ``EOS``)."""
@@ -112,7 +120,9 @@ def build(family: str, folder: Path, seed: int = 0, **overrides: Any) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    values = {**_BASE, **FAMILIES[family], **overrides}
+    values = {**_BASE, **(FAMILIES.get(family) or GENERIC[family]), **overrides}
+    for key in (*values.pop("drop", ()), "drop"):
+        values.pop(key, None)
     kind = values.pop("model_type")
     config = AutoConfig.for_model(kind, **values)
     torch.manual_seed(seed)
