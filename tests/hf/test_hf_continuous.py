@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from backends.base import Backend, ContextLengthExceeded, GenerationRequest, TextDelta
+from backends.base import ContextLengthExceeded, TextDelta
 from backends.hf.backend import HFBackend
 from backends.hf.memory import estimate_memory_bytes, kv_bytes_per_token, weights_bytes
-from tests.contract.backend_suite import BackendContract
+from tests.hf.engine_contract import EngineContract
 from tests.hf.helpers import RecordingObserver, chat, collect, completion, config, model_path
 
 PROMPTS = [
@@ -203,23 +203,8 @@ async def test_chunked_prefill_under_a_small_token_budget(alone: list[str]) -> N
         await b.stop()
 
 
-class TestHFContract(BackendContract):
+class TestHFContract(EngineContract):
     """The shared backend contract on the in-process engine (thread)."""
-
-    structured = True
-
-    flood = 5
-    min_refused = 3  # max_queue=2: two wait, three are refused
-
-    def invalid_request(self) -> GenerationRequest:
-        return self.request(4, n=25, temperature=1.0)  # more choices than max_num_seqs
-
-    async def aborted(self, backend: Backend) -> float:
-        return float(self._observer.aborts)
-
-    @pytest.fixture(autouse=True)
-    def _keep_observer(self, observer: RecordingObserver) -> None:
-        self._observer = observer
 
     @pytest.fixture
     def unstarted(self) -> HFBackend:

@@ -35,6 +35,11 @@ _BASE: dict[str, Any] = {
     "bos_token_id": None,
     "pad_token_id": None,
 }
+# Turns alone, then the answer's start: enough for chat requests against random weights.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
 WINDOW = 8  # sliding-window families: every test prompt runs well past it
 _ALTERNATING = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
 FAMILIES: dict[str, dict[str, Any]] = {
@@ -112,7 +117,9 @@ def tokenizer() -> Any:
         vocab_size=VOCAB, special_tokens=[EOS], initial_alphabet=alphabet, show_progress=False
     )
     core.train_from_iterator(_TEXT * 4, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=core, eos_token=EOS)
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token=EOS)
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
 
 
 def build(family: str, folder: Path, seed: int = 0, **overrides: Any) -> Path:
