@@ -114,10 +114,15 @@ def _slot_attention(
     runner, step = _ACTIVE.runner, _ACTIVE.step
     assert runner is not None and step is not None, "slot attention outside a runner step"
     attention = runner.attention
-    attention.write(layer, key[0].transpose(0, 1), value[0].transpose(0, 1), step)
     scale = scaling if scaling is not None else hd**-0.5
     window = int(sliding_window) if sliding_window else None
-    out = attention.attend(layer, query[0].transpose(0, 1), step, window, scale)
+    out = attention.layer(
+        layer,
+        (query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)),
+        step,
+        window=window,
+        scale=scale,
+    )
     return out.view(1, n, heads, hd), None
 
 

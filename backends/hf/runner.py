@@ -315,10 +315,14 @@ class DecoderRunner:
                 dim=1,
             )
         qk = self._rope(qk, step.cos[layer.rope], step.sin[layer.rope])
-        self.attention.write(
-            index, qk[:, heads:], qkv[:, (heads + kvh) * hd :].view(n, kvh, hd), step.slots
+        v = qkv[:, (heads + kvh) * hd :].view(n, kvh, hd)
+        attn = self.attention.layer(
+            index,
+            (qk[:, :heads], qk[:, heads:], v),
+            step.slots,
+            window=layer.window,
+            scale=self.scale,
         )
-        attn = self.attention.attend(index, qk[:, :heads], step.slots, layer.window, self.scale)
         out = self._linear(attn, layer.w_o, layer.b_o)
         if layer.ln_attn_out is not None:
             out = self._norm(out, layer.ln_attn_out)

@@ -1,12 +1,12 @@
 """Attention over the slot KV cache for one packed step: the piece both runners share.
 
 A step packs the decode tokens of the running sequences (rows ``0..D-1``, the sequence
-in cache slot ``i`` on row ``i``) and any number of prefill chunks. ``plan`` builds, once
+in cache slot ``i`` on row ``i``) and any number of prefill chunks. ``pack`` builds, once
 per step, what every layer needs: where the new keys land, the decode rows' additive
 biases and each chunk's mask (one per attention window in use: Mistral, Qwen2 and
 Gemma 2/3 window some or all layers; a key ``k`` is seen from ``q`` when
-``q - window < k <= q``, transformers' sliding-window rule). ``write`` stores a layer's
-new keys and values; ``attend`` runs one batched kernel over the decode rows (grouped-query
+``q - window < k <= q``, transformers' sliding-window rule). ``layer`` stores a layer's
+new keys and values and runs one batched kernel over the decode rows (grouped-query
 heads folded into the matmul, no key repetition) and one SDPA call per prefill chunk.
 Which decode kernel runs is timed per machine at construction (``decode_attention.py``).
 
@@ -169,32 +169,40 @@ class SlotAttention:
         ids = torch.tensor(tokens, dtype=torch.long, device=dev)
         return Packed(ids=ids, positions=pos_t, logit_rows=logit_rows, step=step)
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, step: SlotStep) -> None:
-        """Store the step's new keys and values (``[n, kv_heads, head_dim]`` each)."""
-        hd, rows = self.head_dim, step.n * self.kv_heads
-        self.cache.k[layer].view(-1, hd).index_copy_(0, step.write_idx, k.reshape(rows, hd))
-        self.cache.v[layer].view(-1, hd).index_copy_(0, step.write_idx, v.reshape(rows, hd))
-
-    def attend(
-        self, layer: int, q: torch.Tensor, step: SlotStep, window: int | None, scale: float
+    def layer(
+        self,
+        index: int,
+        qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        step: SlotStep,
+        *,
+        window: int | None,
+        scale: float,
     ) -> torch.Tensor:
-        """``q [n, heads, head_dim]`` over the cache (after ``write``): ``[n, heads*hd]``."""
-        k_cache = self.cache.k[layer]
-        v_cache = self.cache.v[layer]
-        parts: list[torch.Tensor] = []
+        """Store layer ``index``'s new keys and values, then attend: ``q [n, heads, hd]``,
+        ``k``/``v [n, kv_heads, hd]``; returns ``[n, heads*hd]``. One call per layer: the
+        cache views are taken once (this runs 30 times a step on the hot path)."""
+        q, k, v = qkv
+        hd, rows = self.head_dim, step.n * self.kv_heads
+        k_cache = self.cache.k[index]
+        v_cache = self.cache.v[index]
+        k_cache.view(-1, hd).index_copy_(0, step.write_idx, k.reshape(rows, hd))
+        v_cache.view(-1, hd).index_copy_(0, step.write_idx, v.reshape(rows, hd))
         if step.num_decode:
             d, span = step.num_decode, step.span_len
             # q contiguous (a small copy; one row stays a strided view): the layouts the
             # compiled kernel is warmed for
-            parts.append(
-                self._kernels[step.attend](
-                    q[:d].contiguous(),
-                    k_cache[:d, :, :span],
-                    v_cache[:d, :, :span],
-                    step.bias[window],
-                    scale,
-                )
+            decoded = self._kernels[step.attend](
+                q[:d].contiguous(),
+                k_cache[:d, :, :span],
+                v_cache[:d, :, :span],
+                step.bias[window],
+                scale,
             )
+            if not step.spans:
+                return decoded
+            parts = [decoded]
+        else:
+            parts = []
         for (begin, end, chunk), masks in zip(step.spans, step.masks, strict=True):
             parts.append(
                 self._prefill(
