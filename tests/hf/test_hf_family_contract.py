@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
-import orjson
 import pytest
 
 from backends.base import (
@@ -63,7 +62,7 @@ class _FamilyContract(EngineContract):
         await spare.stop()
 
     async def test_declared_json_schema_is_honoured(self, backend: Backend) -> None:
-        schema = orjson.dumps(self.city_schema).decode()
+        schema = self.city_schema
         request = replace(
             self.request(12),
             messages=(ChatMessage("user", "Name a big city and its population as JSON."),),
@@ -73,7 +72,7 @@ class _FamilyContract(EngineContract):
         assert re.match(r'\s*\{\s*"city"\s*:\s*"', text), text
 
     async def test_declared_tools_force_a_valid_call(self, backend: Backend) -> None:
-        tool = ToolSpec("get_city", "Look a city up.", orjson.dumps(self.city_schema).decode())
+        tool = ToolSpec("get_city", "Look a city up.", self.city_schema)
         request = replace(
             self.request(64),
             messages=(ChatMessage("user", "Look up Paris."),),
