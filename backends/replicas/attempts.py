@@ -6,15 +6,16 @@ it. A failure is accounted to that replica (health, ejection, metrics); a retrya
 is retried, up to ``retries`` times, on an eligible replica not tried yet for this
 request, and only when every one had its go after a jittered backoff (longer when the
 upstream said how long, ``Overloaded.retry_after``). The caller's ``attempt`` must return
-only once it is safe to commit to that replica: before anything reached the client (its
-first event), so no client ever sees a retried stream.
+only once it is safe to commit to that replica: when it has its first events, none of
+which reached the client yet. A stream that broke later and resumes
+(``backends.openai_proxy.resume``) walks again, starting with another replica.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import TypeVar
 
 from backends.backoff import Backoff
@@ -44,13 +45,15 @@ async def first_success(
     retries: int,
     retryable: Callable[[BackendError], bool],
     stopping: Callable[[], bool],
+    exclude: Collection[str] = (),
 ) -> tuple[T, Replica, float]:
     """``(attempt's result, the replica it ran on, seconds slept in backoffs)``. The
     replica is still counted in flight: the caller ``release``s it when done. Raises the
     last error when it is not retryable or the retries are spent, ``BackendCrashed``
     when the backend stopped meanwhile, ``UpstreamUnavailable`` when every replica is
-    ejected."""
-    tried: list[str] = []
+    ejected. ``exclude``: URLs that count as tried already (a stream resumed after its
+    replica broke goes elsewhere first)."""
+    tried: list[str] = list(exclude)
     count = 0
     slept = 0.0
     while True:

@@ -59,6 +59,20 @@ class ReplicaMetrics:
             labels,
             registry=registry,
         )
+        self.resumes = LoopCounter(
+            "llmso_stream_resumes_total",
+            "Streams that broke after tokens reached the client, by outcome: resumed "
+            "(continued on a replica), refused (the request cannot be rebuilt) or failed.",
+            ("model", "outcome"),
+            registry=registry,
+        )
+        self.resume_prompt_tokens = LoopCounter(
+            "llmso_resume_prompt_tokens_total",
+            "Prompt tokens sent again to continue broken streams: the gateway's cost, "
+            "not billed to the client.",
+            ("model",),
+            registry=registry,
+        )
         self.ejections = LoopCounter(
             "llmso_replica_ejections_total",
             "Times the replica was ejected after consecutive failures.",

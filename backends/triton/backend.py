@@ -56,6 +56,7 @@ from backends.base import (
 )
 from backends.errors import ContractMismatch
 from backends.hop_metrics import BackendMetrics
+from backends.prompter import Prompter
 from backends.replicas.attempts import first_success
 from backends.replicas.replica import Replica
 from backends.replicas.replica_set import ReplicaSet, cancel
@@ -67,7 +68,6 @@ from backends.triton.errors import (
     retryable,
     status_of,
 )
-from backends.triton.prompt import Prompter
 from backends.triton.servers import TritonServer, endpoints
 from backends.triton.streaming import read_chunks
 from config.schema import TritonModelConfig

@@ -118,7 +118,7 @@ async def _merged(
     parts: list[Generation], plan: CompletionPlan
 ) -> AsyncGenerator[BackendEvent, None]:
     per = plan.best_of
-    prompt_tokens = completion_tokens = 0
+    prompt_tokens = completion_tokens = resumes = resume_prompt_tokens = 0
     upstream: float | None = None
     for number, part in enumerate(parts):
         echo = plan.requests[number].prompt if plan.echo else ""
@@ -141,9 +141,11 @@ async def _merged(
             elif isinstance(event, Usage):
                 prompt_tokens += event.prompt_tokens
                 completion_tokens += event.completion_tokens
+                resumes += event.resumes
+                resume_prompt_tokens += event.resume_prompt_tokens
                 if event.upstream_seconds is not None:
                     upstream = max(upstream or 0.0, event.upstream_seconds)
-    yield Usage(prompt_tokens, completion_tokens, upstream_seconds=upstream)
+    yield Usage(prompt_tokens, completion_tokens, upstream, resumes, resume_prompt_tokens)
 
 
 def keep_best(body: dict[str, Any], plan: CompletionPlan) -> dict[str, Any]:

@@ -66,6 +66,8 @@ class RequestRecord:
     input_tokens: int = 0
     output_tokens: int = 0
     upstream_seconds: float | None = None
+    resumes: int = 0  # times a broken upstream stream resumed on another replica
+    resume_prompt_tokens: int = 0  # prompt tokens those resumes cost (not billed)
     status: str = "ok"
     error_type: str | None = None
     fallback_from: list[str] = field(default_factory=list)
@@ -111,6 +113,8 @@ class RequestRecord:
             self.input_tokens = event.prompt_tokens
             self.output_tokens = event.completion_tokens
             self.upstream_seconds = event.upstream_seconds
+            self.resumes = event.resumes
+            self.resume_prompt_tokens = event.resume_prompt_tokens
 
     def _on_text(self) -> None:
         now = time.perf_counter()
@@ -191,4 +195,6 @@ class RequestRecord:
             "status": self.status,
             "error_type": self.error_type,
             "fallback_from": self.fallback_from or None,
+            "resumes": self.resumes,
+            "resume_prompt_tokens": self.resume_prompt_tokens,
         }

@@ -5,12 +5,10 @@ policies, health and ejection, retries on another replica, re-admission, aborts,
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
-from prometheus_client import CollectorRegistry
 
 from backends.base import (
     ChatMessage,
@@ -20,65 +18,16 @@ from backends.base import (
     TextDelta,
     Usage,
 )
-from backends.hop_metrics import BackendMetrics
 from backends.openai_proxy.backend import OpenAIProxyBackend
 from backends.replicas.balance import PrefixAffinity, affinity_key
 from bench.fake_upstream import WORDS, FakeOptions, FakeUpstream
 from config.schema import AppConfig, OpenAIModelConfig
 from gateway.app import build_app
-
-
-class Fleet:
-    """Fake upstream replicas and one backend in front of them."""
-
-    def __init__(self, fakes: list[FakeUpstream], backend: OpenAIProxyBackend, registry: Any):
-        self.fakes = fakes
-        self.backend = backend
-        self.registry = registry
-
-    def sample(self, name: str, replica: FakeUpstream, **labels: str) -> float:
-        value = self.registry.get_sample_value(
-            name, {"model": "proxy", "replica": f"{replica.url}/v1", **labels}
-        )
-        return value or 0.0
-
-    def served(self) -> list[int]:
-        return [len(fake.bodies) for fake in self.fakes]
+from tests.tools.fleet import fleet_entry
 
 
 def _config(fakes: list[FakeUpstream], **overrides: Any) -> OpenAIModelConfig:
-    fields: dict[str, Any] = {
-        "name": "proxy",
-        "backend": "openai",
-        "replicas": [f"{fake.url}/v1" for fake in fakes],
-        "upstream_model": "fake-model",
-        "health_interval": 0.05,
-        "connect_timeout": 1.0,
-        "metrics_scrape_interval": 0.05,
-        **overrides,
-    }
-    return OpenAIModelConfig(**fields)
-
-
-@pytest.fixture
-async def fleet_of() -> AsyncIterator[Any]:
-    made: list[Fleet] = []
-
-    async def make(options: list[FakeOptions], **overrides: Any) -> Fleet:
-        fakes = [FakeUpstream(o) for o in options]
-        for fake in fakes:
-            await fake.start()
-        registry = CollectorRegistry()
-        backend = OpenAIProxyBackend(_config(fakes, **overrides), BackendMetrics(registry))
-        await backend.start()
-        made.append(Fleet(fakes, backend, registry))
-        return made[-1]
-
-    yield make
-    for fleet in made:
-        await fleet.backend.stop()
-        for fake in fleet.fakes:
-            await fake.stop()
+    return OpenAIModelConfig(**fleet_entry(fakes, **overrides))
 
 
 def _chat(text: str = "say hello", max_tokens: int = 4, **fields: Any) -> GenerationRequest:

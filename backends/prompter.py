@@ -1,7 +1,9 @@
-"""Prompt text and token counts for Triton models, from a local Hugging Face tokenizer.
+"""Prompt text and token counts from a local Hugging Face tokenizer, for servers fed text.
 
 Triton's LLM contract takes text, so the gateway renders chat messages with the model's
-chat template itself, and counts tokens for usage when the model does not report them.
+chat template itself, and counts tokens for usage when the model does not report them;
+the ``openai`` backend renders a chat prompt the same way to resume a broken chat stream
+on an engine that cannot continue an assistant message (``backends.openai_proxy.resume``).
 The tokenizer is loaded once in ``Prompter.load`` (in a thread: it reads files and imports
 transformers) and is read-only afterwards; fast tokenizers are safe to share across
 threads, so callers may run ``render``/``count`` through ``asyncio.to_thread``.
@@ -46,7 +48,7 @@ class Prompter:
             return request.prompt
         if self._tokenizer is None or not getattr(self._tokenizer, "chat_template", None):
             raise InvalidRequest(
-                "this Triton model has no tokenizer with a chat template configured; "
+                "this model has no tokenizer with a chat template configured; "
                 "use /v1/completions or set `tokenizer:` in the model config",
                 param="messages",
             )

@@ -1,0 +1,268 @@
+"""Mid-stream failover: continue a broken upstream stream on another replica.
+
+A stream that breaks after text reached the client (connection reset, EOF without
+``[DONE]``, an error event or invalid data mid-stream, a read timeout) is sent again with
+the text already delivered as the start of the answer, so an engine continues it instead
+of starting over. The client's stream goes on (same id: the gateway names the response,
+not the upstream) with neither repeated nor missing text.
+
+How a request is continued depends on the engine (``continuation``):
+
+- chat on vLLM, or a ``generic`` server speaking vLLM's extension: the original messages
+  plus an assistant message holding the delivered text, with
+  ``continue_final_message: true, add_generation_prompt: false``;
+- chat on llama.cpp: llama-cpp-python's chat route always opens a new assistant turn
+  (its template is rendered with ``add_generation_prompt`` on and no way to turn it off),
+  so the gateway renders the prompt with the model's chat template (``tokenizer:``),
+  appends the delivered text and continues on ``/v1/completions``: the same prompt text
+  the chat route would have tokenised, plus the answer so far;
+- completions on any engine: the prompt extended by the delivered text.
+
+``max_tokens`` shrinks by the tokens delivered; sampling settings and seed stay. A greedy
+request continues as the uninterrupted run would, as far as the engine computes a token
+the same in a prompt batch as in decoding one at a time and the delivered text
+tokenises back into the tokens that produced it; a sampled one continues plausibly, not
+identically (its random state is not carried over).
+
+Requests a continuation cannot rebuild are never resumed (``refusal``; the client gets
+the SSE error event, as before): ``n`` > 1, ``logprobs``, a ``response_format`` (the
+engine's grammar would restart at the seam), a prompt of token ids, a tool call already
+streamed, chat on an engine that cannot continue a message. ``Resume`` holds one
+request's delivered answer: owned by the coroutine relaying it. ``Resumer`` is the
+backend's read-only plan, built once from its config.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from typing import Literal
+
+import orjson
+
+from backends.base import (
+    BackendError,
+    BackendEvent,
+    ChatMessage,
+    Finished,
+    GenerationRequest,
+    RequestKind,
+    TextDelta,
+    ToolCallDelta,
+    UpstreamBadResponse,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    Usage,
+    effective_max_tokens,
+)
+from backends.openai_proxy.engines import EngineProfile
+from backends.openai_proxy.payload import (
+    CHAT_PATH,
+    COMPLETIONS_PATH,
+    estimate_prompt_tokens,
+    request_body,
+)
+from backends.openai_proxy.stream import ChunkTranslator
+from backends.prompter import Prompter
+from backends.replicas.metrics import ReplicaMetrics
+from config.schema import OpenAIModelConfig
+
+Failover = Literal["mid_stream", "before_first_byte", "off"]
+Outcome = Literal["resumed", "refused", "failed"]
+
+_CONTINUES_MESSAGES = frozenset({"vllm", "generic"})
+"""Engines taking ``continue_final_message`` (vLLM's extension; SGLang's too)."""
+_MID_STREAM_BY_DEFAULT = frozenset({"vllm", "llamacpp"})
+_BROKEN = (UpstreamUnavailable, UpstreamTimeout, UpstreamBadResponse)
+"""Errors of a stream that broke (``BackendCrashed`` is a stopping backend: never resumed)."""
+
+
+def failover_mode(config: OpenAIModelConfig) -> Failover:
+    """The configured mode, else ``mid_stream`` where the engine can continue an answer."""
+    if config.failover is not None:
+        return config.failover
+    return "mid_stream" if config.engine in _MID_STREAM_BY_DEFAULT else "before_first_byte"
+
+
+def refusal(request: GenerationRequest, engine: str, renders_chat: bool) -> str | None:
+    """Why ``request`` cannot be continued on ``engine`` (a short label), or None."""
+    sampling = request.sampling
+    if sampling.n != 1:
+        return "n"
+    if sampling.logprobs is not None:
+        return "logprobs"
+    if request.response_format.type != "text":
+        return "response_format"
+    if request.kind is RequestKind.COMPLETION:
+        return "token_ids" if request.prompt_token_ids else None
+    if engine in _CONTINUES_MESSAGES or (engine == "llamacpp" and renders_chat):
+        return None
+    return "engine"
+
+
+class Resume:
+    """The answer delivered so far to one request's client, and its resumes."""
+
+    __slots__ = (
+        "_default",
+        "_parts",
+        "finished",
+        "points",
+        "refused",
+        "tokens",
+        "tool_call",
+        "waited",
+    )
+
+    def __init__(self, refused: str | None, default_max_tokens: int | None = None) -> None:
+        self._default = default_max_tokens
+        """The model's ``default_max_tokens``: the limit when the client set none."""
+        self.refused = refused
+        """Why this request can never be resumed (``refusal``), or None."""
+        self._parts: list[str] = []
+        self.tokens = 0
+        """Completion tokens delivered (counted from the deltas relayed)."""
+        self.tool_call = False
+        self.finished = False
+        self.points: list[int] = []
+        """Tokens delivered when each resume began."""
+        self.waited = 0.0
+        """Upstream seconds of the streams that broke."""
+
+    def record(self, events: list[BackendEvent]) -> None:
+        """Note the events about to be relayed to the client."""
+        for event in events:
+            kind = type(event)
+            if kind is TextDelta:
+                self._parts.append(event.text)  # type: ignore[union-attr]
+                self.tokens += event.num_tokens  # type: ignore[union-attr]
+            elif kind is ToolCallDelta:
+                self.tool_call = True
+            elif kind is Finished:
+                self.finished = True
+
+    @property
+    def text(self) -> str:
+        return "".join(self._parts)
+
+    @property
+    def resumes(self) -> int:
+        return len(self.points)
+
+    def tokens_left(self, request: GenerationRequest) -> int | None:
+        """``max_tokens`` of a continuation: the request's effective limit less the tokens
+        delivered; None when there is no limit (the upstream's own applies)."""
+        limit = effective_max_tokens(request.sampling.max_tokens, self._default, None)
+        return None if limit is None else limit - self.tokens
+
+    def complete(self, request: GenerationRequest) -> bool:
+        """Whether the answer needs no continuation: finished, or at its length limit."""
+        left = self.tokens_left(request)
+        return self.finished or (left is not None and left <= 0)
+
+    def closing(self) -> list[BackendEvent]:
+        """The events ending an answer that needs no continuation: nothing if it was
+        finished, else its length limit was reached."""
+        return [] if self.finished else [Finished(0, "length")]
+
+    def usage(self, final: ChunkTranslator, request: GenerationRequest, waited: float) -> Usage:
+        """Usage of a resumed answer: the original prompt billed once, every delivered
+        token once; each resume's prompt (original prompt plus the text it carried) is the
+        gateway's cost. With the upstream's counts, the original prompt is the last
+        resume's prompt less the tokens it carried; without, the usual estimate."""
+        carried = self.points[-1]
+        if final.usage is not None:
+            prompt_again, completion = final.usage
+            prompt = max(prompt_again - carried, 0)
+            completion += carried
+        else:
+            prompt, completion = estimate_prompt_tokens(request), self.tokens
+        cost = sum(prompt + point for point in self.points)
+        return Usage(prompt, completion, waited, self.resumes, cost)
+
+
+class Resumer:
+    """How one ``openai`` model continues broken streams (its config, read-only)."""
+
+    def __init__(
+        self, config: OpenAIModelConfig, profile: EngineProfile, metrics: ReplicaMetrics
+    ) -> None:
+        self.mode = failover_mode(config)
+        self._engine = config.engine
+        self._profile = profile
+        self._budget = config.retries
+        self._default_max_tokens = config.default_max_tokens
+        renders = self.mode == "mid_stream" and config.engine == "llamacpp"
+        self._prompter = Prompter(config.tokenizer if renders else None)
+        self._outcomes = {
+            outcome: metrics.resumes.labels(config.name, outcome)
+            for outcome in ("resumed", "refused", "failed")
+        }
+        self._cost = metrics.resume_prompt_tokens.labels(config.name)
+
+    async def load(self) -> None:
+        """Load the tokenizer whose template renders llama.cpp chat prompts (if any)."""
+        await asyncio.to_thread(self._prompter.load)
+
+    def track(self, request: GenerationRequest) -> Resume | None:
+        """The state that lets ``request`` resume; None unless failover is mid_stream."""
+        if self.mode != "mid_stream" or self._budget == 0:
+            return None
+        refused = refusal(request, self._engine, self._prompter.loaded)
+        return Resume(refused, self._default_max_tokens)
+
+    def check(self, resume: Resume, error: BackendError) -> None:
+        """Raise ``error`` unless the stream it broke may resume now."""
+        if not isinstance(error, _BROKEN):
+            raise error
+        if resume.refused is not None or resume.tool_call:
+            self.count("refused")
+            raise error
+        if resume.resumes >= self._budget:
+            self.count("failed")
+            raise error
+
+    def retries_left(self, resume: Resume) -> int:
+        """Retries the walk for the next resume may spend (shared with the resumes)."""
+        return max(self._budget - resume.resumes - 1, 0)
+
+    def count(self, outcome: Outcome) -> None:
+        self._outcomes[outcome].inc()
+
+    def charge(self, usage: Usage) -> None:
+        self._cost.inc(usage.resume_prompt_tokens)
+
+    async def continuation(
+        self, request: GenerationRequest, resume: Resume, model: str
+    ) -> tuple[str, bytes]:
+        """``(path, body)`` asking for the rest of the answer (see the module doc)."""
+        text = resume.text
+        left = resume.tokens_left(request)
+        sampling = request.sampling
+        if left is not None:
+            sampling = replace(sampling, max_tokens=left)
+        ignore_eos = self._profile.accepts_ignore_eos
+        if request.kind is RequestKind.COMPLETION:
+            rest = replace(request, prompt=request.prompt + text, sampling=sampling)
+            body = request_body(rest, model, stream=True, send_ignore_eos=ignore_eos)
+            return COMPLETIONS_PATH, orjson.dumps(body)
+        if self._engine in _CONTINUES_MESSAGES:
+            answer = ChatMessage("assistant", text)
+            rest = replace(request, messages=(*request.messages, answer), sampling=sampling)
+            body = request_body(rest, model, stream=True, send_ignore_eos=ignore_eos)
+            body["continue_final_message"] = True
+            body["add_generation_prompt"] = False
+            return CHAT_PATH, orjson.dumps(body)
+        prompt = await asyncio.to_thread(self._prompter.render, request)
+        rest = replace(
+            request,
+            kind=RequestKind.COMPLETION,
+            prompt=prompt + text,
+            messages=(),
+            tools=(),
+            tool_choice=None,
+            parallel_tool_calls=None,
+            sampling=sampling,
+        )
+        body = request_body(rest, model, stream=True, send_ignore_eos=ignore_eos)
+        return COMPLETIONS_PATH, orjson.dumps(body)
