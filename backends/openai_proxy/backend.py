@@ -370,7 +370,7 @@ class OpenAIProxyBackend:
         except BackendError:
             resumer.count("failed")
             raise
-        resumer.count("resumed")
+        resumer.resumed(request, resume, broken, replica, error)
         return stream, replica, first
 
     def _data_pool(self) -> Pool:

@@ -35,6 +35,7 @@ backend's read-only plan, built once from its config.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import replace
 from typing import Literal
 
@@ -65,7 +66,10 @@ from backends.openai_proxy.payload import (
 from backends.openai_proxy.stream import ChunkTranslator
 from backends.prompter import Prompter
 from backends.replicas.metrics import ReplicaMetrics
+from backends.replicas.replica import Replica
 from config.schema import OpenAIModelConfig
+
+log = logging.getLogger("llmso.route")
 
 Failover = Literal["mid_stream", "before_first_byte", "off"]
 Outcome = Literal["resumed", "refused", "failed"]
@@ -228,6 +232,22 @@ class Resumer:
 
     def count(self, outcome: Outcome) -> None:
         self._outcomes[outcome].inc()
+
+    def resumed(
+        self,
+        request: GenerationRequest,
+        resume: Resume,
+        broken: Replica,
+        replica: Replica,
+        error: BackendError,
+    ) -> None:
+        """Count and log a resume (where the seam is: tokens and characters delivered)."""
+        self.count("resumed")
+        log.info(
+            "resume request=%s model=%s from=%s to=%s tokens=%d chars=%d error=%s",
+            request.request_id, request.model, broken.url, replica.url, resume.tokens,
+            len(resume.text), error.error_type,
+        )  # fmt: skip
 
     def charge(self, usage: Usage) -> None:
         self._cost.inc(usage.resume_prompt_tokens)
