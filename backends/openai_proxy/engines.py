@@ -5,7 +5,13 @@ Every engine speaks the OpenAI wire format, but not quite the same dialect:
 - vLLM honours ``stream_options.include_usage`` and has a cheap ``/health``.
 - llama.cpp (llama-cpp-python) ignores ``include_usage``; its streams carry no usage, so
   the proxy counts tokens itself (see ``stream.ChunkTranslator``). It also answers a
-  streaming request it rejects (prompt past its context) with an empty 200 stream.
+  streaming request it rejects (prompt past its context) with an empty 200 stream. It
+  applies a repeat penalty of 1.1 unless told otherwise, which OpenAI's API has not: the
+  body asks for 1.0 (a client's own ``repeat_penalty`` wins). That is OpenAI's meaning
+  of the same request, and it keeps a resumed answer exact: llama.cpp penalises only the
+  tokens it generated itself, so the part of an answer sent back as prompt
+  (``resume``) would otherwise stop counting, and greedy continuations diverged at
+  every cut tried.
 - mlx-lm answers ``/v1/models`` with an empty list unless ``HF_HUB_CACHE`` exists, needs
   the served *path* as ``model``, and labels its usage chunk ``object: chat.completion``;
   the stream parser never looks at ``object``, so only the health path differs.
@@ -41,6 +47,8 @@ class EngineProfile:
     error is then fetched by asking again without streaming."""
     features: frozenset[Feature] = TEXT_GENERATION
     """What the upstream honours of what the proxy forwards (see the module docstring)."""
+    body_defaults: tuple[tuple[str, float], ...] = ()
+    """Fields every request body carries unless the client set them."""
 
 
 _JSON = frozenset({Feature.JSON_OBJECT, Feature.JSON_SCHEMA, Feature.LOGIT_BIAS})
@@ -48,7 +56,14 @@ _OPENAI_LIKE = TEXT_GENERATION | _JSON | {Feature.TOOLS, Feature.IMAGE_INPUT, Fe
 _PROFILES: dict[str, EngineProfile] = {
     "generic": EngineProfile("generic", "/v1/models", False, features=_OPENAI_LIKE),
     "vllm": EngineProfile("vllm", "/health", True, features=_OPENAI_LIKE),
-    "llamacpp": EngineProfile("llamacpp", "/v1/models", False, True, TEXT_GENERATION | _JSON),
+    "llamacpp": EngineProfile(
+        "llamacpp",
+        "/v1/models",
+        False,
+        True,
+        TEXT_GENERATION | _JSON,
+        body_defaults=(("repeat_penalty", 1.0),),
+    ),
     "mlx": EngineProfile("mlx", "/health", False),
 }
 

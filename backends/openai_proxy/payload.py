@@ -38,6 +38,18 @@ def build_body(
 ) -> tuple[str, bytes]:
     """``(path under the API root, JSON body)`` for one request."""
     chat = request.kind is RequestKind.CHAT
+    body = engine_body(request, upstream_model, profile, default_max_tokens=default_max_tokens)
+    return (CHAT_PATH if chat else COMPLETIONS_PATH), orjson.dumps(body)
+
+
+def engine_body(
+    request: GenerationRequest,
+    upstream_model: str,
+    profile: EngineProfile,
+    *,
+    default_max_tokens: int | None = None,
+) -> dict[str, Any]:
+    """The streaming body for ``request`` as the engine of ``profile`` takes it."""
     body = request_body(
         request,
         upstream_model,
@@ -45,7 +57,9 @@ def build_body(
         send_ignore_eos=profile.accepts_ignore_eos,
         default_max_tokens=default_max_tokens,
     )
-    return (CHAT_PATH if chat else COMPLETIONS_PATH), orjson.dumps(body)
+    for key, value in profile.body_defaults:
+        body.setdefault(key, value)
+    return body
 
 
 def request_body(

@@ -60,8 +60,8 @@ from backends.openai_proxy.engines import EngineProfile
 from backends.openai_proxy.payload import (
     CHAT_PATH,
     COMPLETIONS_PATH,
+    engine_body,
     estimate_prompt_tokens,
-    request_body,
 )
 from backends.openai_proxy.stream import ChunkTranslator
 from backends.prompter import Prompter
@@ -261,15 +261,15 @@ class Resumer:
         sampling = request.sampling
         if left is not None:
             sampling = replace(sampling, max_tokens=left)
-        ignore_eos = self._profile.accepts_ignore_eos
+        profile = self._profile
         if request.kind is RequestKind.COMPLETION:
             rest = replace(request, prompt=request.prompt + text, sampling=sampling)
-            body = request_body(rest, model, stream=True, send_ignore_eos=ignore_eos)
+            body = engine_body(rest, model, profile)
             return COMPLETIONS_PATH, orjson.dumps(body)
         if self._engine in _CONTINUES_MESSAGES:
             answer = ChatMessage("assistant", text)
             rest = replace(request, messages=(*request.messages, answer), sampling=sampling)
-            body = request_body(rest, model, stream=True, send_ignore_eos=ignore_eos)
+            body = engine_body(rest, model, profile)
             body["continue_final_message"] = True
             body["add_generation_prompt"] = False
             return CHAT_PATH, orjson.dumps(body)
@@ -284,5 +284,5 @@ class Resumer:
             parallel_tool_calls=None,
             sampling=sampling,
         )
-        body = request_body(rest, model, stream=True, send_ignore_eos=ignore_eos)
+        body = engine_body(rest, model, profile)
         return COMPLETIONS_PATH, orjson.dumps(body)

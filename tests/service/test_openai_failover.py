@@ -6,6 +6,7 @@ be rebuilt end with the error as before; usage bills the prompt once."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -211,6 +212,11 @@ async def test_llamacpp_chat_resumes_on_the_rendered_prompt(pair_of: Any) -> Non
     )
     usage = events[-1]
     assert isinstance(usage, Usage) and usage.resumes == 1
+    # llama.cpp's own repeat penalty (1.1) would count only the tokens it generated, so
+    # both bodies ask for OpenAI's meaning, 1.0; a client's own value wins.
+    assert pair.fakes[0].bodies[0]["repeat_penalty"] == resumed["repeat_penalty"] == 1.0
+    await _events(pair.backend, replace(_chat(), passthrough='{"repeat_penalty": 1.3}'))
+    assert _bodies(pair)[-1]["repeat_penalty"] == 1.3
 
 
 async def test_the_client_stream_continues_with_one_id_through_the_app() -> None:
