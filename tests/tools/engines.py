@@ -31,6 +31,7 @@ from tests.tools.servers import (
 __all__ = [
     "ENGINE_VENVS",
     "EngineSuite",
+    "llamacpp_server",
     "model_folder",
     "packaged_gguf",
     "proxy_config",
@@ -122,18 +123,23 @@ def start_vllm(
         stop_process(server)
 
 
-@contextlib.contextmanager
-def start_llamacpp(name: str, *, n_ctx: int = 1024) -> Iterator[RunningServer]:
-    """llama-cpp-python's server on the packaged GGUF. ``--interrupt_requests False``:
-    otherwise a new request silently empties the streams already running."""
-    port = free_port()
+def llamacpp_server(name: str, port: int, *, n_ctx: int = 1024) -> RunningServer:
+    """llama-cpp-python's server on the packaged GGUF on ``port``, started and healthy
+    (the caller stops it). ``--interrupt_requests False``: otherwise a new request
+    silently empties the streams already running."""
     argv = [
         str(ENGINE_VENVS["llamacpp"] / "bin" / "python"), "-m", "llama_cpp.server",
         "--model", packaged_gguf(), "--model_alias", name, "--host", "127.0.0.1",
         "--port", str(port), "--n_ctx", str(n_ctx), "--interrupt_requests", "False",
         "--n_threads", "2",
     ]  # fmt: skip
-    server = start_process(argv, port=port, health_path="/v1/models", timeout=180)
+    return start_process(argv, port=port, health_path="/v1/models", timeout=180)
+
+
+@contextlib.contextmanager
+def start_llamacpp(name: str, *, n_ctx: int = 1024) -> Iterator[RunningServer]:
+    """``llamacpp_server`` on a free port for the duration of the block."""
+    server = llamacpp_server(name, free_port(), n_ctx=n_ctx)
     try:
         yield server
     finally:

@@ -1,0 +1,12 @@
+# The mid-stream failover drill (docs/replicas.md, Mid-stream failover): two llama.cpp
+# replicas, greedy chat requests of 200 tokens, the serving replica SIGKILLed at a random
+# point of each stream (50 trials), then a relay garbling one replica's stream (10).
+# Not part of `make test` (which runs 3 + 1 in tests/e2e/test_failover_llamacpp.py).
+#   FAILOVER_ARGS="--trials 10 --garbage 2"  a shorter run
+FAILOVER_ARGS ?= --trials 50 --garbage 10 --min-identical 45
+FAILOVER_OUT ?= docs/benchmarks/failover/trials.json
+
+.PHONY: failover-trials
+
+failover-trials: setup llamacpp
+	$(PY) -m tests.e2e.failover_drill $(FAILOVER_ARGS) --json $(FAILOVER_OUT)
