@@ -65,7 +65,12 @@ PROMPTS = (
     "Describe a train journey across the mountains in winter.",
     "Write a story about two friends who open a bakery.",
 )
-_RESUME = re.compile(r"resume request=(\S+) .*? tokens=(\d+) chars=(\d+)")
+_RESUME = re.compile(r"resume request=(\S+) .*?to=(\S+) tokens=(\d+) chars=(\d+)")
+BATCH_INVARIANT = ("--n_batch", "1", "--n_ubatch", "1")
+"""Engine flags that make llama.cpp compute a token the same whether it reads it in a
+prompt or generated it: one token per batch. With batches, a token's numbers depend on
+how the prompt was split (and on which prefix the server had cached from the request
+before), so the same greedy request can answer differently on two replicas."""
 
 
 @dataclass
@@ -125,7 +130,7 @@ class Drill:
         stack = contextlib.ExitStack()
         with stack:
             for port in self.ports:
-                engine = llamacpp_server(MODEL, port)
+                engine = llamacpp_server(MODEL, port, flags=BATCH_INVARIANT)
                 self.engines.append(engine)
                 stack.callback(lambda e=engine: stop_process(self._current(e)))
             relay_port = free_port()
@@ -187,8 +192,9 @@ class Drill:
             self.references[prompt] = reply.json()["choices"][0]["message"]["content"]
         return self.references[prompt]
 
-    def continuation(self, prompt: int, delivered: str, tokens: int) -> str:
-        """The engine's greedy continuation of ``delivered``, asked of replica B directly."""
+    def continuation(self, prompt: int, delivered: str, tokens: int, replica: str) -> str:
+        """The engine's greedy continuation of ``delivered``, asked directly of the
+        engine behind ``replica`` (a configured URL: an engine's or the relay's)."""
         request = GenerationRequest(
             "drill",
             "kill",
@@ -203,7 +209,9 @@ class Drill:
             "temperature": 0,
             "repeat_penalty": 1.0,
         }
-        reply = self.client.post(f"{self.engines[1].url}/v1/completions", json=body)
+        assert self.relay is not None
+        root = replica.removesuffix("/v1").replace(self.relay.url, self.engines[0].url)
+        reply = self.client.post(f"{root}/v1/completions", json=body)
         reply.raise_for_status()
         text: str = reply.json()["choices"][0]["text"]
         return text
@@ -243,11 +251,20 @@ class Drill:
     # ------------------------------------------------------------------ trials
 
     def trial(self, kind: str, number: int) -> Trial:
+        """One trial; a kill that came after the engine had finished its answer (the
+        client reads behind the engine) is tried again with a new cut, up to 3 times."""
+        for _ in range(3):
+            trial = self._trial(kind, number)
+            if trial.resumed or kind != "kill":
+                return trial
+        return trial
+
+    def _trial(self, kind: str, number: int) -> Trial:
         assert self.gateway is not None and self.relay is not None
         prompt = number % len(PROMPTS)
         reference = self.reference(prompt)
         deltas = max(self.prompter.count(reference, prompt=False) or 0, 12)
-        cut = self.rng.randint(3, deltas - 3)
+        cut = self.rng.randint(3, deltas * 3 // 4)
         model = "kill" if kind == "kill" else "garble"
         target = number % 2 if kind == "kill" else 0
         serving = self._replica_urls(model)[target]
@@ -275,13 +292,15 @@ class Drill:
         assert self.gateway is not None
         reference, text = self.reference(prompt), got.text
         seams = [
-            (int(tokens), int(chars))
-            for found, tokens, chars in _RESUME.findall(self.gateway.log_path.read_text())
+            (to, int(tokens), int(chars))
+            for found, to, tokens, chars in _RESUME.findall(self.gateway.log_path.read_text())
             if found == got.request_id
         ]
-        tokens, chars = seams[-1] if seams else (0, 0)
+        to, tokens, chars = seams[-1] if seams else ("", 0, 0)
         delivered = text[:chars]
-        continued = bool(seams) and text[chars:] == self.continuation(prompt, delivered, tokens)
+        continued = bool(seams) and (
+            text[chars:] == self.continuation(prompt, delivered, tokens, to)
+        )
         return Trial(
             kind=kind,
             prompt=prompt,
@@ -303,7 +322,7 @@ class Drill:
     def _restart(self, target: int) -> None:
         old = self.engines[target]
         old.process.wait(30)
-        self.engines[target] = llamacpp_server(MODEL, old.port)
+        self.engines[target] = llamacpp_server(MODEL, old.port, flags=BATCH_INVARIANT)
 
 
 def _read(line: str, got: Streamed) -> None:
@@ -324,13 +343,23 @@ def _read(line: str, got: Streamed) -> None:
             got.deltas += 1
 
 
-def run(kills: int, garbage: int, tokens: int, seed: int) -> list[Trial]:
-    """Run the trials; prints one line each."""
+def run(
+    kills: int, garbage: int, tokens: int, seed: int, budget: float = float("inf")
+) -> list[Trial]:
+    """Run the trials, garbage ones interleaved (one after every few kills), starting no
+    new trial once ``budget`` seconds have passed; prints one line each."""
     drill = Drill(tokens, random.Random(seed))
     trials: list[Trial] = []
+    began = time.monotonic()
+    every = max(kills // max(garbage, 1), 1)
+    plan = [("kill", n) for n in range(kills)]
+    for n in range(garbage):
+        plan.insert(min((n + 1) * (every + 1) - 1, len(plan)), ("garbage", n))
     with drill.running():
-        plan = [("kill", n) for n in range(kills)] + [("garbage", n) for n in range(garbage)]
         for kind, number in plan:
+            if time.monotonic() - began > budget:
+                print(f"budget of {budget:g} s spent: stopping", flush=True)
+                break
             trial = drill.trial(kind, number)
             trials.append(trial)
             print(orjson.dumps({**asdict(trial), "passed": trial.passed}).decode(), flush=True)
@@ -361,10 +390,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=30)
     parser.add_argument("--json", help="write every trial and the summary here")
     parser.add_argument(
+        "--budget", type=float, default=float("inf"), help="start no trial after this many s"
+    )
+    parser.add_argument(
         "--min-identical", type=int, default=None, help="fail below this many identical kills"
     )
     args = parser.parse_args(argv)
-    trials = run(args.trials, args.garbage, args.tokens, args.seed)
+    trials = run(args.trials, args.garbage, args.tokens, args.seed, args.budget)
     result = summary(trials)
     print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
     if args.json:

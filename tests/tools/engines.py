@@ -123,15 +123,17 @@ def start_vllm(
         stop_process(server)
 
 
-def llamacpp_server(name: str, port: int, *, n_ctx: int = 1024) -> RunningServer:
+def llamacpp_server(
+    name: str, port: int, *, n_ctx: int = 1024, flags: Sequence[str] = ()
+) -> RunningServer:
     """llama-cpp-python's server on the packaged GGUF on ``port``, started and healthy
-    (the caller stops it). ``--interrupt_requests False``: otherwise a new request
-    silently empties the streams already running."""
+    (the caller stops it); ``flags`` come last. ``--interrupt_requests False``: otherwise
+    a new request silently empties the streams already running."""
     argv = [
         str(ENGINE_VENVS["llamacpp"] / "bin" / "python"), "-m", "llama_cpp.server",
         "--model", packaged_gguf(), "--model_alias", name, "--host", "127.0.0.1",
         "--port", str(port), "--n_ctx", str(n_ctx), "--interrupt_requests", "False",
-        "--n_threads", "2",
+        "--n_threads", "2", *flags,
     ]  # fmt: skip
     return start_process(argv, port=port, health_path="/v1/models", timeout=180)
 
