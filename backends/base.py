@@ -273,8 +273,13 @@ class ToolCallDelta:
 
 @dataclass(frozen=True, slots=True)
 class Finished:
+    """Choice ``index`` ended. ``closed_by_budget``: the engine completed a constrained
+    value with the shortest valid ending it found, because ``max_tokens`` was near
+    (the reason is then ``stop`` or ``tool_calls``: the value is whole and valid)."""
+
     index: int
     reason: FinishReason
+    closed_by_budget: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,6 +326,10 @@ class Feature(Enum):
     EMBEDDINGS = "embeddings"
     PROMPT_TOKEN_IDS = "prompt_token_ids"
     SUFFIX = "suffix"
+    # Not a request field: a JSON value or forced tool call always closes within
+    # max_tokens (the hf engine's budget-aware decoding); proxies and Triton pass the
+    # request on and leave a cut value as the server returns it.
+    CLOSES_BY_BUDGET = "closes_by_budget"
 
 
 TEXT_GENERATION: frozenset[Feature] = frozenset(

@@ -142,6 +142,12 @@ class HFModelConfig(ModelBase):
     prefix_caching: bool = Field(
         True, description="continuous: reuse the KV of shared block-aligned prompt prefixes."
     )
+    close_json_by_budget: bool = Field(
+        True,
+        description="A JSON value or forced tool call always closes within max_tokens: near "
+        "the limit the engine completes it with a short valid ending (finish 'stop', marked "
+        "closed by budget); a max_tokens below the schema's shortest value is a 400.",
+    )
     prefix_cache_tokens: int = Field(
         8192, ge=16, le=1_048_576, description="KV budget of the prefix cache, in tokens."
     )

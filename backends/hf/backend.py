@@ -39,7 +39,7 @@ from backends.base import (
 from backends.hf.detokenizer import TokenTable
 from backends.hf.engine import Engine, EngineLimits, StepPolicy, Submission
 from backends.hf.families import Unsupported
-from backends.hf.grammar import GrammarBook, grammar_spec
+from backends.hf.grammar import GrammarBook, check_budget, grammar_spec
 from backends.hf.loader import LoadedModel, ModelLoadError, load, threads_for
 from backends.hf.module_runner import ModuleRunner
 from backends.hf.outputs import Item, StepOutputs
@@ -146,6 +146,7 @@ class HFBackend:
                 loaded.tokenizer,
                 vocab_size=int(loaded.model.config.vocab_size),
                 stop_ids=loaded.eos_ids,
+                close_by_budget=self._config.close_json_by_budget,
             )
             loaded, policy_factory = self._policy_factory(loaded)
             return loaded, grammars, policy_factory
@@ -230,11 +231,14 @@ class HFBackend:
         return self._engine is not None and self._failed is None and self._engine.thread.is_alive()
 
     def info(self) -> ModelInfo:
+        features = FEATURES | (
+            {Feature.CLOSES_BY_BUDGET} if self._config.close_json_by_budget else set()
+        )
         loaded = self._loaded
         if loaded is None:
-            return ModelInfo(max_context=self._config.max_context, features=FEATURES)
+            return ModelInfo(max_context=self._config.max_context, features=features)
         return ModelInfo(
-            features=FEATURES,
+            features=features,
             max_context=loaded.max_context,
             memory_bytes=loaded.memory_bytes,
             extra={
@@ -259,6 +263,8 @@ class HFBackend:
         if self._grammars is not None and grammar_spec(request) is not None:
             # Compiling takes milliseconds to seconds: never on the loop or engine thread.
             grammar = await asyncio.to_thread(self._grammars.compile, request)
+            if grammar is not None:
+                check_budget(grammar, request)
         try:
             engine.inbox.put_nowait(Submission(request, sink, queued_at, grammar))
         except queue.Full:

@@ -7,6 +7,10 @@ what was compiled. The engine thread then gives each constrained choice its own
 ``GrammarMatcher`` (``new_matcher``) and masks that choice's logits row with it
 (``mask_rows``), so constrained and free sequences share one batched forward.
 
+With ``close_by_budget`` each compiled grammar comes with the fewest tokens its value
+needs (``Constraint.min_tokens``: a request whose ``max_tokens`` is below it is refused)
+and the ``Closer`` that keeps every choice able to close its value (``budget.py``).
+
 Owner: the backend creates the book; ``compile`` may run on several worker threads at
 once (the cache is guarded by a lock; xgrammar's compiler is thread-safe); the matchers
 belong to the engine thread.
@@ -19,11 +23,14 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from backends.base import GenerationRequest, InvalidRequest
+from backends.hf.budget import Closer, min_tokens
 from backends.tool_markup.constraints import structured_outputs
+from backends.tool_markup.markup import tools_active
 
 if TYPE_CHECKING:
     import torch
@@ -39,6 +46,17 @@ def _xgr() -> ModuleType:
     return xgrammar
 
 
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """A compiled grammar and how its choices close by budget: ``closer`` is ``None``
+    when the model's ``close_json_by_budget`` is off; ``min_tokens`` is the fewest tokens
+    of a value the grammar requires (0 when it allows ending at once: ``auto`` tools)."""
+
+    compiled: Any
+    closer: Closer | None = None
+    min_tokens: int = 0
+
+
 class GrammarBook:
     """See the module docstring."""
 
@@ -50,19 +68,28 @@ class GrammarBook:
         stop_ids: Iterable[int],
         capacity: int = 64,
         threads: int = 1,
+        close_by_budget: bool = True,
     ) -> None:
+        stops = sorted(stop_ids)
         info = _xgr().TokenizerInfo.from_huggingface(
-            tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_ids)
+            tokenizer, vocab_size=vocab_size, stop_token_ids=stops
         )
         self._compiler: xgr.GrammarCompiler = _xgr().GrammarCompiler(
             info, max_threads=threads, cache_enabled=False
         )
+        self._closer: Closer | None = None
+        if close_by_budget:
+            self._closer = Closer(
+                lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+                _byte_tokens(info.decoded_vocab),
+                stops,
+            )
         self._capacity = capacity
-        self._cache: OrderedDict[str, xgr.CompiledGrammar] = OrderedDict()
+        self._cache: OrderedDict[str, Constraint] = OrderedDict()
         self._lock = threading.Lock()
         self.vocab_size = vocab_size
 
-    def compile(self, request: GenerationRequest) -> xgr.CompiledGrammar | None:
+    def compile(self, request: GenerationRequest) -> Constraint | None:
         """The grammar ``request`` decodes under, or ``None`` when it is free text.
 
         Raises ``InvalidRequest`` (naming the param) with xgrammar's reason when the
@@ -82,11 +109,15 @@ class GrammarBook:
             compiled = self._build(kind, payload)
         except Exception as exc:  # xgrammar raises RuntimeError/ValueError subclasses
             raise InvalidRequest(f"cannot compile the grammar: {exc}", param=param) from None
+        constraint = Constraint(compiled)
+        if self._closer is not None:
+            least = min_tokens(self._closer, new_matcher(constraint))
+            constraint = Constraint(compiled, self._closer, least or 0)
         with self._lock:
-            self._cache[key] = compiled
+            self._cache[key] = constraint
             while len(self._cache) > self._capacity:
                 self._cache.popitem(last=False)
-        return compiled
+        return constraint
 
     def _build(self, kind: str, payload: str) -> xgr.CompiledGrammar:
         if kind == "json_object":
@@ -99,6 +130,19 @@ class GrammarBook:
 
     def __len__(self) -> int:
         return len(self._cache)
+
+
+def check_budget(constraint: Constraint, request: GenerationRequest) -> None:
+    """Refuse a ``max_tokens`` below the fewest tokens the value needs: it could only
+    end cut, as JSON that does not parse."""
+    least, wanted = constraint.min_tokens, request.sampling.max_tokens
+    if wanted is not None and wanted < least:  # unset: the engine's limit is the room left
+        raise InvalidRequest(
+            f"max_tokens is {wanted}, but the shortest value this "
+            f"{'tool call' if tools_active(request) else 'schema'} allows takes {least} "
+            f"tokens: set max_tokens to at least {least}",
+            param="max_tokens",
+        )
 
 
 def grammar_spec(request: GenerationRequest) -> tuple[str, str, str] | None:
@@ -129,9 +173,18 @@ def compact_tag(tag: dict[str, Any]) -> dict[str, Any]:
     return tag
 
 
-def new_matcher(compiled: xgr.CompiledGrammar) -> xgr.GrammarMatcher:
-    matcher: xgr.GrammarMatcher = _xgr().GrammarMatcher(compiled)
+def new_matcher(constraint: Constraint) -> xgr.GrammarMatcher:
+    matcher: xgr.GrammarMatcher = _xgr().GrammarMatcher(constraint.compiled)
     return matcher
+
+
+def _byte_tokens(decoded_vocab: list[bytes]) -> dict[int, int]:
+    """byte -> a token that is exactly that byte (the first one, for determinism)."""
+    found: dict[int, int] = {}
+    for token, raw in enumerate(decoded_vocab):
+        if len(raw) == 1 and raw[0] not in found:
+            found[raw[0]] = token
+    return found
 
 
 def mask_rows(logits: torch.Tensor, matchers: list[tuple[int, xgr.GrammarMatcher]]) -> None:

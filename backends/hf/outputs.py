@@ -46,6 +46,8 @@ def accept_token(
     matcher = choice.matcher
     if matcher is not None:
         matcher.accept_token(token)
+    guard = choice.budget
+    closed = guard is not None and guard.forcing and guard.advance()
     ends = token in state.eos_ids and (not params.ignore_eos or matcher is not None)
     if ends or (matcher is not None and matcher.is_terminated()):
         text = choice.stop.feed(choice.detok.flush()) + choice.stop.flush()
@@ -56,8 +58,11 @@ def accept_token(
         text = choice.stop.feed(choice.detok.push(token))
         if choice.stop.stopped:
             reason = "stop"
-        elif len(choice.output_ids) >= state.max_tokens:
-            reason = "length"
+        elif closed or len(choice.output_ids) >= state.max_tokens:
+            # A value the grammar holds complete ended as it should, whether closed by
+            # budget or complete exactly at max_tokens (its stop token did not fit).
+            owed = guard is not None and guard.owes and matcher.is_completed()
+            reason = "stop" if closed or owed else "length"
             text += choice.stop.feed(choice.detok.flush()) + choice.stop.flush()
     if choice.tools is None:
         if text or logprob is not None:
@@ -98,8 +103,9 @@ def _emit(
 def finish_choice(choice: Choice, reason: FinishReason, out: StepOutputs) -> None:
     state = choice.request
     choice.finish = reason
-    choice.matcher = None  # release the grammar state as soon as the choice ends
-    out.append((state.sink, Finished(index=choice.index, reason=reason)))
+    closed = choice.budget is not None and choice.budget.closed
+    choice.matcher = choice.budget = None  # release the grammar state as soon as it ends
+    out.append((state.sink, Finished(index=choice.index, reason=reason, closed_by_budget=closed)))
     if state.done:
         out.append(
             (

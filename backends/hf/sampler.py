@@ -5,7 +5,10 @@ batch (the common case costs one op per step). Other rows are processed one by o
 penalties, temperature, top-k, top-p, then a draw from the row's own
 ``torch.Generator``, so a seeded request samples identically alone or in a busy batch.
 Logprobs are the model's log-softmax (after penalties and any grammar mask, before
-temperature), with the requested number of top alternatives.
+temperature), with the requested number of top alternatives. A constrained choice that
+is closing its value by budget (``budget.py``) has its row masked to the one token it
+must emit; one whose sampled token would leave no room to close is given, instead, the
+first token of its closing.
 
 Owner: the engine thread.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from backends.base import TokenLogprob, TopLogprob
+from backends.hf.budget import guarded_rows
 from backends.hf.detokenizer import TokenTable
 from backends.hf.grammar import mask_rows
 from backends.hf.sequence import Choice
@@ -39,14 +43,31 @@ def sample(
     batch-wide argmax and the per-row draws both only see allowed tokens.
     """
     mask_rows(logits, [(row, c.matcher) for row, c in enumerate(choices) if c.matcher is not None])
+    for row in guarded_rows(choices):
+        _only(logits[row], choices[row].budget.next_forced())  # type: ignore[union-attr]
     greedy = logits.argmax(-1).tolist()
     results: list[tuple[int, TokenLogprob | None]] = []
     for row, choice in enumerate(choices):
         if not _needs_row_work(choice):
             results.append((greedy[row], None))
-            continue
-        results.append(_sample_row(logits[row], choice, table))
+        else:
+            results.append(_sample_row(logits[row], choice, table))
+        guard = choice.budget
+        if guard is not None and not guard.forcing:
+            left = choice.request.max_tokens - len(choice.output_ids) - 1
+            instead = guard.check(choice.matcher, results[row][0], left)
+            if instead is not None:
+                _only(logits[row], instead)
+                entry = _sample_row(logits[row], choice, table)[1] if results[row][1] else None
+                results[row] = (instead, entry)
     return results
+
+
+def _only(row: torch.Tensor, token: int) -> None:
+    """Leave ``token`` the row's only choice (in place)."""
+    keep = row[token].clone()
+    row.fill_(float("-inf"))
+    row[token] = keep
 
 
 def _sample_row(

@@ -14,8 +14,9 @@ from typing import Any
 import torch
 
 from backends.base import FinishReason, GenerationRequest, SamplingParams
+from backends.hf.budget import BudgetGuard
 from backends.hf.detokenizer import IncrementalDetokenizer, StopMatcher, TokenDecoder
-from backends.hf.grammar import new_matcher
+from backends.hf.grammar import Constraint, new_matcher
 from backends.tool_markup.markup import tools_active
 from backends.tool_markup.parser import ToolCallParser
 
@@ -35,9 +36,11 @@ class Choice:
     counts: dict[int, int] = field(default_factory=dict)
     finish: FinishReason | None = None
     unsent: int = 0  # tokens whose text is still held back (UTF-8 or stop prefix)
-    # Constrained decoding: this choice's own xgrammar matcher (None when free), and
-    # the parser that turns tool-call markup into ToolCallDelta events.
+    # Constrained decoding: this choice's own xgrammar matcher (None when free), what
+    # keeps its value able to close within max_tokens (budget.py; None when free or
+    # off), and the parser that turns tool-call markup into ToolCallDelta events.
     matcher: Any = None
+    budget: BudgetGuard | None = None
     tools: ToolCallParser | None = None
 
     @property
@@ -63,7 +66,7 @@ class RequestState:
     prefilled: int = 0  # prompt tokens already in the cache (in choice 0's slot)
     started: bool = False
     aborted: bool = False
-    grammar: Any = None  # compiled xgrammar grammar, or None for free text
+    grammar: Constraint | None = None  # the compiled grammar, or None for free text
 
     @property
     def n(self) -> int:
@@ -85,6 +88,8 @@ def make_choices(state: RequestState, tokenizer: TokenDecoder, device: torch.dev
     same numbers whatever else shares the batch."""
     params = state.request.sampling
     parse_tools = tools_active(state.request)
+    grammar = state.grammar
+    closer = grammar.closer if grammar is not None else None
     base_seed = params.seed if params.seed is not None else random.getrandbits(63)
     for index in range(params.n):
         generator = None
@@ -98,7 +103,8 @@ def make_choices(state: RequestState, tokenizer: TokenDecoder, device: torch.dev
                 detok=IncrementalDetokenizer(tokenizer, state.prompt_ids),
                 stop=StopMatcher(params.stop),
                 generator=generator,
-                matcher=new_matcher(state.grammar) if state.grammar is not None else None,
+                matcher=new_matcher(grammar) if grammar is not None else None,
+                budget=BudgetGuard(closer) if closer is not None else None,
                 tools=ToolCallParser(index) if parse_tools else None,
             )
         )

@@ -43,6 +43,10 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 JSON_HEADER = (b"content-type", b"application/json")
+# On a whole (non-streamed) response whose JSON value or tool call the engine closed
+# because max_tokens was near; a stream's headers go out first, so there only the
+# request log's ``closed_by_budget`` and ``llmso_closed_by_budget_total`` tell.
+CLOSED_BY_BUDGET_HEADER = b"x-llmso-closed-by-budget"
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
@@ -185,11 +189,14 @@ class EndpointCall:
             raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
 
     def _headers(self, timing: str, *extra: tuple[bytes, bytes]) -> list[tuple[bytes, bytes]]:
-        return [
+        headers = [
             *extra,
             (b"x-request-id", self.record.request_id.encode()),
             (b"server-timing", timing.encode()),
         ]
+        if self.record.closed_by_budget:  # known only once the body is whole (not streams)
+            headers.append((CLOSED_BY_BUDGET_HEADER, b"true"))
+        return headers
 
     async def _start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self._started = True

@@ -34,6 +34,7 @@ class ModelSeries:
     request_generation_tokens: Any
     inflight: Any
     disconnects: Any
+    closed_by_budget: Any
 
 
 class GatewayMetrics:
@@ -118,6 +119,13 @@ class GatewayMetrics:
             hop,
             registry=registry,
         )
+        self.closed_by_budget = LoopCounter(
+            "llmso_closed_by_budget_total",
+            "Requests whose JSON value or tool call the engine closed because max_tokens "
+            "was near (finish 'stop', the value whole and valid).",
+            hop,
+            registry=registry,
+        )
 
     def finished(self, model: str, backend: str, status: str) -> None:
         """Count one finished request (children cached: the label sets are bounded)."""
@@ -142,5 +150,6 @@ class GatewayMetrics:
                 request_generation_tokens=self.request_generation_tokens.labels(model, backend),
                 inflight=self.inflight.labels(model, backend),
                 disconnects=self.disconnects.labels(model, backend),
+                closed_by_budget=self.closed_by_budget.labels(model, backend),
             )
         return found

@@ -75,6 +75,7 @@ class RequestRecord:
     _first_token_mono: float | None = None
     routed_at: float | None = None  # time.time() when the first model's lease was held
     finish_reasons: list[str] = field(default_factory=list)
+    closed_by_budget: bool = False  # a choice's value was closed because max_tokens was near
     trace: Trace | None = None  # set only when tracing is on (gateway.observe.tracing)
     key: str | None = None  # the client key's configured name, never the key
     streamed_tokens: int = 0  # tokens seen so far, for requests cut short before Usage
@@ -109,6 +110,7 @@ class RequestRecord:
             self.inference_start_time = event.started_at
         elif isinstance(event, Finished):
             self.finish_reasons.append(event.reason)
+            self.closed_by_budget = self.closed_by_budget or event.closed_by_budget
         elif isinstance(event, Usage):
             self.input_tokens = event.prompt_tokens
             self.output_tokens = event.completion_tokens
@@ -177,6 +179,8 @@ class RequestRecord:
         series.request_generation_tokens.observe(self.output_tokens)
         if self.status == "disconnected":
             series.disconnects.inc()
+        if self.closed_by_budget:
+            series.closed_by_budget.inc()
 
     def log_fields(self) -> dict[str, object]:
         return {
@@ -197,4 +201,5 @@ class RequestRecord:
             "fallback_from": self.fallback_from or None,
             "resumes": self.resumes,
             "resume_prompt_tokens": self.resume_prompt_tokens,
+            "closed_by_budget": self.closed_by_budget,
         }

@@ -9,7 +9,9 @@ shapes (valid JSON, schema-valid arguments, the right tool), never wording.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -166,3 +168,65 @@ def test_raw_tool_call_chunks_match_openai(server: RunningServer) -> None:
     arguments = first["function"]["arguments"] + "".join(c["function"]["arguments"] for c in rest)
     assert isinstance(json.loads(arguments)["city"], str)
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+STORY: dict[str, Any] = {
+    "type": "object",
+    "properties": {"title": {"type": "string"}, "story": {"type": "string"}},
+    "required": ["title", "story"],
+    "additionalProperties": False,
+}
+
+
+def _story_format() -> Any:
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": "story", "strict": True, "schema": STORY},
+    }
+
+
+def test_budget_closes_the_value_and_says_so(server: RunningServer, client: openai.OpenAI) -> None:
+    """The issue's case: a strict schema at temperature 0.7 and a budget the model's story
+    overruns. The value closes whole (``stop``), the response carries the header, the
+    request log field and the metric count it; a budget below the shortest value is a 400
+    naming ``max_tokens``; the stream helper gets a whole value too."""
+    ask = [{"role": "user", "content": "Write a long story about a dragon, as JSON."}]
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL,
+        messages=ask,  # type: ignore[arg-type]
+        response_format=_story_format(),
+        max_tokens=14,
+        temperature=0.7,
+        seed=3,
+    )
+    completion = raw.parse()
+    assert completion.choices[0].finish_reason == "stop"
+    validate_story(completion.choices[0].message.content)
+    assert raw.http_response.headers["x-llmso-closed-by-budget"] == "true"
+    metrics = httpx.get(server.url + "/metrics", timeout=30).text
+    counted = re.search(
+        rf'llmso_closed_by_budget_total{{backend="hf",model="{MODEL}"}} (\S+)', metrics
+    )
+    assert counted is not None and float(counted.group(1)) >= 1
+    assert '"closed_by_budget":true' in server.log_path.read_text(errors="replace")
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model=MODEL,
+            messages=ask,
+            response_format=_story_format(),
+            max_tokens=4,  # type: ignore[arg-type]
+        )
+    assert caught.value.body["param"] == "max_tokens"  # type: ignore[index]
+    with client.chat.completions.stream(
+        model=MODEL, messages=ask, response_format=_story_format(), max_tokens=80, temperature=0.7
+    ) as stream:
+        final = stream.get_final_completion()
+    assert final.choices[0].finish_reason == "stop"
+    validate_story(final.choices[0].message.content)
+
+
+def validate_story(content: str | None) -> None:
+    import jsonschema
+
+    assert content is not None
+    jsonschema.validate(json.loads(content), STORY)

@@ -1,7 +1,8 @@
 """Constrained decoding in the hf engine with the real SmolLM2 and xgrammar.
 
 Shapes only, never wording: JSON that parses and validates, calls of the right tool
-whose arguments match its schema, finish reasons. One backend for the module.
+whose arguments match its schema, finish reasons. One backend for the module (with
+``close_json_by_budget`` on, the default: every value is whole whatever ``max_tokens``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import jsonschema
 import pytest
 
 from backends.base import (
+    Feature,
+    Finished,
     GenerationRequest,
     InvalidRequest,
     ResponseFormat,
@@ -69,21 +72,34 @@ async def run(backend: HFBackend, request: GenerationRequest) -> Result:
     return await collect(backend.generate(request))
 
 
+def closed_by_budget(result: Result, index: int = 0) -> bool:
+    [finished] = [e for e in result.events if isinstance(e, Finished) and e.index == index]
+    return finished.closed_by_budget
+
+
 async def test_json_object_is_an_object(backend: HFBackend) -> None:
-    request = dataclasses.replace(
-        chat("Reply with JSON.", 48), response_format=ResponseFormat("json_object")
-    )
-    result = await run(backend, request)
-    if result.reason() == "stop":
+    for tokens in (2, 8, 48):
+        request = dataclasses.replace(
+            chat("Reply with JSON.", tokens, temperature=0.7, seed=tokens),
+            response_format=ResponseFormat("json_object"),
+        )
+        result = await run(backend, request)
+        assert result.reason() == "stop"
         assert isinstance(json.loads(result.text()), dict)
-    else:  # cut by max_tokens: still a valid JSON prefix of an object
-        assert result.reason() == "length" and result.text().startswith("{")
 
 
-async def test_max_tokens_cut_ends_with_length(backend: HFBackend) -> None:
-    result = await run(backend, with_schema(chat("Describe a person.", 3), PERSON))
-    assert result.reason() == "length"
-    assert result.text().startswith("{")
+async def test_max_tokens_below_the_shortest_value_is_a_400(backend: HFBackend) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        await run(backend, with_schema(chat("Describe a person.", 3), PERSON))
+    assert caught.value.param == "max_tokens"
+    least = int(caught.value.message.split("at least ")[1])
+    # At exactly the minimum the value is whole: closed by budget, finish "stop".
+    request = with_schema(chat("Describe a person.", least, temperature=0.7, seed=1), PERSON)
+    result = await run(backend, request)
+    assert result.reason() == "stop" and closed_by_budget(result)
+    assert result.usage.completion_tokens <= least
+    jsonschema.validate(json.loads(result.text()), PERSON)
+    assert Feature.CLOSES_BY_BUDGET in backend.info().features
 
 
 async def test_required_tool_call_matches_the_tool_schema(backend: HFBackend) -> None:
@@ -148,31 +164,101 @@ def _schema(rng: random.Random, depth: int = 0) -> dict[str, Any]:
     return {"type": "object", "properties": properties, "required": required}
 
 
+def _wandering_schema(rng: random.Random, depth: int = 0) -> dict[str, Any]:
+    """All fields required, unbounded strings, nested objects and arrays of objects:
+    what a small model at temperature 0.7 wanders in until max_tokens cuts it."""
+    properties: dict[str, Any] = {}
+    for index in range(rng.randint(1, 4)):
+        kind = rng.choice(["string", "string", "integer", "number", "enum", "array", "object"])
+        if kind == "object" and depth < 2:
+            value = _wandering_schema(rng, depth + 1)
+        elif kind == "array":
+            items = _wandering_schema(rng, depth + 1) if depth < 2 else {"type": "string"}
+            value = {"type": "array", "items": items, "minItems": rng.randint(0, 2)}
+        elif kind == "enum":
+            value = {"enum": ["red", "green", "blue"]}
+        elif kind == "integer":
+            value = {"type": "integer", "minimum": 3}
+        elif kind == "number":
+            value = {"type": "number"}
+        else:
+            value = {"type": "string"}
+        properties[f"{kind}_{index}"] = value
+    return {"type": "object", "properties": properties, "required": sorted(properties)}
+
+
 async def test_generated_schemas_always_validate(backend: HFBackend) -> None:
     rng = random.Random(20261201)
-    schemas = [_schema(rng) for _ in range(50)]
-    prompts = ["Fill in the form.", "JSON please.", "Describe a cat.", "Data:"]
+    prompts = ["Fill in the form.", "Write a long story as JSON.", "Describe a cat.", "Data:"]
+    cases = []
+    for i in range(24):
+        schema = _schema(rng) if i % 3 == 0 else _wandering_schema(rng)
+        tokens = rng.randint(24, 64) if i % 6 else rng.randint(65, 200)
+        request = with_schema(chat(prompts[i % 4], tokens, temperature=0.7, seed=i), schema)
+        cases.append((schema, request))
     results = await asyncio.gather(
-        *(
-            run(backend, with_schema(chat(prompts[i % 4], 40), schema))
-            for i, schema in enumerate(schemas)
-        )
+        *(run(backend, request) for _, request in cases), return_exceptions=True
     )
-    finished = 0
-    for schema, result in zip(schemas, results, strict=True):
-        if result.reason() == "stop":
-            finished += 1
-            jsonschema.validate(json.loads(result.text()), schema)
-        else:  # cut by max_tokens: a prefix of a valid object, never anything else
-            assert result.reason() == "length" and result.text().startswith("{")
-    # Most fit in 40 tokens (41/50 measured); the bound keeps the test meaningful.
-    assert finished >= 35, f"only {finished} of 50 finished within 40 tokens"
+    closed = 0
+    for (schema, request), result in zip(cases, results, strict=True):
+        if isinstance(result, InvalidRequest):  # a budget below this schema's minimum
+            assert result.param == "max_tokens"
+            continue
+        assert isinstance(result, Result), result
+        assert result.reason() == "stop", (request.sampling.max_tokens, result.text())
+        assert result.usage.completion_tokens <= request.sampling.max_tokens
+        jsonschema.validate(json.loads(result.text()), schema)
+        closed += closed_by_budget(result)
+    assert closed >= 3, "the budget never had to close a value: the test lost its point"
+
+
+async def test_forced_tool_calls_close_within_tight_budgets(backend: HFBackend) -> None:
+    story = ToolSpec(
+        "write_story",
+        "Write a story",
+        {
+            "type": "object",
+            "properties": {"title": {"type": "string"}, "text": {"type": "string"}},
+            "required": ["title", "text"],
+        },
+    )
+    requests = [
+        dataclasses.replace(
+            chat("Write a long story about a dragon.", tokens, temperature=0.7, seed=tokens),
+            tools=(story, WEATHER),
+            tool_choice=choice,
+        )
+        for tokens in (40, 48, 56)
+        for choice in (ToolChoice("required"), ToolChoice("named", "write_story"))
+    ]
+    results = await asyncio.gather(*(run(backend, r) for r in requests))
+    tools = {"write_story": story, "get_weather": WEATHER}
+    for request, result in zip(requests, results, strict=True):
+        assert result.reason() == "tool_calls", result.text()
+        assert result.text() == ""
+        for name, arguments in result.calls():
+            jsonschema.validate(json.loads(arguments), tools[name].parameters)
+        assert result.usage.completion_tokens <= request.sampling.max_tokens
+    assert any(closed_by_budget(result) for result in results)
+
+
+async def test_switched_off_leaves_the_cut_value() -> None:
+    """``close_json_by_budget: false``: the old contract (a prefix, ``length``)."""
+    off = HFBackend(config(close_json_by_budget=False))
+    await off.start()
+    try:
+        result = await run(off, with_schema(chat("Describe a person.", 3), PERSON))
+        assert Feature.CLOSES_BY_BUDGET not in off.info().features
+    finally:
+        await off.stop()
+    assert result.reason() == "length" and not closed_by_budget(result)
+    assert result.text().startswith("{")
 
 
 async def test_constrained_batched_with_free_matches_alone(backend: HFBackend) -> None:
-    constrained = [
+    constrained = [  # budgets tight enough for some to close by budget
         with_schema(chat("Describe a person.", 16), PERSON),
-        with_tools(chat("Weather in Oslo?", 16), ToolChoice("required")),
+        with_tools(chat("Weather in Oslo?", 28), ToolChoice("required")),
         with_tools(chat("Weather in Oslo?", 16), ToolChoice("auto")),
     ]
     free = [chat("Tell me a story.", 16), chat("What is 2+2?", 16)]
