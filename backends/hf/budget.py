@@ -186,7 +186,9 @@ class BudgetGuard:
         if not matcher.accept_token(token):
             return None  # not the grammar's token: accept_token reports it as usual
         try:
-            after = self.closer.closing(matcher)
+            after = self._reuse(matcher)
+            if after is None:
+                after = self.closer.closing(matcher)
             self.owes = self.owes or bool(after)
             if after is not None and _fits(self.closer, matcher, after, left_after):
                 self.fits = after
@@ -194,6 +196,17 @@ class BudgetGuard:
         finally:
             matcher.rollback(1)
         return self._begin_closing(matcher, left_after + 1)
+
+    def _reuse(self, matcher: Any) -> bytes | None:
+        """The previous closing, when it still closes the value after the new token
+        (the common case: a token that grew a string or a number). One
+        ``accept_string`` instead of a search: most steps cost ~20 us, not ~0.5 ms."""
+        last = self.fits
+        if not last or not matcher.accept_string(last):
+            return None
+        complete = matcher.is_completed()
+        matcher.rollback(1)
+        return last if complete else None
 
     def _begin_closing(self, matcher: Any, left: int) -> int | None:
         closing = self.fits if self.fits is not None else self.closer.closing(matcher)
