@@ -113,7 +113,9 @@ class ToolChoice:
 @dataclass(frozen=True, slots=True)
 class ResponseFormat:
     """``text``: free text; ``json_object``: any JSON object; ``json_schema``: JSON
-    matching ``schema``."""
+    matching ``schema``. A ``json_object`` may carry a ``schema`` too (the convention of
+    llama.cpp's server, Together and instructor's ``JSON_SCHEMA`` mode): it is then held
+    to that schema like ``json_schema``."""
 
     type: Literal["text", "json_object", "json_schema"] = "text"
     name: str | None = None

@@ -159,7 +159,12 @@ def grammar_spec(request: GenerationRequest) -> tuple[str, str, str] | None:
         return "tools", structured["structural_tag"], "tools"
     if "json_object" in structured:
         return "json_object", json.dumps({"type": "object"}), "response_format"
-    return "json_schema", json.dumps(structured["json"]), "response_format.json_schema.schema"
+    param = (
+        "response_format.schema"
+        if request.response_format.type == "json_object"
+        else "response_format.json_schema.schema"
+    )
+    return "json_schema", json.dumps(structured["json"]), param
 
 
 def compact_tag(tag: dict[str, Any]) -> dict[str, Any]:

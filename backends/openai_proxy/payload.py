@@ -143,6 +143,12 @@ def _tool(tool: ToolSpec) -> dict[str, Any]:
 
 
 def _response_format(fmt: ResponseFormat) -> dict[str, Any]:
+    if fmt.type == "json_object" and fmt.schema is not None:
+        # llama.cpp's convention; vLLM and OpenAI only know a schema as json_schema.
+        return {
+            "type": "json_schema",
+            "json_schema": {"name": "schema", "schema": fmt.schema},
+        }
     if fmt.type != "json_schema":
         return {"type": fmt.type}
     schema = fmt.schema if fmt.schema is not None else {}

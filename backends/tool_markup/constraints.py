@@ -17,9 +17,9 @@ def structured_outputs(request: GenerationRequest) -> dict[str, Any] | None:
     if tools_active(request):
         return {"structural_tag": json.dumps(_tool_tag(request))}
     fmt = request.response_format
-    if fmt.type == "json_object":
+    if fmt.type == "json_object" and fmt.schema is None:
         return {"json_object": True}
-    if fmt.type == "json_schema":
+    if fmt.type != "text":  # json_schema, or json_object with a schema
         return {"json": fmt.schema if fmt.schema is not None else {}}
     return None
 

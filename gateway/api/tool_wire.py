@@ -126,7 +126,13 @@ def response_format(wire: ChatCompletionRequest) -> ResponseFormat:
     if kind == "text":
         return ResponseFormat()
     if kind == "json_object":
-        return ResponseFormat("json_object")
+        # A schema here is llama.cpp's (and instructor's JSON_SCHEMA mode's) convention.
+        schema = raw.get("schema")
+        if schema is None:
+            return ResponseFormat("json_object")
+        return ResponseFormat(
+            "json_object", schema=checked_schema(schema, "response_format.schema")
+        )
     if kind != "json_schema":
         raise InvalidRequest(
             "response_format type must be 'text', 'json_object' or 'json_schema'",

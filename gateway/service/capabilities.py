@@ -34,10 +34,11 @@ def needed_features(request: GenerationRequest) -> list[tuple[Feature, str]]:
         needs.append((Feature.SUFFIX, "suffix"))
     if request.tools:
         needs.append((Feature.TOOLS, "tools"))
-    if request.response_format.type == "json_object":
-        needs.append((Feature.JSON_OBJECT, "response_format"))
-    elif request.response_format.type == "json_schema":
+    fmt = request.response_format
+    if fmt.type == "json_schema" or fmt.schema is not None:  # or json_object + schema
         needs.append((Feature.JSON_SCHEMA, "response_format"))
+    elif fmt.type == "json_object":
+        needs.append((Feature.JSON_OBJECT, "response_format"))
     if request.logit_bias:
         needs.append((Feature.LOGIT_BIAS, "logit_bias"))
     needs.extend(_message_features(request))

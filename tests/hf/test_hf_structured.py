@@ -88,6 +88,16 @@ async def test_json_object_is_an_object(backend: HFBackend) -> None:
         assert isinstance(json.loads(result.text()), dict)
 
 
+async def test_json_object_with_a_schema_is_held_to_it(backend: HFBackend) -> None:
+    """llama.cpp's convention, sent by instructor's JSON_SCHEMA mode."""
+    fmt = ResponseFormat("json_object", schema=PERSON)
+    for seed in (1, 2):
+        request = chat("Tell me about the weather.", 40, temperature=0.7, seed=seed)
+        result = await run(backend, dataclasses.replace(request, response_format=fmt))
+        assert result.reason() == "stop"
+        jsonschema.validate(json.loads(result.text()), PERSON)
+
+
 async def test_max_tokens_below_the_shortest_value_is_a_400(backend: HFBackend) -> None:
     with pytest.raises(InvalidRequest) as caught:
         await run(backend, with_schema(chat("Describe a person.", 3), PERSON))

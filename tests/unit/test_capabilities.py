@@ -47,6 +47,11 @@ def _chat(**fields: object) -> GenerationRequest:
             Feature.JSON_SCHEMA,
             "response_format",
         ),
+        (
+            _chat(response_format=ResponseFormat("json_object", schema="{}")),
+            Feature.JSON_SCHEMA,
+            "response_format",
+        ),
         (_chat(logit_bias=(("42", 5.0),)), Feature.LOGIT_BIAS, "logit_bias"),
         (
             _chat(

@@ -14,6 +14,7 @@ from backends.base import (
     GenerationRequest,
     Overloaded,
     RequestKind,
+    ResponseFormat,
     SamplingParams,
     TextDelta,
     ToolCallDelta,
@@ -55,6 +56,17 @@ def test_chat_body_is_minimal_and_streams_with_usage() -> None:
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+
+
+def test_json_object_with_a_schema_goes_as_json_schema() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    request = replace(_request(), response_format=ResponseFormat("json_object", schema=schema))
+    for engine in ("vllm", "generic", "llamacpp"):
+        body = orjson.loads(build_body(request, "up", profile_for(engine))[1])
+        assert body["response_format"] == {
+            "type": "json_schema",
+            "json_schema": {"name": "schema", "schema": schema},
+        }
 
 
 def test_completion_body_maps_every_sampling_field() -> None:

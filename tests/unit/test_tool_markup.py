@@ -116,6 +116,8 @@ def test_constraints_map_onto_vllm_structured_outputs() -> None:
     assert structured_outputs(as_object) == {"json_object": True}
     as_schema = replace(base, response_format=ResponseFormat("json_schema", "s", schema))
     assert structured_outputs(as_schema) == {"json": schema}
+    object_schema = replace(base, response_format=ResponseFormat("json_object", schema=schema))
+    assert structured_outputs(object_schema) == {"json": schema}
     tools = (ToolSpec("f", None, schema), ToolSpec("g"))
     named = replace(base, tools=tools, tool_choice=ToolChoice("named", "g"))
     found = structured_outputs(named)

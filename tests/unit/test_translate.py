@@ -281,7 +281,13 @@ def test_response_formats() -> None:
     )
     fmt = chat_request(wire, "r", 1.0).response_format
     assert (fmt.type, fmt.name, fmt.strict) == ("json_schema", "A", True)
-    assert fmt.schema == schema
+    # llama.cpp's convention (instructor's JSON_SCHEMA mode): json_object with a schema.
+    wire = chat(response_format={"type": "json_object", "schema": schema})
+    fmt = chat_request(wire, "r", 1.0).response_format
+    assert fmt.type == "json_object" and fmt.schema == schema
+    with pytest.raises(InvalidRequest) as caught:
+        chat_request(chat(response_format={"type": "json_object", "schema": {"type": 3}}), "r", 1.0)
+    assert caught.value.param == "response_format.schema"
 
 
 def test_image_parts_and_unknown_fields_are_kept_for_passthrough() -> None:
