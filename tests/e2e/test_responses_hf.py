@@ -268,3 +268,26 @@ def test_agents_sdk_invokes_a_function_tool(server: RunningServer, streamed: boo
 
     final = asyncio.run(run())
     assert len(cities) == 1 and final == f"sunny in {cities[0]}"
+
+
+def test_stream_cut_by_max_output_tokens_ends_incomplete(client: openai.OpenAI) -> None:
+    """As OpenAI: the last event is ``response.incomplete`` (never ``response.completed``),
+    whose response has ``status: incomplete`` and ``incomplete_details.reason:
+    max_output_tokens``, the message item ``incomplete``; the SDK's stream helper parses
+    every event. (Its ``get_final_response`` waits for ``response.completed`` and raises
+    on such a stream against OpenAI too: openai-python #3538.)"""
+    with client.responses.stream(
+        model=MODEL, input="Write a long story about a dragon.", temperature=0, max_output_tokens=8
+    ) as stream:
+        events = list(stream)
+    for event in events:
+        validate("ResponseStreamEvent", event.to_dict())
+    kinds = [event.type for event in events]
+    assert kinds[-1] == "response.incomplete" and "response.completed" not in kinds
+    final = events[-1].response  # type: ignore[union-attr]
+    assert final.status == "incomplete"
+    assert final.incomplete_details is not None
+    assert final.incomplete_details.reason == "max_output_tokens"
+    assert [item.status for item in final.output] == ["incomplete"]
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")  # type: ignore[union-attr]
+    assert text == final.output_text and final.usage.output_tokens == 8  # type: ignore[union-attr]
