@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -208,7 +209,10 @@ def test_budget_closes_the_value_and_says_so(server: RunningServer, client: open
         rf'llmso_closed_by_budget_total{{backend="hf",model="{MODEL}"}} (\S+)', metrics
     )
     assert counted is not None and float(counted.group(1)) >= 1
-    assert '"closed_by_budget":true' in server.log_path.read_text(errors="replace")
+    deadline = time.monotonic() + 10  # the request log is written in batches
+    while '"closed_by_budget":true' not in server.log_path.read_text(errors="replace"):
+        assert time.monotonic() < deadline, "no request log line with closed_by_budget"
+        time.sleep(0.2)
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(
             model=MODEL,
