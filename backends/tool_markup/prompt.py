@@ -4,9 +4,10 @@ template when it takes ``tools``, else as a system prompt with the markup's rule
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
-from backends.base import ChatMessage, GenerationRequest, ToolCall, ToolSpec
+from backends.base import ChatMessage, GenerationRequest, InvalidRequest, ToolCall, ToolSpec
 from backends.tool_markup.markup import CLOSE, OPEN, render_call, tools_active
 
 
@@ -58,8 +59,23 @@ def template_takes_tools(tokenizer: Any) -> bool:
     return isinstance(template, str) and "tools" in template
 
 
+def read_chat_template(value: str) -> str:
+    """A configured ``chat_template``: Jinja text as given, or the text of the file it
+    names (Jinja text always holds ``{{`` or ``{%``; a path never needs to). Blocking."""
+    if "{{" in value or "{%" in value:
+        return value
+    return Path(value).expanduser().read_text(encoding="utf-8")
+
+
 def render_chat(tokenizer: Any, request: GenerationRequest) -> str:
-    """The prompt text of a chat request, tools and past calls included."""
+    """The prompt text of a chat request, tools and past calls included. A tokenizer
+    without a chat template (a base model's) is the client's 400, naming the fix."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise InvalidRequest(
+            "this model has no chat template (a base model?): use /v1/completions, or set "
+            "`chat_template:` in the model's config",
+            param="messages",
+        )
     takes_tools = template_takes_tools(tokenizer)
     extra: dict[str, Any] = {}
     if takes_tools and tools_active(request):

@@ -91,7 +91,7 @@ class TritonBackend:
 
     def __init__(self, config: TritonModelConfig, metrics: BackendMetrics) -> None:
         self._config = config
-        self._prompter = Prompter(config.tokenizer)
+        self._prompter = Prompter(config.tokenizer, config.chat_template)
         self._servers = {url: TritonServer(url, config) for url, _ in endpoints(config)}
         self._replicas = ReplicaSet(
             config, endpoints(config), metrics.replicas, scrape_model=config.triton_model

@@ -98,5 +98,6 @@ async def test_continuous_batching_beats_one_after_another(backend: HFBackend) -
 
 
 async def test_chat_without_a_template_is_a_clear_400(backend: HFBackend) -> None:
-    with pytest.raises(InvalidRequest, match="chat_template is not set"):
+    with pytest.raises(InvalidRequest, match="no chat template") as refused:
         await collect(backend.generate(chat("Hello")))
+    assert refused.value.param == "messages"

