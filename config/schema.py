@@ -128,6 +128,15 @@ class HFModelConfig(ModelBase):
     )
     device: str = Field("auto", description="'auto', 'cpu', 'cuda' or 'cuda:N'.")
     chat_template: str | None = Field(None, min_length=1, description=_CHAT_TEMPLATE)
+    quantization: Literal["none", "int8", "int4", "gguf"] = Field(
+        "none",
+        description="continuous, on CPU: weight-only quantized projections (activations stay "
+        "in `dtype`): int8 per channel, int4 in groups of `quantization_group_size`, or "
+        "gguf: per projection the width nearest the GGUF file's own (docs/hf.md).",
+    )
+    quantization_group_size: Literal[32, 64, 128] = Field(
+        32, description="int4: inputs sharing one scale and zero."
+    )
     scheduling: Literal["sequential", "static", "continuous"] = Field(
         "continuous", description="One at a time, padded batches, or continuous batching."
     )
@@ -168,6 +177,19 @@ class HFModelConfig(ModelBase):
         description="'embed': a pooling model served on /v1/embeddings (batches up to "
         "max_num_seqs inputs per forward; pooling from its sentence-transformers config).",
     )
+
+    @model_validator(mode="after")
+    def _quantization_runs_continuously(self) -> HFModelConfig:
+        # Only the packed runner has quantized projections: anywhere else the setting
+        # would be silently ignored.
+        if self.quantization != "none" and (
+            self.scheduling != "continuous" or self.task != "generate"
+        ):
+            raise ValueError(
+                f"model {self.name!r}: quantization {self.quantization!r} needs "
+                "scheduling: continuous and task: generate"
+            )
+        return self
 
 
 class RemoteTimeouts(_Frozen):

@@ -41,10 +41,12 @@ from backends.hf.engine import Engine, EngineLimits, StepPolicy, Submission
 from backends.hf.families import Unsupported
 from backends.hf.grammar import GrammarBook, check_budget, grammar_spec
 from backends.hf.loader import LoadedModel, ModelLoadError, load, threads_for
+from backends.hf.model_source import gguf_behind
 from backends.hf.module_runner import ModuleRunner
 from backends.hf.outputs import Item, StepOutputs
 from backends.hf.own_thread import run_in_own_thread
 from backends.hf.prefix_cache import PrefixCache
+from backends.hf.quantization import QuantPlan, from_gguf, uniform
 from backends.hf.runner import DecoderRunner, unsupported_reason
 from backends.hf.scheduler import ContinuousScheduler
 from backends.hf.static import StaticScheduler
@@ -328,19 +330,38 @@ def _runner(config: HFModelConfig, loaded: LoadedModel) -> DecoderRunner | Modul
     import torch
 
     fast = unsupported_reason(loaded.model)
-    runner: type[DecoderRunner] | type[ModuleRunner] = (
-        DecoderRunner if fast is None else ModuleRunner
-    )
+    plan = quant_plan(config)
+    if fast is not None and plan.quantized:
+        raise ModelLoadError(
+            f"{config.name}: quantization {config.quantization!r} needs the packed runner, "
+            f"which does not cover this model: {fast}"
+        )
+    if plan.quantized and loaded.device.type != "cpu":
+        raise ModelLoadError(
+            f"{config.name}: quantization {config.quantization!r} runs on CPU only "
+            f"(device {loaded.device})"
+        )
     with torch.inference_mode():
         try:
             # One spare slot: moving a half-prefilled request out of the way when another
             # request's choices take their places never runs out of room.
-            return runner(
+            slots = config.max_num_seqs + 1
+            threads = _step_threads(config, loaded.device)
+            if fast is None:
+                return DecoderRunner(
+                    loaded.model,
+                    max_slots=slots,
+                    max_context=loaded.max_context,
+                    compile_attention=config.compile_attention,
+                    step_threads=threads,
+                    quantization=plan,
+                )
+            return ModuleRunner(
                 loaded.model,
-                max_slots=config.max_num_seqs + 1,
+                max_slots=slots,
                 max_context=loaded.max_context,
                 compile_attention=config.compile_attention,
-                step_threads=_step_threads(config, loaded.device),
+                step_threads=threads,
             )
         except Unsupported as exc:
             raise ModelLoadError(
@@ -348,6 +369,18 @@ def _runner(config: HFModelConfig, loaded: LoadedModel) -> DecoderRunner | Modul
                 f"transformers' own modules over the slot cache are not exact: {exc} "
                 "(scheduling: static runs it with transformers' own generate)"
             ) from exc
+
+
+def quant_plan(config: HFModelConfig) -> QuantPlan:
+    """The model's ``quantization:`` as a plan (reads a GGUF's header for ``gguf``)."""
+    if config.quantization == "gguf":
+        gguf = gguf_behind(config.source)
+        if gguf is None:
+            raise ModelLoadError(
+                f"{config.name}: quantization 'gguf' needs a GGUF source, not {config.source!r}"
+            )
+        return from_gguf(gguf)
+    return uniform(config.quantization, config.quantization_group_size)
 
 
 def _step_threads(config: HFModelConfig, device: torch.device) -> StepThreads | None:

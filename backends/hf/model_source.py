@@ -103,6 +103,19 @@ def find_package_zip(dist: str) -> Path | None:
     return None
 
 
+def gguf_behind(source: str, cache_dir: Path | None = None) -> Path | None:
+    """The GGUF file a source is converted from (a packaged or a local ``.gguf``); None
+    for a model folder or a hub id."""
+    cache_dir = cache_dir or default_cache_dir()
+    if source.startswith(PACKAGE_PREFIX):
+        dist = source[len(PACKAGE_PREFIX) :]
+        if find_package_zip(dist) is not None:
+            return None
+        return assembled_gguf(dist, cache_dir) or find_package_gguf(dist)
+    path = Path(source).expanduser()
+    return path if path.suffix == ".gguf" and path.is_file() else None
+
+
 def resolve_source(source: str, cache_dir: Path | None = None) -> ResolvedSource:
     cache_dir = cache_dir or default_cache_dir()
     if source.startswith(PACKAGE_PREFIX):

@@ -26,11 +26,12 @@ import torch
 import torch.nn.functional as F
 
 from backends.hf.families import Family, Unsupported, family_of
+from backends.hf.linears import Linear, make_linear
 from backends.hf.norms import OffsetRMSNorm, RMSNorm, offset_weight
+from backends.hf.quantization import NONE, QuantPlan
 from backends.hf.slot_attention import PrefillChunk, SlotAttention, SlotStep
 from backends.hf.threads import StepThreads
 
-_PACK_BATCH_HINT = 16  # oneDNN picks its blocking for about this many rows
 Norm = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -46,30 +47,17 @@ class _Step:
 @dataclass(frozen=True, slots=True)
 class _Layer:
     ln_in: torch.Tensor
-    w_qkv: torch.Tensor
-    b_qkv: torch.Tensor | None
+    qkv: Linear
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
-    w_o: torch.Tensor
-    b_o: torch.Tensor | None
+    o: Linear
     ln_attn_out: torch.Tensor | None  # Gemma 2/3 only
     ln_mlp_in: torch.Tensor
-    w_gate_up: torch.Tensor
-    b_gate_up: torch.Tensor | None
-    w_down: torch.Tensor
-    b_down: torch.Tensor | None
+    gate_up: Linear
+    down: Linear
     ln_mlp_out: torch.Tensor | None  # Gemma 2/3 only
     window: int | None
     rope: str | None
-
-
-def _can_prepack(device: torch.device, dtype: torch.dtype) -> bool:
-    return (
-        device.type == "cpu"
-        and dtype == torch.bfloat16
-        and bool(torch.backends.mkldnn.is_available())  # type: ignore[no-untyped-call]
-        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-    )
 
 
 def unsupported_reason(model: Any) -> str | None:
@@ -119,6 +107,7 @@ class DecoderRunner:
         max_context: int,
         compile_attention: bool = False,
         step_threads: StepThreads | None = None,
+        quantization: QuantPlan = NONE,
     ) -> None:
         config = model.config
         inner = model.model
@@ -149,10 +138,12 @@ class DecoderRunner:
         scale = getattr(inner.embed_tokens, "embed_scale", None)  # Gemma: sqrt(hidden)
         self.embed_scale = None if scale is None else scale.to(self.dtype)
         self.norm = self._norm_weight(inner.norm)
-        self.prepack = _can_prepack(self.device, self.dtype)
-        # Packed too: at 1-16 decode rows the vocabulary projection measured 3.6/5.3 ms
-        # unpacked vs 2.4/3.2 ms packed on the AMD box (bitwise-identical logits).
-        self.lm_head = self._pack(model.lm_head.weight.detach().contiguous())
+        self.quantization = quantization
+        # The LM head (often the embedding table itself) stays out of int4: int8 at most,
+        # as llama.cpp's Q4_K_M keeps its output matrix at 6 bits; the logits decide every
+        # token. Dense, it is prepacked too: at 1-16 decode rows the vocabulary projection
+        # measured 3.6/5.3 ms unpacked vs 2.4/3.2 ms packed on the AMD box.
+        self.lm_head = make_linear(model.lm_head.weight.detach(), None, quantization.head)
         self.max_context = max_context
         self.cos: dict[str | None, torch.Tensor] = {}
         self.sin_signed: dict[str | None, torch.Tensor] = {}
@@ -183,6 +174,8 @@ class DecoderRunner:
         self.cache = self.attention.cache
         self.step_threads = step_threads  # None: the caller's thread count for every step
         self.path = f"packed runner ({self.family.model_type})"
+        if quantization.quantized:
+            self.path += f"; weights: {quantization.described}"
 
     def _norm_weight(self, norm: Any) -> torch.Tensor:
         if self.family.offset_norms:
@@ -193,14 +186,14 @@ class DecoderRunner:
         attn = layer.self_attn
         mlp = layer.mlp
         if hasattr(attn, "qkv_proj"):  # Phi-3 ships it fused
-            w_qkv = attn.qkv_proj.weight.detach()
+            w_qkv = attn.qkv_proj.weight
             b_qkv = _detach(attn.qkv_proj.bias)
         else:
             parts = (attn.q_proj, attn.k_proj, attn.v_proj)
             w_qkv = torch.cat([p.weight for p in parts]).detach()
             b_qkv = _bias(*parts)
         if hasattr(mlp, "gate_up_proj"):
-            w_gate_up = mlp.gate_up_proj.weight.detach()
+            w_gate_up = mlp.gate_up_proj.weight
             b_gate_up = _detach(mlp.gate_up_proj.bias)
         else:
             w_gate_up = torch.cat((mlp.gate_proj.weight, mlp.up_proj.weight), dim=0).detach()
@@ -209,42 +202,35 @@ class DecoderRunner:
         sandwich = family.sandwich_norms
         return _Layer(
             ln_in=self._norm_weight(layer.input_layernorm),
-            w_qkv=self._pack(w_qkv.contiguous()),
-            b_qkv=b_qkv,
+            qkv=self._linear(index, "qkv", w_qkv, b_qkv),
             q_norm=self._norm_weight(attn.q_norm) if family.qk_norm else None,
             k_norm=self._norm_weight(attn.k_norm) if family.qk_norm else None,
-            w_o=self._pack(attn.o_proj.weight.detach()),
-            b_o=_detach(attn.o_proj.bias),
+            o=self._linear(index, "o", attn.o_proj.weight, _detach(attn.o_proj.bias)),
             ln_attn_out=self._norm_weight(layer.post_attention_layernorm) if sandwich else None,
             ln_mlp_in=self._norm_weight(
                 layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm
             ),
-            w_gate_up=self._pack(w_gate_up.contiguous()),
-            b_gate_up=b_gate_up,
-            w_down=self._pack(mlp.down_proj.weight.detach()),
-            b_down=_detach(mlp.down_proj.bias),
+            gate_up=self._linear(index, "gate_up", w_gate_up, b_gate_up),
+            down=self._linear(index, "down", mlp.down_proj.weight, _detach(mlp.down_proj.bias)),
             ln_mlp_out=self._norm_weight(layer.post_feedforward_layernorm) if sandwich else None,
             window=family.windows[index],
             rope=family.rope_kinds[index],
         )
 
-    def _pack(self, weight: torch.Tensor) -> torch.Tensor:
-        """bf16 on CPU: the weight reordered once into oneDNN's blocked layout (what
-        vLLM-CPU and inductor's freezing do), so no GEMM reorders it per call. Measured on
-        an AMD EPYC: identical outputs, 0.5x (1 row) to 0.75x (16 rows) to 0.96x (300
-        rows) of ``F.linear``'s time. Such a weight may only go through ``_linear``."""
-        if not self.prepack:
-            return weight
-        packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_BATCH_HINT)
-        return packed
-
     def _linear(
-        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        if self.prepack:
-            out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-            return out
-        return F.linear(x, weight, bias)
+        self, index: int, part: str, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> Linear:
+        plan = self.quantization
+        return make_linear(weight.detach(), bias, plan.scheme(index, part), plan.group)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of projection weights one step reads (the LM head included)."""
+        per_layer = (
+            layer.qkv.nbytes + layer.o.nbytes + layer.gate_up.nbytes + layer.down.nbytes
+            for layer in self.layers
+        )
+        return sum(per_layer) + self.lm_head.nbytes
 
     def _rope_table(
         self, inner: Any, length: int, kind: str | None
@@ -286,7 +272,7 @@ class DecoderRunner:
             x = self._layer(index, layer, x, step)
         rows = torch.tensor(logit_rows, dtype=torch.long, device=self.device)
         h = self._norm(x.index_select(0, rows), self.norm)
-        logits = self._linear(h, self.lm_head)
+        logits = self.lm_head(h)
         cap = self.family.final_softcap
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
@@ -304,7 +290,7 @@ class DecoderRunner:
     def _layer(self, index: int, layer: _Layer, x: torch.Tensor, step: _Step) -> torch.Tensor:
         hd, heads, kvh, n = self.head_dim, self.heads, self.kv_heads, step.slots.n
         h = self._norm(x, layer.ln_in)
-        qkv = self._linear(h, layer.w_qkv, layer.b_qkv)
+        qkv = layer.qkv(h)
         qk = qkv[:, : (heads + kvh) * hd].view(n, heads + kvh, hd)
         if layer.q_norm is not None and layer.k_norm is not None:
             qk = torch.cat(
@@ -323,13 +309,13 @@ class DecoderRunner:
             window=layer.window,
             scale=self.scale,
         )
-        out = self._linear(attn, layer.w_o, layer.b_o)
+        out = layer.o(attn)
         if layer.ln_attn_out is not None:
             out = self._norm(out, layer.ln_attn_out)
         x = x + out
         h = self._norm(x, layer.ln_mlp_in)
-        gate, up = self._linear(h, layer.w_gate_up, layer.b_gate_up).chunk(2, dim=-1)
-        out = self._linear(self.act(gate) * up, layer.w_down, layer.b_down)
+        gate, up = layer.gate_up(h).chunk(2, dim=-1)
+        out = layer.down(self.act(gate) * up)
         if layer.ln_mlp_out is not None:
             out = self._norm(out, layer.ln_mlp_out)
         return x + out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backends.hf import runner as runner_module
+from backends.hf import linears
 from backends.hf.loader import load
 from backends.hf.runner import DecoderRunner
 from backends.hf.slot_attention import PrefillChunk
@@ -13,7 +13,7 @@ from tests.hf.helpers import config
 
 
 @pytest.mark.skipif(
-    not runner_module._can_prepack(torch.device("cpu"), torch.bfloat16),
+    not linears._can_prepack(torch.zeros(1, dtype=torch.bfloat16)),
     reason="no oneDNN linear prepacking in this torch build",
 )
 def test_prepacked_linears_match_plain_ones(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -21,9 +21,10 @@ def test_prepacked_linears_match_plain_ones(monkeypatch: pytest.MonkeyPatch) -> 
     loaded = load(config(dtype="bfloat16"))
     with torch.inference_mode():
         packed = DecoderRunner(loaded.model, max_slots=4, max_context=512)
-        monkeypatch.setattr(runner_module, "_can_prepack", lambda device, dtype: False)
+        monkeypatch.setattr(linears, "_can_prepack", lambda weight: False)
         plain = DecoderRunner(loaded.model, max_slots=4, max_context=512)
-        assert packed.prepack and not plain.prepack
+        assert isinstance(packed.layers[0].qkv, linears.Dense)
+        assert packed.layers[0].qkv.prepacked and not plain.layers[0].qkv.prepacked
         # compare the linears, not the attention
         packed.attention.decode_impl = plain.attention.decode_impl
         packed.attention.decode_impl_long = plain.attention.decode_impl_long
