@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import queue
 import time
@@ -343,25 +344,19 @@ def _runner(config: HFModelConfig, loaded: LoadedModel) -> DecoderRunner | Modul
         )
     with torch.inference_mode():
         try:
-            # One spare slot: moving a half-prefilled request out of the way when another
-            # request's choices take their places never runs out of room.
-            slots = config.max_num_seqs + 1
-            threads = _step_threads(config, loaded.device)
-            if fast is None:
-                return DecoderRunner(
-                    loaded.model,
-                    max_slots=slots,
-                    max_context=loaded.max_context,
-                    compile_attention=config.compile_attention,
-                    step_threads=threads,
-                    quantization=plan,
-                )
-            return ModuleRunner(
+            make: Callable[..., DecoderRunner | ModuleRunner] = (
+                functools.partial(DecoderRunner, quantization=plan)
+                if fast is None
+                else ModuleRunner
+            )
+            return make(
                 loaded.model,
-                max_slots=slots,
+                # One spare slot: moving a half-prefilled request out of the way when
+                # another request's choices take their places never runs out of room.
+                max_slots=config.max_num_seqs + 1,
                 max_context=loaded.max_context,
                 compile_attention=config.compile_attention,
-                step_threads=threads,
+                step_threads=_step_threads(config, loaded.device),
             )
         except Unsupported as exc:
             raise ModelLoadError(
