@@ -15,10 +15,11 @@ CPU with bf16 units) and compared with the same model's dense bf16 runner:
   of projection weights it reads, and at 1 row those bytes ÷ step time beside a read
   probe (``bench.read_probe``).
 
-The text is the Python standard library's own module docstrings (read from the source
-files, nothing imported): 200 prompts are the first 12 words of the first 200 docstrings
-of at least 20 words, in file-name order; the passages are the next 20 of at least 60
-words. Deterministic for one Python minor version (the JSON records it).
+The text is the Python standard library's own docstrings (modules, classes, functions;
+read from the source files, nothing imported; its tests and idlelib left out): 200
+prompts are the first 12 words of the first 200 docstrings of at least 20 words, in path
+and tree order; the passages are the next 20 of at least 80 words. Deterministic for one
+Python minor version (the JSON records it).
 """
 
 from __future__ import annotations
@@ -69,16 +70,25 @@ def stdlib_text(prompts: int, passages: int) -> tuple[list[str], list[str]]:
     root = Path(sysconfig.get_paths()["stdlib"])
     short: list[str] = []
     long: list[str] = []
-    for path in sorted(root.glob("*.py")):
+    skip = {"test", "tests", "idlelib", "site-packages", "dist-packages", "lib2to3"}
+    files = sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts))
+    for path in files:
         try:
-            doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
+            tree = ast.parse(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue
-        words = (doc or "").split()
-        if len(short) < prompts and len(words) >= 20:
-            short.append(" ".join(words[:12]))
-        elif len(short) >= prompts and len(long) < passages and len(words) >= 60:
-            long.append(" ".join(words))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef):
+                continue
+            words = (ast.get_docstring(node) or "").split()
+            if len(short) < prompts and len(words) >= 20:
+                short.append(" ".join(words[:12]))
+            elif len(short) >= prompts and len(long) < passages and len(words) >= 80:
+                long.append(" ".join(words))
+        if len(long) >= passages:
+            break
+    if len(short) < prompts or len(long) < passages:
+        raise ValueError(f"the standard library gave {len(short)} prompts, {len(long)} passages")
     return short, long
 
 
