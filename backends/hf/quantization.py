@@ -1,9 +1,9 @@
 """Which projections the packed runner quantizes, and how: the model's ``quantization:``.
 
-``int8`` / ``int4``: every layer projection at that width (the LM head at int8, see
-``DecoderRunner``); ``gguf``: each projection at the width nearest to what the GGUF file
-stores it in, read from the file's tensor types: 4-bit and smaller types take int4 (the
-file's own group of 32), 5- to 8-bit types int8, float types stay dense. A fused
+``int8`` / ``int4``: every layer projection at that width; ``gguf``: each projection at
+the width nearest to what the GGUF file stores it in, read from the file's tensor types:
+4-bit and smaller types take int4 (the file's own group of 32), 5- to 8-bit types int8,
+float types stay dense; the LM head stays as loaded either way (``DecoderRunner``). A fused
 projection (Q, K and V; gate and up) takes the widest of its parts. The weights
 themselves come from the loaded model (transformers dequantizes the GGUF at load) and
 are quantized again on our grid: a Q4_0 block and our int4 group cover the same 32
@@ -43,7 +43,6 @@ class QuantPlan:
     """The scheme of each projection; built once at load, read-only."""
 
     default: Scheme
-    head: Scheme
     group: int = 32
     parts: Mapping[tuple[int, str], Scheme] = field(default_factory=dict)
     described: str = ""
@@ -56,19 +55,18 @@ class QuantPlan:
         return self.default != "none" or any(s != "none" for s in self.parts.values())
 
 
-NONE = QuantPlan(default="none", head="none", described="bf16/fp32 weights as loaded")
+NONE = QuantPlan(default="none", described="bf16/fp32 weights as loaded")
 
 
 def uniform(scheme: Scheme, group: int) -> QuantPlan:
-    """Every layer projection at ``scheme``; the LM head at int8 when quantized."""
+    """Every layer projection at ``scheme``; the LM head as loaded (``DecoderRunner``)."""
     if scheme == "none":
         return NONE
     detail = f"int4, groups of {group}" if scheme == "int4" else "int8 per output channel"
     return QuantPlan(
         default=scheme,
-        head="int8",
         group=group,
-        described=f"{detail}; LM head int8; embeddings and norms as loaded",
+        described=f"{detail}; LM head, embeddings and norms as loaded",
     )
 
 
@@ -84,16 +82,14 @@ def from_gguf(path: Path) -> QuantPlan:
         scheme = _nearest(kind)
         if key not in parts or _WIDTH[scheme] > _WIDTH[parts[key]]:
             parts[key] = scheme
-    head_type = types.get("output.weight") or types.get("token_embd.weight", "F32")
-    head: Scheme = "none" if _nearest(head_type) == "none" else "int8"
     counts = Counter(parts.values())
     stored = Counter(kind for name, kind in types.items() if name.startswith("blk."))
     described = (
         f"from the GGUF's types ({', '.join(f'{k} x{n}' for k, n in sorted(stored.items()))}): "
         f"{counts['int4']} projections int4 (groups of 32), {counts['int8']} int8, "
-        f"{counts['none']} dense; LM head {head} ({head_type})"
+        f"{counts['none']} dense; LM head, embeddings and norms as loaded"
     )
-    return QuantPlan(default="none", head=head, group=32, parts=parts, described=described)
+    return QuantPlan(default="none", group=32, parts=parts, described=described)
 
 
 def _nearest(kind: str) -> Scheme:

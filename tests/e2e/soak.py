@@ -80,6 +80,7 @@ class Outcome:
     charged: int | None = None
     generated: int | None = None
     stall: float = 0.0
+    detail: str = ""  # the error body of a failed answer, for the report
 
 
 @dataclass
@@ -268,6 +269,8 @@ class Soak:
             return
         reply = await client.post(self._url(out.gateway, path), json=body, headers=headers)
         out.status = reply.status_code
+        if reply.status_code != 200:
+            out.detail = reply.text[:300]
         if reply.status_code == 200 and out.kind != "embed":
             answer = reply.json()
             out.charged = answer["usage"]["completion_tokens"]
@@ -278,6 +281,7 @@ class Soak:
         reply = await client.post(self._url(out.gateway, "/v1/responses"), json=first)
         out.status = reply.status_code
         if reply.status_code != 200:
+            out.detail = f"first turn, gateway {out.gateway}: {reply.text[:300]}"
             return
         other = 1 - out.gateway  # the follow-up goes to the other gateway: a shared store
         follow = {
@@ -288,6 +292,8 @@ class Soak:
         }
         reply = await client.post(self._url(other, "/v1/responses"), json=follow)
         out.status = reply.status_code
+        if reply.status_code != 200:
+            out.detail = f"follow-up, gateway {other}: {reply.text[:300]}"
         if reply.status_code == 200:
             answer = reply.json()
             text = "".join(
@@ -462,6 +468,16 @@ def report(soak: Soak, label: str, wall: float) -> str:
             "",
             f"Longest stall: {longest.stall:.2f} s ({longest.kind}, cause {longest.cause}).",
         ]
+    strays = [o for o in outs if o.cause.startswith("unexplained")]
+    if strays:
+        lines += ["", "Unexplained failures (the first 10; times from the run's start):", ""]
+        began = min(o.start for o in outs)
+        for o in strays[:10]:
+            gap = min((abs(o.start - w.end) for w in soak.windows), default=float("inf"))
+            lines.append(
+                f"- {o.kind} at {o.start - began:.1f}-{o.end - began:.1f} s "
+                f"({gap:.1f} s from the nearest fault's end): {o.detail or o.cause}"
+            )
     lines += ["", "Gateways' own account (their /metrics and logs at the end):", ""]
     lines += [f"- gateway {n}: {line}" for n, line in enumerate(soak.gateway_notes)]
     return "\n".join(lines) + "\n"
