@@ -81,7 +81,7 @@ class EndpointCall:
         self._complete = False
         self._disconnected = False
         self.record = door_record(scope) or RequestRecord(
-            request_id=_request_id(scope), requested_model=""
+            request_id=_request_id(scope), requested_model="", endpoint=scope["path"]
         )
 
     async def _guarded(self, work: Awaitable[None]) -> None:

@@ -126,7 +126,9 @@ class FrontDoor:
             # A browser's CORS check, not a request: answered, not counted.
             await _send_empty(send, 204, self.web.preflight_headers(origin))
             return
-        record = RequestRecord(request_id=request_id(scope), requested_model="")
+        record = RequestRecord(
+            request_id=request_id(scope), requested_model="", endpoint=scope["path"]
+        )
         record.track(self._metrics, self.finish_sinks)
         door = Pass(self, record, origin, send)
         scope[PASS] = door

@@ -6,6 +6,8 @@ error envelope naming its field."""
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,6 +22,7 @@ from pydantic import TypeAdapter
 from config.frontdoor import hash_key
 from config.schema import AppConfig
 from gateway.app import build_app
+from gateway.observe.logs import REQUEST_LOGGER
 from tests.tools.scripted_responses import ScriptedBackend, scripted_factory
 
 STREAM_EVENT: TypeAdapter[Any] = TypeAdapter(RawMessageStreamEvent)
@@ -394,6 +397,32 @@ async def test_keys_come_as_x_api_key_or_bearer(clients: Clients) -> None:
     assert response.status_code == 200, response.text
     response = await clients.http.post("/v1/chat/completions", json=chat, headers={"x-api-key": ""})
     assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
+
+
+async def test_request_log_and_metrics_name_the_endpoint(
+    clients: Clients, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger=REQUEST_LOGGER):
+        await post(clients, messages=[{"role": "user", "content": "hi"}])
+        await post(
+            clients, "/v1/messages/count_tokens", messages=[{"role": "user", "content": "a"}]
+        )
+        await post(clients, messages=[])
+    lines = [orjson.loads(r.getMessage()) for r in caplog.records if r.name == REQUEST_LOGGER]
+    assert [(line["endpoint"], line["status"]) for line in lines] == [
+        ("/v1/messages", "ok"),
+        ("/v1/messages/count_tokens", "ok"),
+        ("/v1/messages", "client_error"),
+    ]
+    text = (await clients.http.get("/metrics")).text
+    for labels in (
+        'endpoint="/v1/messages",model="alpha",status="ok"',
+        'endpoint="/v1/messages/count_tokens",model="alpha",status="ok"',
+        'endpoint="/v1/messages",model="unrouted",status="client_error"',
+    ):
+        assert re.search(
+            r"^llmso_requests_total\{[^}]*" + re.escape(labels) + r"\} 1\.0$", text, re.M
+        ), labels
 
 
 async def test_openapi_documents_both_routes(clients: Clients) -> None:
