@@ -1,10 +1,11 @@
 """``MessagesSuite``: the Anthropic Messages API through ``llmso serve``, driven by the
 official ``anthropic`` SDK (plain create, the ``messages.stream`` helper, a tool loop,
-``count_tokens``, a typed error). Mixed into an engine module's ``EngineSuite`` class,
-whose module provides the ``server`` fixture and whose ``model_name`` it uses, so no
-server is started for it. The gateway translates onto its chat contract on every
-backend (an ``openai`` upstream gets chat, never its own ``/v1/messages``). Assertions
-are on shapes, stop reasons and token counts, never on wording.
+``count_tokens``, ``stop_sequences``, a typed error). Mixed into an engine module's
+``EngineSuite`` class, whose module provides the ``server`` fixture and whose
+``model_name`` it uses, so no server is started for it. The gateway translates onto its
+chat contract on every backend (an ``openai`` upstream gets chat, never its own
+``/v1/messages``). Assertions are on shapes, stop reasons and token counts, never on
+wording.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ class MessagesSuite:
     client_timeout = 120.0
     image_input = False
     """Whether the backend declares image input (else image blocks are a 400)."""
+    names_stop_sequence = True
+    """Whether the backend says which stop string ended a choice (else ``end_turn``)."""
+    forced_call_is_an_object = True
+    """Whether a forced call's arguments hold to the tool's schema (an object)."""
 
     @pytest.fixture(scope="class")
     def anthropic_client(self, server: RunningServer) -> anthropic.Anthropic:
@@ -59,10 +64,31 @@ class MessagesSuite:
         assert block.type == "text" and block.text
         assert message.stop_reason in ("end_turn", "max_tokens")
         assert 0 < message.usage.output_tokens <= self.messages_max_tokens
+        self._check_stop_sequence(anthropic_client, block.text)
         counted = anthropic_client.messages.count_tokens(
             model=self.model_name, system="Answer in one short sentence.", messages=QUESTION
         )
         assert counted.input_tokens == message.usage.input_tokens > 0
+
+    def _check_stop_sequence(self, client: anthropic.Anthropic, answer: str) -> None:
+        """The same greedy request stopped at a word of its own answer: cut before it."""
+        words = answer.split()
+        if len(words) < 2:
+            pytest.skip(f"the answer {answer!r} has no second word to stop at")
+        stop = words[1]
+        message = client.messages.create(
+            model=self.model_name,
+            max_tokens=self.messages_max_tokens,
+            system="Answer in one short sentence.",
+            messages=QUESTION,
+            stop_sequences=[stop],
+            extra_body=GREEDY,
+        )
+        assert message.content[0].text == answer[: answer.find(stop)]  # type: ignore[union-attr]
+        if self.names_stop_sequence:
+            assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", stop)
+        else:
+            assert (message.stop_reason, message.stop_sequence) == ("end_turn", None)
 
     def test_messages_stream_helper(self, anthropic_client: anthropic.Anthropic) -> None:
         with anthropic_client.messages.stream(
@@ -92,7 +118,9 @@ class MessagesSuite:
         assert first.stop_reason == "tool_use", first
         call = first.content[-1]
         assert call.type == "tool_use" and call.name == "get_weather"
-        assert call.id.startswith("toolu_") and isinstance(call.input.get("city"), str)
+        assert call.id.startswith("toolu_") and isinstance(call.input, dict), first
+        if self.forced_call_is_an_object:
+            assert isinstance(call.input.get("city"), str), first
         answer = anthropic_client.messages.create(
             model=self.model_name,
             max_tokens=8,

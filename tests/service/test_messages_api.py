@@ -142,6 +142,25 @@ async def test_max_tokens_stop_reason(clients: Clients) -> None:
     assert message.stop_reason == "max_tokens" and message.usage.output_tokens == 2
 
 
+async def test_stop_sequence_is_named(clients: Clients) -> None:
+    message = await clients.sdk.messages.create(
+        model="alpha",
+        max_tokens=16,
+        stop_sequences=["END", "halt"],
+        messages=[{"role": "user", "content": "one two halt three"}],
+    )
+    assert message.stop_reason == "stop_sequence" and message.stop_sequence == "halt"
+    assert message.content[0].text == "one two"  # type: ignore[union-attr]
+    response = await post(
+        clients,
+        stream=True,
+        stop_sequences=["halt"],
+        messages=[{"role": "user", "content": "one halt"}],
+    )
+    delta = [event for event in events_of(response.text) if event["type"] == "message_delta"]
+    assert delta[0]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "halt"}
+
+
 async def test_stream_event_sequence(clients: Clients) -> None:
     response = await post(
         clients, max_tokens=2, stream=True, messages=[{"role": "user", "content": "a b c"}]
@@ -356,6 +375,9 @@ async def test_image_blocks_follow_the_backends_features(clients: Clients) -> No
     parts = clients.last_request().messages[-1].parts
     assert [part.type for part in parts] == ["text", "image_url"]
     assert orjson.loads(parts[1].json)["image_url"]["url"] == "data:image/png;base64,AA"
+    # Tools on a backend that declares none: refused by its features, naming tools.
+    response = await post(clients, model="plain", tools=[TOOL], messages=messages[:1])
+    assert_error(response, 400, "invalid_request_error", "tools")
     bad = {"type": "image", "source": {"type": "file", "file_id": "f"}}
     response = await post(clients, messages=[{"role": "user", "content": [bad]}])
     assert_error(response, 400, "invalid_request_error", "messages[0].content[0].source")
@@ -379,13 +401,17 @@ async def test_door_errors_use_the_anthropic_envelope(clients: Clients) -> None:
 
 async def test_keys_come_as_x_api_key_or_bearer(clients: Clients) -> None:
     body = {"model": "alpha", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
-    headers = {"x-api-key": "", "anthropic-version": "2023-06-01"}
+    headers = {
+        "x-api-key": "",
+        "anthropic-version": "2023-06-01",
+        "anthropic-beta": "prompt-caching-2024-07-31",
+    }
     response = await clients.http.post("/v1/messages", json=body, headers=headers)
     assert_error(response, 401, "authentication_error", "API key")
     headers["x-api-key"] = "sk-wrong"
     response = await clients.http.post("/v1/messages", json=body, headers=headers)
     assert_error(response, 401, "authentication_error", "Incorrect API key")
-    headers["x-api-key"] = KEY  # the anthropic-version header is accepted and ignored
+    headers["x-api-key"] = KEY  # anthropic-version and -beta are accepted and ignored
     response = await clients.http.post("/v1/messages", json=body, headers=headers)
     assert response.status_code == 200, response.text
     bearer = {"x-api-key": "", "authorization": f"Bearer {KEY}"}

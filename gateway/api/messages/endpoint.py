@@ -81,7 +81,7 @@ class MessagesPresenter(GenerationPresenter):
         async with contextlib.aclosing(self.observed_events(generation)) as events:
             async for item in events:
                 output.feed(item)
-        return orjson.dumps(message_body(self._id, generation.model, output, None))
+        return orjson.dumps(message_body(self._id, generation.model, output))
 
     async def frames(self, generation: Generation) -> AsyncGenerator[bytes, None]:
         output = MessageAssembler()
@@ -100,7 +100,7 @@ class MessagesPresenter(GenerationPresenter):
             return
         for frame in output.finish():
             yield frame
-        yield message_delta(output, None)
+        yield message_delta(output)
         yield event("message_stop")
         yield END_OF_FRAMES
 

@@ -2,7 +2,9 @@
 
 One ``MessageAssembler`` per response, owned by the task serving it. Text opens a
 ``text`` block; a tool call's first delta opens a ``tool_use`` block (ids ``toolu_...``)
-whose ``input`` arrives as ``input_json_delta`` fragments. A new block stops the one
+whose ``input`` arrives as ``input_json_delta`` fragments. A finish on a stop string
+the backend names is ``stop_reason: stop_sequence`` with that ``stop_sequence``; one it
+does not name (Triton, llama.cpp) reads as ``end_turn``. A new block stops the one
 before it, as Anthropic streams them. ``feed`` returns the frames an event produces (a
 whole response just ignores them), so both modes build the same content.
 
@@ -87,7 +89,7 @@ def _input(parts: list[str]) -> Any:
 
 
 class MessageAssembler:
-    __slots__ = ("_blocks", "_calls", "_open", "_pinged", "reason", "usage")
+    __slots__ = ("_blocks", "_calls", "_open", "_pinged", "reason", "stop_sequence", "usage")
 
     def __init__(self) -> None:
         self._blocks: list[_Block] = []
@@ -95,6 +97,7 @@ class MessageAssembler:
         self._open: _Block | None = None
         self._pinged = False
         self.reason: FinishReason | None = None
+        self.stop_sequence: str | None = None  # the stop string that ended it, if known
         self.usage: Usage | None = None
 
     def feed(self, item: BackendEvent) -> list[bytes]:
@@ -104,6 +107,7 @@ class MessageAssembler:
             return self._tool_call(item)
         if isinstance(item, Finished):
             self.reason = item.reason
+            self.stop_sequence = item.stop_sequence
         elif isinstance(item, Usage):
             self.usage = item
         return []
@@ -112,7 +116,14 @@ class MessageAssembler:
     def stop_reason(self) -> str:
         if self._calls and self.reason != "length":
             return "tool_use"
+        if self.stop_sequence is not None:
+            return "stop_sequence"
         return _STOP_REASONS[self.reason or "stop"]
+
+    @property
+    def matched_stop(self) -> str | None:
+        """The ``stop_sequence`` field: set only with ``stop_reason: stop_sequence``."""
+        return self.stop_sequence if self.stop_reason == "stop_sequence" else None
 
     @property
     def content(self) -> list[dict[str, Any]]:
@@ -167,9 +178,7 @@ class MessageAssembler:
         return frames
 
 
-def message_body(
-    message_id: str, model: str, output: MessageAssembler, stop_sequence: str | None
-) -> dict[str, Any]:
+def message_body(message_id: str, model: str, output: MessageAssembler) -> dict[str, Any]:
     return {
         "id": message_id,
         "type": "message",
@@ -177,7 +186,7 @@ def message_body(
         "model": model,
         "content": output.content,
         "stop_reason": output.stop_reason,
-        "stop_sequence": stop_sequence,
+        "stop_sequence": output.matched_stop,
         "usage": usage_object(output.usage),
     }
 
@@ -196,9 +205,9 @@ def message_start(message_id: str, model: str) -> bytes:
     return event("message_start", message=message)
 
 
-def message_delta(output: MessageAssembler, stop_sequence: str | None) -> bytes:
+def message_delta(output: MessageAssembler) -> bytes:
     return event(
         "message_delta",
-        delta={"stop_reason": output.stop_reason, "stop_sequence": stop_sequence},
+        delta={"stop_reason": output.stop_reason, "stop_sequence": output.matched_stop},
         usage=usage_object(output.usage),
     )
