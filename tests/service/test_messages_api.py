@@ -111,8 +111,10 @@ async def test_text_message_and_translation(clients: Clients) -> None:
         messages=[{"role": "user", "content": "hello there world"}],
         stop_sequences=["zz"],
         metadata={"user_id": "u-1"},
-        # Sampling fields this SDK release no longer names, as older clients send them.
-        extra_body={"temperature": 0.5, "top_p": 0.9, "top_k": 7},
+        service_tier="auto",  # accepted, no effect
+        # Sampling fields this SDK release no longer names, as older clients send them,
+        # and a field llmso does not know (ignored).
+        extra_body={"temperature": 0.5, "top_p": 0.9, "top_k": 7, "not_a_field": 1},
     )
     Message.model_validate(message.model_dump())
     assert message.id.startswith("msg_") and message.type == "message"
@@ -310,6 +312,10 @@ async def test_sdk_raises_typed_errors(clients: Clients) -> None:
         ({"messages": [{"role": "system", "content": "x"}]}, "messages[0].role"),
         ({"temperature": 1.5}, "temperature"),
         ({"stop_sequences": [""]}, "stop_sequences"),
+        ({"stop_sequences": [f"s{i}" for i in range(17)]}, "stop_sequences"),
+        ({"output_config": {"format": {"type": "json_schema"}}}, "output_config"),
+        ({"output_format": {"type": "json_schema"}}, "output_format"),
+        ({"context_management": {"edits": []}}, "context_management"),
         ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
         ({"mcp_servers": [{"type": "url"}]}, "mcp_servers"),
         ({"container": "c1"}, "container"),
