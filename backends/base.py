@@ -277,11 +277,14 @@ class ToolCallDelta:
 class Finished:
     """Choice ``index`` ended. ``closed_by_budget``: the engine completed a constrained
     value with the shortest valid ending it found, because ``max_tokens`` was near
-    (the reason is then ``stop`` or ``tool_calls``: the value is whole and valid)."""
+    (the reason is then ``stop`` or ``tool_calls``: the value is whole and valid).
+    ``stop_sequence``: the request's stop string that ended it (reason ``stop``), where
+    the backend knows which one (hf, vLLM); ``None`` for an end of sequence or unknown."""
 
     index: int
     reason: FinishReason
     closed_by_budget: bool = False
+    stop_sequence: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

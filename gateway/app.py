@@ -24,6 +24,7 @@ from config.schema import AppConfig
 from gateway.api.chat import ChatEndpoint
 from gateway.api.completions import CompletionsEndpoint
 from gateway.api.embeddings import EmbeddingsEndpoint
+from gateway.api.messages.endpoint import CountTokensEndpoint, MessagesEndpoint
 from gateway.api.responses import api as responses_api
 from gateway.api.responses.endpoint import ResponsesEndpoint
 from gateway.api.responses.stores import open_store
@@ -129,6 +130,8 @@ def build_app(
         CompletionsEndpoint(service),
         EmbeddingsEndpoint(EmbeddingService(registry, gateway_metrics)),
         state.responses,
+        MessagesEndpoint(service),
+        CountTokensEndpoint(service),
     )
     asgi = GatewayASGI(app, state, endpoints)
     document(app, asgi.documented)

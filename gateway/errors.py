@@ -1,9 +1,11 @@
-"""Errors at the HTTP edge and the one place that renders them as OpenAI envelopes.
+"""Errors at the HTTP edge and the one place that renders them.
 
 Every error the gateway can return is an ``ApiError`` (``backends.errors``): a
 ``BackendError`` of the backend contract, or one of the HTTP-only errors defined here,
 so a single handler maps ``status``, ``error_type``, ``code``, ``param`` and
-``retry_after`` to a response.
+``retry_after`` to a response. The envelope is the API's the path belongs to, decided
+here once (``error_body``): Anthropic's on ``/v1/messages*`` (``anthropic_payload``),
+OpenAI's everywhere else.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from backends.errors import ApiError, BackendError, InvalidRequest
+from backends.errors import ApiError, BackendError, InvalidRequest, Overloaded
 
 log = logging.getLogger(__name__)
 
@@ -71,21 +73,55 @@ def error_payload(exc: ApiError) -> dict[str, Any]:
     }
 
 
-def error_body(exc: ApiError) -> tuple[bytes, dict[str, str]]:
-    """The envelope's bytes and the headers it needs (``Retry-After`` when known)."""
+ANTHROPIC_PATH = "/v1/messages"
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def speaks_anthropic(path: str) -> bool:
+    """Whether ``path`` belongs to the Anthropic Messages API (its errors' envelope)."""
+    return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")
+
+
+def anthropic_payload(exc: ApiError) -> dict[str, Any]:
+    """Anthropic's envelope: its error type follows the status (a full queue is
+    ``overloaded_error``); its message names the field, as it has no ``param``."""
+    if isinstance(exc, Overloaded):
+        kind = "overloaded_error"
+    else:
+        default = "api_error" if exc.status >= 500 else "invalid_request_error"
+        kind = _ANTHROPIC_TYPES.get(exc.status, default)
+    message = exc.message
+    if exc.param and exc.param not in message:
+        message = f"{exc.param}: {message}"
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def error_body(exc: ApiError, path: str = "") -> tuple[bytes, dict[str, str]]:
+    """The envelope's bytes for an error on ``path`` and the headers it needs
+    (``Retry-After`` when known)."""
     headers: dict[str, str] = {}
     if exc.retry_after is not None:
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
-    return orjson.dumps(error_payload(exc)), headers
+    payload = anthropic_payload(exc) if speaks_anthropic(path) else error_payload(exc)
+    return orjson.dumps(payload), headers
 
 
-def error_response(exc: ApiError, headers: dict[str, str] | None = None) -> Response:
-    body, extra = error_body(exc)
+def error_response(exc: ApiError, path: str = "") -> Response:
+    body, extra = error_body(exc, path)
     return Response(
         body,
         status_code=exc.status,
         media_type="application/json",
-        headers={**(headers or {}), **extra},
+        headers=extra,
     )
 
 
@@ -121,7 +157,7 @@ def _dotted(parts: list[str]) -> str:
 
 async def handle_backend_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return error_response(exc)
+    return error_response(exc, request.url.path)
 
 
 async def handle_http_exception(request: Request, exc: Exception) -> Response:
@@ -135,12 +171,12 @@ async def handle_http_exception(request: Request, exc: Exception) -> Response:
         mapped = HttpError(str(exc.detail), status=exc.status_code)
     else:
         mapped = ApiError(str(exc.detail), status=exc.status_code)
-    return error_response(mapped)
+    return error_response(mapped, request.url.path)
 
 
 async def handle_unexpected(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return error_response(InternalError("internal server error"))
+    return error_response(InternalError("internal server error"), request.url.path)
 
 
 __all__ = [
@@ -152,6 +188,7 @@ __all__ = [
     "RequestTooLarge",
     "RouteNotFound",
     "Unauthorized",
+    "anthropic_payload",
     "error_body",
     "error_payload",
     "error_response",
@@ -159,4 +196,5 @@ __all__ = [
     "handle_backend_error",
     "handle_http_exception",
     "handle_unexpected",
+    "speaks_anthropic",
 ]

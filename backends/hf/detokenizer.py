@@ -73,6 +73,7 @@ class StopMatcher:
         self._hold = max((len(s) for s in self._stops), default=1) - 1
         self._pending = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that cut the output
 
     def feed(self, text: str) -> str:
         """Add text; return what may be emitted now. Sets ``stopped`` on a match."""
@@ -81,8 +82,9 @@ class StopMatcher:
         if self.stopped:
             return ""
         buffer = self._pending + text
-        cut = min((i for i in (buffer.find(s) for s in self._stops) if i >= 0), default=-1)
-        if cut >= 0:
+        hits = [(at, stop) for stop in self._stops if (at := buffer.find(stop)) >= 0]
+        if hits:
+            cut, self.matched = min(hits, key=lambda hit: hit[0])
             self.stopped = True
             self._pending = ""
             return buffer[:cut]

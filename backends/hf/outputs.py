@@ -105,7 +105,9 @@ def finish_choice(choice: Choice, reason: FinishReason, out: StepOutputs) -> Non
     choice.finish = reason
     closed = choice.budget is not None and choice.budget.closed
     choice.matcher = choice.budget = None  # release the grammar state as soon as it ends
-    out.append((state.sink, Finished(index=choice.index, reason=reason, closed_by_budget=closed)))
+    matched = choice.stop.matched if reason == "stop" else None
+    finished = Finished(choice.index, reason, closed_by_budget=closed, stop_sequence=matched)
+    out.append((state.sink, finished))
     if state.done:
         out.append(
             (

@@ -186,7 +186,11 @@ class ChunkTranslator:
         if reason:
             self._end_run(out)
             self._finished.add(index)
-            out.append(Finished(index, _REASONS.get(reason, "stop")))
+            # vLLM names the stop string that matched in `stop_reason` (a token id or
+            # null otherwise); other engines send nothing there.
+            matched = choice.get("stop_reason")
+            stop = matched if reason == "stop" and isinstance(matched, str) else None
+            out.append(Finished(index, _REASONS.get(reason, "stop"), stop_sequence=stop))
 
     def _end_run(self, out: list[BackendEvent]) -> None:
         """Emit the pending run of deltas as one ``TextDelta``."""

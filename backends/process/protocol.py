@@ -132,7 +132,7 @@ def encode_event(event: BackendEvent) -> tuple[Any, ...]:
     if isinstance(event, Started):
         return (_STARTED, event.queued_at, event.started_at)
     if isinstance(event, Finished):
-        return (_FINISHED, event.index, event.reason, event.closed_by_budget)
+        return (_FINISHED, event.index, event.reason, event.closed_by_budget, event.stop_sequence)
     if isinstance(event, Usage):
         return (_USAGE, event.prompt_tokens, event.completion_tokens, event.upstream_seconds)
     if isinstance(event, ToolCallDelta):
@@ -164,7 +164,7 @@ def decode_event(fields: tuple[Any, ...]) -> BackendEvent:
     if kind == _STARTED:
         return Started(fields[1], fields[2])
     if kind == _FINISHED:
-        return Finished(fields[1], fields[2], fields[3])
+        return Finished(fields[1], fields[2], fields[3], fields[4])
     if kind == _USAGE:
         return Usage(fields[1], fields[2], fields[3])
     if kind == _TOOL:

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from backends.base import GenerationRequest, InvalidRequest
+from backends.base import BackendEvent, GenerationRequest, InvalidRequest
 from gateway.errors import from_validation_error
 from gateway.observe.record import RequestRecord
 from gateway.service.generation import CompletionService, Generation, server_timing
@@ -89,6 +89,19 @@ class GenerationPresenter(ABC):
 
     def timing(self, generation: Generation) -> str:
         return server_timing(generation)
+
+    async def observed_events(self, generation: Generation) -> AsyncGenerator[BackendEvent, None]:
+        """Every backend event, observed by the request record; closes the generation
+        (for a presenter that renders events itself rather than through the service)."""
+        record = generation.record
+        try:
+            async for event in generation.all_events():
+                if event is not generation.first:
+                    record.observe(event)
+                yield event
+        finally:
+            await generation.close()
+        self.service.observe_overhead(generation)
 
     @abstractmethod
     async def body(self, generation: Generation) -> bytes: ...

@@ -67,6 +67,12 @@ def _tool(index: int, entry: dict[str, Any]) -> ToolSpec:
 
 
 def _function(where: str, function: dict[str, Any]) -> ToolSpec:
+    return function_spec(where, function, "parameters")
+
+
+def function_spec(where: str, function: dict[str, Any], schema_key: str) -> ToolSpec:
+    """A function tool's spec from its wire object, its JSON Schema under
+    ``schema_key`` (chat's ``parameters``, Anthropic's ``input_schema``)."""
     name = function.get("name")
     if not isinstance(name, str) or not _NAME.match(name):
         raise InvalidRequest(
@@ -78,10 +84,10 @@ def _function(where: str, function: dict[str, Any]) -> ToolSpec:
     strict = function.get("strict")
     if strict is not None and not isinstance(strict, bool):
         raise InvalidRequest("strict must be a boolean", param=f"{where}.strict")
-    parameters = function.get("parameters")
+    parameters = function.get(schema_key)
     if parameters is None:
         return ToolSpec(name=name, description=description, strict=strict)
-    schema = checked_schema(parameters, f"{where}.parameters")
+    schema = checked_schema(parameters, f"{where}.{schema_key}")
     return ToolSpec(name=name, description=description, parameters=schema, strict=strict)
 
 

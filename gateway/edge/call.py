@@ -81,7 +81,7 @@ class EndpointCall:
         self._complete = False
         self._disconnected = False
         self.record = door_record(scope) or RequestRecord(
-            request_id=_request_id(scope), requested_model=""
+            request_id=_request_id(scope), requested_model="", endpoint=scope["path"]
         )
 
     async def _guarded(self, work: Awaitable[None]) -> None:
@@ -212,7 +212,7 @@ class EndpointCall:
     async def _send_error(self, exc: ApiError) -> None:
         if self._started:
             return  # a stream already reported its own failure in-band
-        body, extra = error_body(exc)
+        body, extra = error_body(exc, self._scope["path"])
         headers = [
             JSON_HEADER,
             (b"x-request-id", self.record.request_id.encode()),

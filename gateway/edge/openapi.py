@@ -2,8 +2,9 @@
 routes (``gateway.edge.asgi``), which FastAPI cannot see.
 
 Each generation route is documented from its pydantic wire type (the request body), with
-its JSON and SSE success responses and the OpenAI error envelope for every refusal the
-gateway can give, so tools such as schemathesis can exercise it.
+its JSON and SSE success responses and the error envelope (OpenAI's, or Anthropic's on
+the Messages routes) for every refusal the gateway can give, so tools such as
+schemathesis can exercise it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
+
+from gateway.errors import speaks_anthropic
 
 _ERROR = {
     "type": "object",
@@ -29,6 +32,18 @@ _ERROR = {
                 "code": {"type": ["string", "null"]},
             },
         }
+    },
+}
+_ANTHROPIC_ERROR = {
+    "type": "object",
+    "required": ["type", "error"],
+    "properties": {
+        "type": {"const": "error"},
+        "error": {
+            "type": "object",
+            "required": ["type", "message"],
+            "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+        },
     },
 }
 _ERRORS = {
@@ -59,23 +74,26 @@ def document(app: FastAPI, routes: Mapping[str, tuple[type[BaseModel], str]]) ->
         components = schema.setdefault("components", {})
         schemas = components.setdefault("schemas", {})
         schemas["ErrorResponse"] = _ERROR
+        schemas["AnthropicErrorResponse"] = _ANTHROPIC_ERROR
         components["securitySchemes"] = {
             "bearer": {"type": "http", "scheme": "bearer"},
             "api-key": {"type": "apiKey", "in": "header", "name": "api-key"},
+            "x-api-key": {"type": "apiKey", "in": "header", "name": "x-api-key"},
         }
         for path, (wire, summary) in routes.items():
             body = wire.model_json_schema(ref_template="#/components/schemas/{model}")
             schemas.update(body.pop("$defs", {}))
             schemas[wire.__name__] = body
-            schema["paths"][path] = {"post": _operation(wire.__name__, summary)}
+            envelope = "AnthropicErrorResponse" if speaks_anthropic(path) else "ErrorResponse"
+            schema["paths"][path] = {"post": _operation(wire.__name__, summary, envelope)}
         app.openapi_schema = schema
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def _operation(name: str, summary: str) -> dict[str, Any]:
-    error = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
+def _operation(name: str, summary: str, envelope: str) -> dict[str, Any]:
+    error = {"application/json": {"schema": {"$ref": f"#/components/schemas/{envelope}"}}}
     responses: dict[str, Any] = {
         "200": {
             "description": "The completion; an SSE stream of chunks when `stream` is true.",
@@ -91,7 +109,7 @@ def _operation(name: str, summary: str) -> dict[str, Any]:
     return {
         "summary": summary,
         "operationId": name,
-        "security": [{}, {"bearer": []}, {"api-key": []}],
+        "security": [{}, {"bearer": []}, {"api-key": []}, {"x-api-key": []}],
         "requestBody": {
             "required": True,
             "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}},

@@ -110,7 +110,7 @@ class FrontDoor:
             self.web.check_host(scope)
         except ApiError as exc:
             cors = self.web.cors_headers(origin) if origin is not None else []
-            await _send_error(send, exc, b"", cors)
+            await _send_error(send, exc, b"", cors, scope["path"])
             return
         if origin is not None and self.web.is_preflight(scope):
             await _send_empty(send, 204, self.web.preflight_headers(origin))
@@ -126,7 +126,9 @@ class FrontDoor:
             # A browser's CORS check, not a request: answered, not counted.
             await _send_empty(send, 204, self.web.preflight_headers(origin))
             return
-        record = RequestRecord(request_id=request_id(scope), requested_model="")
+        record = RequestRecord(
+            request_id=request_id(scope), requested_model="", endpoint=scope["path"]
+        )
         record.track(self._metrics, self.finish_sinks)
         door = Pass(self, record, origin, send)
         scope[PASS] = door
@@ -143,7 +145,7 @@ class FrontDoor:
             record.fail("client_error" if exc.status < 500 else "server_error", exc.error_type)
             if not door.started:  # else the handler has answered (and said so in-band)
                 extra = [(b"allow", b"POST")] if isinstance(exc, MethodNotAllowed) else []
-                await _send_error(door.send, exc, record.request_id.encode(), extra)
+                await _send_error(door.send, exc, record.request_id.encode(), extra, scope["path"])
         finally:
             try:
                 await door.finish()
@@ -332,8 +334,9 @@ async def _send_error(
     exc: ApiError,
     request_id: bytes,
     extra: list[tuple[bytes, bytes]] | None = None,
+    path: str = "",
 ) -> None:
-    body, named = error_body(exc)
+    body, named = error_body(exc, path)
     headers = [_JSON, *(extra or [])]
     if request_id:
         headers.append((b"x-request-id", request_id))

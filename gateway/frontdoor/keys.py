@@ -95,7 +95,8 @@ class KeyRing:
         presented = presented_key(scope)
         if not presented:
             raise Unauthorized(
-                "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'."
+                "You didn't provide an API key. Send it as 'Authorization: Bearer <key>' "
+                "(or 'x-api-key: <key>')."
             )
         digest = hashlib.sha256(presented).digest()
         found: Client | None = None
@@ -108,14 +109,19 @@ class KeyRing:
 
 
 def presented_key(scope: MutableMapping[str, Any]) -> bytes | None:
+    """``Authorization: Bearer``, else Azure's ``api-key``, else Anthropic's ``x-api-key``
+    (what the Anthropic SDKs send)."""
     auth = header(scope, b"authorization")
     if auth is not None:
         scheme, _, value = auth.partition(b" ")
         if scheme.lower() == b"bearer":
             return value.strip() or None
         return None
-    azure = header(scope, b"api-key")
-    return azure.strip() if azure else None
+    for name in (b"api-key", b"x-api-key"):
+        found = header(scope, name)
+        if found is not None:
+            return found.strip() or None
+    return None
 
 
 def allowed_candidates(

@@ -33,7 +33,9 @@ _EXPOSED = (
     b"x-ratelimit-reset-requests, x-ratelimit-limit-tokens, x-ratelimit-remaining-tokens, "
     b"x-ratelimit-reset-tokens"
 )
-_ALLOWED_HEADERS = b"authorization, api-key, content-type, x-request-id"
+_ALLOWED_HEADERS = (
+    b"authorization, api-key, x-api-key, anthropic-version, content-type, x-request-id"
+)
 _REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:@/+=-]{1,128}$")
 
 

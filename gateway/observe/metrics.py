@@ -1,6 +1,7 @@
 """Gateway-hop Prometheus families, on a registry owned by one app (never the global one).
 
-Labels are bounded: model, backend, status. Histograms use base units (seconds, tokens).
+Labels are bounded: model, backend, status, and on ``llmso_requests_total`` the
+endpoint (the public route's path). Histograms use base units (seconds, tokens).
 """
 
 from __future__ import annotations
@@ -45,12 +46,12 @@ class GatewayMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self._series: dict[tuple[str, str], ModelSeries] = {}
-        self._finished: dict[tuple[str, str, str], Any] = {}
+        self._finished: dict[tuple[str, str, str, str], Any] = {}
         hop = ("model", "backend")
         self.requests = LoopCounter(
             "llmso_requests_total",
-            "Finished requests by outcome.",
-            (*hop, "status"),
+            "Finished requests by outcome and endpoint.",
+            (*hop, "status", "endpoint"),
             registry=registry,
         )
         self.duration = LoopHistogram(
@@ -127,12 +128,12 @@ class GatewayMetrics:
             registry=registry,
         )
 
-    def finished(self, model: str, backend: str, status: str) -> None:
+    def finished(self, model: str, backend: str, status: str, endpoint: str) -> None:
         """Count one finished request (children cached: the label sets are bounded)."""
-        key = (model, backend, status)
+        key = (model, backend, status, endpoint)
         child = self._finished.get(key)
         if child is None:
-            child = self._finished[key] = self.requests.labels(model, backend, status)
+            child = self._finished[key] = self.requests.labels(*key)
         child.inc()
 
     def series(self, model: str, backend: str) -> ModelSeries:

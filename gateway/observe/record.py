@@ -55,6 +55,7 @@ on the loop: in-process consumers such as the console's stats window."""
 class RequestRecord:
     request_id: str
     requested_model: str
+    endpoint: str = ""  # the public route's path (bounded: one per endpoint)
     arrival_time: float = field(default_factory=time.time)
     arrival_mono: float = field(default_factory=time.perf_counter)
     model: str = ""
@@ -161,7 +162,7 @@ class RequestRecord:
             if self._series is not None:
                 self._observe_finish(self._metrics, self._series)
             else:
-                self._metrics.finished(UNROUTED, "none", self.status)
+                self._metrics.finished(UNROUTED, "none", self.status, self.endpoint)
         for sink in self._sinks:
             sink(self)
         if request_log.isEnabledFor(logging.INFO):
@@ -169,7 +170,7 @@ class RequestRecord:
 
     def _observe_finish(self, metrics: GatewayMetrics, series: ModelSeries) -> None:
         series.inflight.dec()
-        metrics.finished(self.model, self.backend, self.status)
+        metrics.finished(self.model, self.backend, self.status, self.endpoint)
         series.duration.observe(self.elapsed)
         if self.inference_start_time is not None and self.queue_start_time is not None:
             series.queue_time.observe(max(0.0, self.inference_start_time - self.queue_start_time))
@@ -186,6 +187,7 @@ class RequestRecord:
         return {
             "event": "request_finished",
             "request_id": self.request_id,
+            "endpoint": self.endpoint or None,
             "model": self.model or self.requested_model or UNROUTED,
             "key": self.key,
             "backend": self.backend or None,

@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 
+from tests.contract.messages_suite import MessagesSuite
 from tests.contract.sdk_suite import EngineSuite
 from tests.tools.engines import proxy_config, require_engine, start_vllm
 from tests.tools.otlp_collector import Collector, otlp_collector
@@ -57,9 +58,15 @@ def vllm_metric(engine: RunningServer, name: str) -> float:
     )
 
 
-class TestVLLM(EngineSuite):
+class TestVLLM(EngineSuite, MessagesSuite):
     model_name = MODEL
     max_tokens = 8
+    tool_max_tokens = 128  # vLLM does not close a forced call early
+    image_input = True  # the vllm profile declares it: image blocks go to the upstream
+    # vLLM 0.32 (CPU) answers a forced call on this model with arguments that are a JSON
+    # string ("gaben"), not an object of the schema (seen on its own stream too); a
+    # Message's input must be an object, so it reads {} and the loop goes on.
+    forced_call_is_an_object = False
 
     def test_client_traceparent_reaches_vllm(
         self, server: RunningServer, collector: Collector, model: str

@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 
+from tests.contract.messages_suite import MessagesSuite
 from tests.contract.sdk_suite import EngineSuite
 from tests.tools.schemas import validate
 from tests.tools.servers import RunningServer, gateway
@@ -66,8 +67,8 @@ def metric_value(text: str, name: str, **labels: str) -> float:
     return total
 
 
-class TestHFGateway(EngineSuite):
-    """The SDK suite every engine passes, on the hf backend."""
+class TestHFGateway(EngineSuite, MessagesSuite):
+    """The SDK suite every engine passes, and the Anthropic SDK's, on the hf backend."""
 
     model_name = MODEL
     max_tokens = 16

@@ -359,7 +359,8 @@ async def test_health_ready_and_metrics(client: httpx.AsyncClient) -> None:
         "llmso_model_state",
     ):
         assert f"# TYPE {family}" in text, family
-    assert 'llmso_requests_total{backend="openai",model="alpha",status="ok"} 1.0' in text
+    ok = 'backend="openai",endpoint="/v1/chat/completions",model="alpha",status="ok"'
+    assert f"llmso_requests_total{{{ok}}} 1.0" in text
     assert 'llmso_inflight_requests{backend="openai",model="alpha"} 0.0' in text
 
 

@@ -32,7 +32,8 @@ class ScriptedBackend:
     """Replies with the words of the last message; ``call <name> <json>`` makes it call
     a tool, ``parallel <name>`` make two calls with interleaved fragments; model
     ``broken`` fails after its first word; model ``plain`` declares no tools or
-    structured outputs; ``too long`` exceeds the context."""
+    structured outputs; ``too long`` exceeds the context; a word that is one of the
+    request's stop strings ends the text before it."""
 
     def __init__(self, config: ModelConfig) -> None:
         self.name = config.name
@@ -73,13 +74,19 @@ class ScriptedBackend:
             yield Finished(index=0, reason="tool_calls")
             yield Usage(prompt_tokens=7, completion_tokens=5)
             return
+        stop = next((w for w in words if w in request.sampling.stop), None)
+        if stop is not None:  # a stop string ends the text before it, and is named
+            words = words[: words.index(stop)]
         budget = len(words[: request.sampling.max_tokens])
         for position, word in enumerate(words[:budget]):
             if self.name == "broken" and position == 1:
                 raise UpstreamUnavailable("lost the upstream mid-stream")
             text = word if position == 0 else " " + word
             yield TextDelta(index=0, text=text, logprobs=_logprobs(text, request))
-        yield Finished(index=0, reason="length" if budget < len(words) else "stop")
+        if stop is not None:
+            yield Finished(index=0, reason="stop", stop_sequence=stop)
+        else:
+            yield Finished(index=0, reason="length" if budget < len(words) else "stop")
         yield Usage(prompt_tokens=len(words), completion_tokens=budget)
 
 

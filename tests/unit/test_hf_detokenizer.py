@@ -68,6 +68,13 @@ def test_stop_prefix_that_does_not_match_is_released() -> None:
 def test_earliest_of_several_stops_wins() -> None:
     stop = StopMatcher(("cd", "b"))
     assert stop.feed("abcd") == "a"
+    assert stop.matched == "b"  # reported as the Messages API's stop_sequence
+
+
+def test_matched_is_none_until_a_stop_matches() -> None:
+    stop = StopMatcher(("END",))
+    assert stop.feed("EN") == "" and stop.matched is None
+    assert stop.feed("D") == "" and stop.matched == "END"
 
 
 def test_no_stops_passes_text_through() -> None:

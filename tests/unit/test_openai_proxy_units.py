@@ -155,6 +155,17 @@ def test_translator_chat_deltas_finish_and_usage() -> None:
     assert t.usage == (5, 1) and t.done and t.all_finished
 
 
+def test_translator_names_the_stop_string_vllm_reports() -> None:
+    """vLLM's ``stop_reason``: the matched stop string, a stop token id, or null."""
+    for stop_reason, expected in (("END", "END"), (128009, None), (None, None)):
+        t = ChunkTranslator(chat=True, n=1)
+        out: list[BackendEvent] = []
+        t.translate_all(
+            [_chunk(index=0, delta={}, finish_reason="stop", stop_reason=stop_reason)], out
+        )
+        assert out == [Finished(0, "stop", stop_sequence=expected)]
+
+
 def test_translator_completion_logprobs_sorted_and_fallback_count() -> None:
     t = ChunkTranslator(chat=False, n=2)
     out: list[BackendEvent] = []

@@ -143,6 +143,7 @@ def test_unknown_names_fall_back_to_backend_error() -> None:
             ),
         ),
         base.Finished(index=2, reason="length"),
+        base.Finished(index=1, reason="stop", stop_sequence="END"),
         base.ToolCallDelta(index=0, call_index=1, id="call_x", name="f", arguments_fragment="{"),
         base.Finished(index=0, reason="tool_calls"),
         Usage(prompt_tokens=5, completion_tokens=7, upstream_seconds=0.5),

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from backends.base import ApiError, BackendEvent
+from backends.base import ApiError
 from gateway.api.base import Endpoint, GenerationPresenter, Prepared, parse_wire
 from gateway.api.responses.output import OutputAssembler
 from gateway.api.responses.render import EventWriter, ResponseShape, new_id, with_id
@@ -86,7 +86,7 @@ class ResponsesPresenter(GenerationPresenter):
     async def body(self, generation: Generation) -> bytes:
         self._shape.model = generation.model
         output = OutputAssembler(lambda *_, **__: b"")
-        async with contextlib.aclosing(self._events(generation)) as events:
+        async with contextlib.aclosing(self.observed_events(generation)) as events:
             async for event in events:
                 output.feed(event)
         output.finish()
@@ -102,7 +102,7 @@ class ResponsesPresenter(GenerationPresenter):
         yield emit("response.created", response=shape.render("in_progress", []))
         yield emit("response.in_progress", response=shape.render("in_progress", []))
         try:
-            async with contextlib.aclosing(self._events(generation)) as events:
+            async with contextlib.aclosing(self.observed_events(generation)) as events:
                 async for event in events:
                     for frame in output.feed(event):
                         yield frame
@@ -122,18 +122,6 @@ class ResponsesPresenter(GenerationPresenter):
             "response.incomplete" if response["status"] == "incomplete" else "response.completed"
         )
         yield emit(final, response=response)
-
-    async def _events(self, generation: Generation) -> AsyncGenerator[BackendEvent, None]:
-        """Every backend event, observed by the request record; closes the generation."""
-        record = generation.record
-        try:
-            async for event in generation.all_events():
-                if event is not generation.first:
-                    record.observe(event)
-                yield event
-        finally:
-            await generation.close()
-        self.service.observe_overhead(generation)
 
     def _failed(
         self, emit: EventWriter, generation: Generation, output: OutputAssembler, exc: ApiError
