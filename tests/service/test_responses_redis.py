@@ -117,3 +117,26 @@ async def test_unreachable_store_is_a_503_not_a_hang() -> None:
         validate("ErrorResponse", response.json())
         assert response.json()["error"]["code"] == "response_store_unavailable"
         assert response.headers["retry-after"] == "1"
+
+
+async def test_the_store_outlives_a_redis_restart() -> None:
+    """Pooled connections from before a restart are dead: the next call on each must
+    still succeed (the soak met them as 503s seconds after Redis was back)."""
+    from tests.tools.redis_server import RedisServer
+
+    server = RedisServer(free_port())
+    server.start()
+    store = RedisResponseStore(server.url, ttl=60, timeout=2)
+    entry = StoredResponse(response={"id": "resp_0"}, items=[{"role": "user", "content": "hi"}])
+    try:
+        # Several connections in the pool, each idle across the restart.
+        await asyncio.gather(*(store.put(f"resp_{n}", entry) for n in range(4)))
+        server.kill()
+        server.start()
+        found = await asyncio.gather(*(store.get(f"resp_{n}") for n in range(4)))
+        assert found == [None] * 4  # a restart without persistence lost them, cleanly
+        await asyncio.gather(*(store.put(f"resp_{n}", entry) for n in range(4)))
+        assert await store.get("resp_0") == entry
+    finally:
+        await store.close()
+        server.kill()

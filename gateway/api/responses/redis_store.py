@@ -3,11 +3,19 @@
 Each entry is one key ``llmso:response:<id>`` holding the entry's bytes with a TTL, so
 Redis expires them; its own ``maxmemory`` policy bounds the total. Every call has a
 timeout; a store that does not answer is a 503, never a hang.
+
+A pooled connection that outlived a Redis restart fails on its next use ("Connection
+closed by server"), seconds after Redis is back: the 60-minute soak met 51 such 503s.
+Every call here is idempotent (GET, SET or DEL of one key), so a connection error is
+retried once, on a fresh connection, before it becomes a 503.
 """
 
 from __future__ import annotations
 
 import redis.asyncio as redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from gateway.api.responses.store import StoredResponse, StoreUnavailable
@@ -21,7 +29,11 @@ class RedisResponseStore:
     def __init__(self, url: str, *, ttl: float, timeout: float) -> None:
         self._ttl_ms = max(1, int(ttl * 1000))
         self._client = redis.Redis.from_url(
-            url, socket_timeout=timeout, socket_connect_timeout=timeout
+            url,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 1),
+            retry_on_error=[RedisConnectionError],
         )
 
     async def get(self, response_id: str) -> StoredResponse | None:
