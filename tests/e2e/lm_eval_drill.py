@@ -29,7 +29,7 @@ import httpx
 from tests.tools.engines import model_folder, start_vllm
 from tests.tools.servers import gateway
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LM_EVAL = REPO / ".venv-lmeval" / "bin" / "lm_eval"
 TASK_DIR = REPO / "tests" / "eval"
 TASK = "llmso_mc"
@@ -44,9 +44,16 @@ class Scores:
 
 
 def run_lm_eval(
-    base_url: str, model: str, tokenizer: str, *, limit: int | None, timeout: float = 900.0
+    base_url: str,
+    model: str,
+    tokenizer: str,
+    *,
+    limit: int | None,
+    concurrent: int = 4,
+    timeout: float = 900.0,
 ) -> Scores:
-    """The harness's scores on the first ``limit`` questions (all when None)."""
+    """The harness's scores on the first ``limit`` questions (all when None), with
+    ``concurrent`` requests in flight."""
     with tempfile.TemporaryDirectory(prefix="llmso-lmeval-") as out:
         args = ",".join(
             (
@@ -55,7 +62,7 @@ def run_lm_eval(
                 "tokenizer_backend=huggingface",
                 f"tokenizer={tokenizer}",
                 "tokenized_requests=True",
-                "num_concurrent=4",
+                f"num_concurrent={concurrent}",
                 "max_retries=1",
             )
         )
