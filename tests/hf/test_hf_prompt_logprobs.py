@@ -28,19 +28,22 @@ PROMPTS = [
 TOP = 3
 
 
-def transformers_scores(folder: Path, prompt: str) -> tuple[list[int], list[float]]:
-    """The prompt's ids and log P(token i | tokens before it) for i >= 1, by transformers."""
+def transformers_scores(folder: Path, prompts: list[str]) -> list[tuple[list[int], list[float]]]:
+    """Per prompt, its ids and log P(token i | tokens before it) for i >= 1, by
+    transformers' own forward."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    ids = tok(prompt, return_tensors="pt").input_ids
-    with torch.inference_mode():
-        logprobs = model(ids).logits[0].float().log_softmax(-1)
-    targets = ids[0, 1:]
-    values = logprobs[:-1].gather(1, targets[:, None])[:, 0]
-    return ids[0].tolist(), values.tolist()
+    found = []
+    for prompt in prompts:
+        ids = tok(prompt, return_tensors="pt").input_ids
+        with torch.inference_mode():
+            logprobs = model(ids).logits[0].float().log_softmax(-1)
+        values = logprobs[:-1].gather(1, ids[0, 1:, None])[:, 0]
+        found.append((ids[0].tolist(), values.tolist()))
+    return found
 
 
 def scored(prompt: str, max_tokens: int = 0, top: int = TOP) -> object:
@@ -65,7 +68,7 @@ def check(scores: PromptLogprobs, ids: list[int], expected: list[float], tol: fl
 @pytest.mark.parametrize("family", ["llama", "gpt_neox"])
 async def test_prompt_logprobs_equal_transformers(family: str, tmp_path: Path) -> None:
     folder = tiny.build(family, tmp_path / family)
-    reference = [transformers_scores(folder, p) for p in PROMPTS]
+    reference = transformers_scores(folder, PROMPTS)
     observer = RecordingObserver()
     # A 16-token step budget: every prompt is prefilled in several chunks.
     backend = HFBackend(
