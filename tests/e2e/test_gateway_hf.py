@@ -4,6 +4,7 @@ what we check (SSE bytes, headers, disconnects, prompt log-probabilities)."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -416,6 +417,18 @@ def test_echo_logprobs_of_a_token_id_prompt(
     choice = one["choices"][0]
     assert choice["text"].startswith(SCORED) and len(choice["text"]) > len(SCORED)
     assert len(choice["logprobs"]["tokens"]) == len(ids) + 1
+    # Streamed: the echoed prompt's entries lead the first chunk.
+    streamed = httpx.post(
+        server.url + "/v1/completions",
+        json={"model": MODEL, "prompt": SCORED, "echo": True, "logprobs": 1, "max_tokens": 2,
+              "temperature": 0, "stream": True},
+        timeout=120.0,
+    )  # fmt: skip
+    frames = [json.loads(line[6:]) for line in streamed.text.splitlines() if line[6:7] == "{"]
+    chunks = [c for frame in frames for c in frame["choices"] if c["logprobs"]]
+    assert chunks[0]["text"].startswith(SCORED)
+    assert chunks[0]["logprobs"]["tokens"][: len(ids)] == logprobs["tokens"]
+    assert chunks[0]["logprobs"]["token_logprobs"][0] is None
     head = choice["logprobs"]["token_logprobs"][: len(ids)]
     assert head[0] is None
     # Alone here, batched with its twin above: bf16 may differ in the last bits.
