@@ -5,7 +5,8 @@ translates wire types into a ``GenerationRequest`` once; a backend turns it into
 async stream of ``BackendEvent`` values and raises ``BackendError`` subclasses when it
 cannot (``backends.errors``). Backends never see HTTP, and the gateway never sees tensors.
 
-Event order for one request: zero or one ``Started``; then per choice index any number
+Event order for one request: zero or one ``Started``; zero or one ``PromptLogprobs``
+(only when asked); then per choice index any number
 of ``TextDelta`` and ``ToolCallDelta`` (interleaved in output order) followed by exactly
 one ``Finished``; then exactly one ``Usage`` last.
 
@@ -209,6 +210,10 @@ class GenerationRequest:
     response_format: ResponseFormat = TEXT_FORMAT
     logit_bias: tuple[tuple[str, float], ...] = ()
     passthrough: str = ""
+    prompt_logprobs: int | None = None
+    """Score the prompt too (needs ``Feature.PROMPT_LOGPROBS``): ``None`` when off, else
+    how many top alternatives (0..20) to return next to each prompt token's own
+    log-probability; the backend answers with one ``PromptLogprobs`` event."""
 
     @property
     def effective_tool_choice(self) -> ToolChoice:
@@ -225,17 +230,46 @@ class GenerationRequest:
 
 @dataclass(frozen=True, slots=True)
 class TopLogprob:
+    """An alternative token; ``token_id`` is ``None`` where the backend does not know it."""
+
     token: str
     logprob: float
     bytes: tuple[int, ...]
+    token_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class TokenLogprob:
+    """A token with its log-probability: ``None`` only for an echoed prompt's first
+    token, which nothing precedes (OpenAI's legacy ``null``)."""
+
     token: str
-    logprob: float
+    logprob: float | None
     bytes: tuple[int, ...]
     top: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PromptToken:
+    """One prompt token, scored: ``logprob`` is log P(token | the tokens before it) and
+    ``rank`` its 1-based rank in that distribution; both ``None`` for the first token,
+    which nothing precedes. ``top``: the most likely tokens at its position, best first
+    (empty for the first token)."""
+
+    token_id: int
+    token: str
+    bytes: tuple[int, ...]
+    logprob: float | None
+    rank: int | None
+    top: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PromptLogprobs:
+    """Every prompt token, scored, in order: asked by ``GenerationRequest.prompt_logprobs``,
+    sent once after ``Started`` and before any delta (the prompt is shared by all choices)."""
+
+    tokens: tuple[PromptToken, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,7 +342,7 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
 
-BackendEvent = Started | TextDelta | ToolCallDelta | Finished | Usage
+BackendEvent = Started | PromptLogprobs | TextDelta | ToolCallDelta | Finished | Usage
 
 
 class Feature(Enum):
@@ -331,6 +365,8 @@ class Feature(Enum):
     EMBEDDINGS = "embeddings"
     PROMPT_TOKEN_IDS = "prompt_token_ids"
     SUFFIX = "suffix"
+    # The prompt's own tokens scored (``echo`` with ``logprobs``, ``prompt_logprobs``).
+    PROMPT_LOGPROBS = "prompt_logprobs"
     # Not a request field: a JSON value or forced tool call always closes within
     # max_tokens (the hf engine's budget-aware decoding); proxies and Triton pass the
     # request on and leave a cut value as the server returns it.
@@ -397,6 +433,8 @@ __all__ = [
     "ModelNotFound",
     "NotReady",
     "Overloaded",
+    "PromptLogprobs",
+    "PromptToken",
     "RequestKind",
     "SamplingParams",
     "Started",

@@ -237,6 +237,8 @@ class HFBackend:
         features = FEATURES | (
             {Feature.CLOSES_BY_BUDGET} if self._config.close_json_by_budget else set()
         )
+        if self._config.scheduling != "static":  # scored in the slot runners' prefill
+            features |= {Feature.PROMPT_LOGPROBS}
         loaded = self._loaded
         if loaded is None:
             return ModelInfo(max_context=self._config.max_context, features=features)

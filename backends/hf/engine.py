@@ -267,7 +267,8 @@ class Engine:
                 param="messages" if requested is None else "max_tokens",
             )
         room = limit - prompt_tokens
-        return effective_max_tokens(requested, self._limits.default_max_tokens, room) or room
+        tokens = effective_max_tokens(requested, self._limits.default_max_tokens, room)
+        return room if tokens is None else tokens  # 0: the prompt scored, nothing generated
 
     def _apply_aborts(self, policy: StepPolicy) -> None:
         aborted = False

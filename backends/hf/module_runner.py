@@ -252,8 +252,9 @@ class ModuleRunner:
         decode_positions: list[int],
         prefills: list[PrefillChunk],
     ) -> torch.Tensor:
-        """One packed step; returns fp32 logits for every decode row, then one row per
-        prefill chunk with ``want_logits``, in that order (``DecoderRunner.forward``)."""
+        """One packed step; returns fp32 logits for every decode row, then the rows of
+        each prefill chunk (``PrefillChunk.logit_rows``), in that order
+        (``DecoderRunner.forward``)."""
         if self.step_threads is not None:
             self.step_threads.apply(len(decode_tokens) + sum(len(c.tokens) for c in prefills))
         packed = self.attention.pack(decode_tokens, decode_positions, prefills)

@@ -52,7 +52,11 @@ def accept_token(
     if ends or (matcher is not None and matcher.is_terminated()):
         text = choice.stop.feed(choice.detok.flush()) + choice.stop.flush()
         reason = "stop"
-        logprob = None  # the end-of-sequence token is not part of the text
+        if state.request.prompt_logprobs is None:
+            # The end-of-sequence token is not part of the text. A scored request keeps
+            # its entry, as vLLM's completions do: lm-evaluation-harness asks for one
+            # token after the echoed prompt and drops the last entry as that token.
+            logprob = None
     else:
         choice.counts[token] = choice.counts.get(token, 0) + 1
         text = choice.stop.feed(choice.detok.push(token))

@@ -253,7 +253,8 @@ class DecoderRunner:
         prefills: list[PrefillChunk],
     ) -> torch.Tensor:
         """One packed step; returns fp32 logits for every decode row, then one row per
-        prefill chunk with ``want_logits`` (its last token), in that order.
+        prefill chunk with ``want_logits`` (its last token), or one per token of a scoring
+        chunk (``PrefillChunk.logit_rows``), in that order.
 
         Decode row ``i`` must belong to the sequence in cache slot ``i``."""
         if self.step_threads is not None:

@@ -11,7 +11,14 @@ Owner: the engine thread. Three sets:
 
 Every ``step`` runs ONE packed forward: one token per decoding choice plus prefill chunks
 within the step's token budget (``max_num_batched_tokens``; while others decode, a chunk
-is also capped at ``prefill_chunk`` so their inter-token latency stays bounded). Finished
+is also capped at ``prefill_chunk`` so their inter-token latency stays bounded). A request
+that asked for its prompt's log-probabilities gets the logits of every prompt position
+from that same forward (``prompt_scores.py``; its chunks are capped at ``prefill_chunk``
+too, which bounds those logits' memory) and skips the prefix cache's lookup: a cached
+block holds keys and values, not the logits its positions produce, so every position
+must run through the model anyway, and copying the block first would only add a
+memcpy. Its blocks are still stored for the requests after it. A request with
+``max_tokens`` 0 ends when its prefill does, nothing sampled. Finished
 or aborted choices leave at once; the last decoding choice moves into the hole (one slot
 copy), nothing is recomputed. ``sequential`` is this same loop admitting one request at a
 time.
@@ -24,10 +31,12 @@ from typing import Protocol
 
 import torch
 
+from backends.base import PromptLogprobs
 from backends.hf.detokenizer import TokenTable
 from backends.hf.kv_cache import SlotKVCache
-from backends.hf.outputs import StepOutputs, accept_token, emit_started
+from backends.hf.outputs import StepOutputs, accept_token, emit_started, finish_choice
 from backends.hf.prefix_cache import PrefixCache
+from backends.hf.prompt_scores import first_token, score_rows
 from backends.hf.sampler import sample
 from backends.hf.sequence import Choice, RequestState
 from backends.hf.slot_attention import PrefillChunk
@@ -110,7 +119,7 @@ class ContinuousScheduler:
         began = time.perf_counter()
         decode = list(self.decoding)
         self._in_step = [c.request for c in decode]
-        chunks, finishing = self._plan_prefill(out)
+        chunks, owners, finishing = self._plan_prefill(out)
         if not decode and not chunks:
             return
         logits = self._runner.forward(
@@ -118,17 +127,27 @@ class ContinuousScheduler:
         )
         for choice in decode:
             choice.length += 1
+        last_rows = self._score_prompts(logits, len(decode), chunks, owners)
         rows: list[Choice] = list(decode)
         row_index = list(range(len(decode)))
-        for offset, state in enumerate(finishing):
-            self._fork(state)
+        for state in finishing:
             self.prefilling.remove(state)
+            if state.request.prompt_logprobs is not None:
+                out.append((state.sink, PromptLogprobs(tuple(state.prompt_scores))))
+                state.prompt_scores = []
+            if state.max_tokens == 0:
+                self._end_unsampled(state, out)
+                continue
+            self._fork(state)
             rows.extend(state.choices)
-            row_index.extend([len(decode) + offset] * state.n)
-        if len(row_index) != logits.shape[0]:
-            logits = logits.index_select(0, torch.tensor(row_index, device=logits.device))
-        for choice, (token, logprob) in zip(rows, sample(logits, rows, self._table), strict=True):
-            accept_token(choice, token, logprob, out)
+            row_index.extend([last_rows[id(state)]] * state.n)
+        if rows:
+            if row_index != list(range(logits.shape[0])):
+                logits = logits.index_select(0, torch.tensor(row_index, device=logits.device))
+            for choice, (token, logprob) in zip(
+                rows, sample(logits, rows, self._table), strict=True
+            ):
+                accept_token(choice, token, logprob, out)
         num_tokens = len(decode) + sum(len(c.tokens) for c in chunks)
         batch = len(decode) + len(chunks)
         self._compact()
@@ -164,16 +183,48 @@ class ContinuousScheduler:
     def _reserved(self) -> int:
         return len(self.decoding) + sum(s.n for s in self.prefilling)
 
-    def _plan_prefill(self, out: StepOutputs) -> tuple[list[PrefillChunk], list[RequestState]]:
+    def _score_prompts(
+        self,
+        logits: torch.Tensor,
+        row: int,
+        chunks: list[PrefillChunk],
+        owners: list[RequestState],
+    ) -> dict[int, int]:
+        """Score the prompt tokens of every scoring chunk (``row``: its first logit row);
+        returns each finishing prefill's last logit row, by ``id(state)``."""
+        last_rows: dict[int, int] = {}
+        for chunk, state in zip(chunks, owners, strict=True):
+            if chunk.score:
+                if chunk.start == 0:
+                    state.prompt_scores.append(first_token(state.prompt_ids[0], self._table))
+                scored = len(chunk.tokens) - (1 if chunk.want_logits else 0)
+                if scored:
+                    targets = state.prompt_ids[chunk.start + 1 : chunk.start + 1 + scored]
+                    top = state.request.prompt_logprobs or 0
+                    state.prompt_scores.extend(
+                        score_rows(logits[row : row + scored], targets, top, self._table)
+                    )
+            row += chunk.logit_rows
+            if chunk.want_logits:
+                last_rows[id(state)] = row - 1
+        return last_rows
+
+    def _plan_prefill(
+        self, out: StepOutputs
+    ) -> tuple[list[PrefillChunk], list[RequestState], list[RequestState]]:
+        """The step's prefill chunks, the request each belongs to, and the requests whose
+        prefill they finish."""
         budget = self._budget - len(self.decoding)
         if self.decoding:
             budget = min(budget, self._chunk)
         chunks: list[PrefillChunk] = []
+        owners: list[RequestState] = []
         finishing: list[RequestState] = []
         for state in self.prefilling:
             if budget <= 0:
                 break
             budget -= self._add_chunk(state, budget, chunks, finishing)
+            owners.append(state)
         while self.waiting and budget > 0 and self._can_admit(self.waiting[0]):
             state = self.waiting.popleft()
             self.prefill_slot[id(state)] = self._free_slot()
@@ -181,13 +232,16 @@ class ContinuousScheduler:
             self._reuse_prefix(state)
             emit_started(state, out)
             budget -= self._add_chunk(state, budget, chunks, finishing)
-        return chunks, finishing
+            owners.append(state)
+        return chunks, owners, finishing
 
     def _reuse_prefix(self, state: RequestState) -> None:
-        """Start the prefill after the longest cached prefix (copied into the slot)."""
+        """Start the prefill after the longest cached prefix (copied into the slot); not
+        for a request scoring its prompt (see the module docstring)."""
         if self._prefix is None:
             return
-        state.prefilled = self._prefix.restore(state.prompt_ids, self.prefill_slot[id(state)])
+        if state.request.prompt_logprobs is None:
+            state.prefilled = self._prefix.restore(state.prompt_ids, self.prefill_slot[id(state)])
         if self._observer is not None:
             self._observer.on_prefix_cache(len(state.prompt_ids), state.prefilled)
 
@@ -207,7 +261,8 @@ class ContinuousScheduler:
         finishing: list[RequestState],
     ) -> int:
         start = state.prefilled
-        take = min(len(state.prompt_ids) - start, budget)
+        score = state.request.prompt_logprobs is not None
+        take = min(len(state.prompt_ids) - start, budget, self._chunk if score else budget)
         done = start + take == len(state.prompt_ids)
         chunks.append(
             PrefillChunk(
@@ -215,6 +270,7 @@ class ContinuousScheduler:
                 tokens=tuple(state.prompt_ids[start : start + take]),
                 start=start,
                 want_logits=done,
+                score=score,
             )
         )
         state.prefilled += take
@@ -237,12 +293,24 @@ class ContinuousScheduler:
                 return slot
         raise RuntimeError("no free cache slot")  # admission guarantees one
 
-    def _fork(self, state: RequestState) -> None:
-        """Place the request's choices at the end of the decode region, sharing its
-        prefilled keys (one copy per extra choice; the prompt is computed once)."""
+    def _release_prefill(self, state: RequestState) -> int:
+        """The finished prefill's slot, its blocks stored in the prefix cache; the slot
+        is free again unless the caller moves the keys on."""
         source = self.prefill_slot.pop(id(state))
         if self._prefix is not None:
             self._prefix.insert(state.prompt_ids, source)
+        return source
+
+    def _end_unsampled(self, state: RequestState, out: StepOutputs) -> None:
+        """``max_tokens`` 0: every choice ends at the prompt (``length``), none decodes."""
+        self._release_prefill(state)
+        for choice in state.choices:
+            finish_choice(choice, "length", out)
+
+    def _fork(self, state: RequestState) -> None:
+        """Place the request's choices at the end of the decode region, sharing its
+        prefilled keys (one copy per extra choice; the prompt is computed once)."""
+        source = self._release_prefill(state)
         length = len(state.prompt_ids)
         base = len(self.decoding)
         targets = list(range(base, base + state.n))

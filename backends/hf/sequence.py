@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from backends.base import FinishReason, GenerationRequest, SamplingParams
+from backends.base import FinishReason, GenerationRequest, PromptToken, SamplingParams
 from backends.hf.budget import BudgetGuard
 from backends.hf.detokenizer import IncrementalDetokenizer, StopMatcher, TokenDecoder
 from backends.hf.grammar import Constraint, new_matcher
@@ -67,6 +67,8 @@ class RequestState:
     started: bool = False
     aborted: bool = False
     grammar: Constraint | None = None  # the compiled grammar, or None for free text
+    # The prompt's tokens scored so far, when the request asked (sent once it is whole).
+    prompt_scores: list[PromptToken] = field(default_factory=list)
 
     @property
     def n(self) -> int:

@@ -40,12 +40,22 @@ LONG_DECODE_KEYS = 4096
 
 @dataclass(frozen=True, slots=True)
 class PrefillChunk:
-    """``tokens`` of the sequence in ``slot`` at positions ``start..start+len-1``."""
+    """``tokens`` of the sequence in ``slot`` at positions ``start..start+len-1``.
+    ``want_logits``: its last token's logits (the prompt ends here); ``score``: every
+    token's logits (a prompt whose log-probabilities were asked)."""
 
     slot: int
     tokens: tuple[int, ...]
     start: int
     want_logits: bool
+    score: bool = False
+
+    @property
+    def logit_rows(self) -> int:
+        """How many logit rows the step returns for this chunk."""
+        if self.score:
+            return len(self.tokens)
+        return 1 if self.want_logits else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +76,8 @@ class SlotStep:
 @dataclass(frozen=True, slots=True)
 class Packed:
     """A step's packed tokens: ids, positions and slots per row, and the rows whose
-    logits the caller wants (every decode row, then each finishing chunk's last)."""
+    logits the caller wants (every decode row, then per chunk its ``logit_rows`` last
+    rows: a finishing chunk's last, or all of a scoring chunk's)."""
 
     ids: torch.Tensor
     positions: torch.Tensor
@@ -139,8 +150,7 @@ class SlotAttention:
             positions.extend(range(chunk.start, chunk.start + len(chunk.tokens)))
             slots.extend([chunk.slot] * len(chunk.tokens))
             spans.append((begin, len(tokens), chunk))
-            if chunk.want_logits:
-                logit_rows.append(len(tokens) - 1)
+            logit_rows.extend(range(len(tokens) - chunk.logit_rows, len(tokens)))
         self.cache.ensure(max(slots) + 1, max(positions) + 1)
         pos_t = torch.tensor(positions, dtype=torch.long, device=dev)
         slot_t = torch.tensor(slots, dtype=torch.long, device=dev)

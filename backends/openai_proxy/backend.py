@@ -30,7 +30,7 @@ import asyncio
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import aiohttp
 import orjson
@@ -60,8 +60,15 @@ from backends.openai_proxy.errors import is_retryable
 from backends.openai_proxy.http1 import Pool
 from backends.openai_proxy.payload import CHAT_PATH, build_body, estimate_prompt_tokens
 from backends.openai_proxy.probes import Prober
-from backends.openai_proxy.relay import EmptyStream, HopMetrics, UpstreamStream, unhidden_error
+from backends.openai_proxy.relay import (
+    EmptyStream,
+    HopMetrics,
+    UpstreamStream,
+    post_json,
+    unhidden_error,
+)
 from backends.openai_proxy.resume import Resume, Resumer
+from backends.openai_proxy.scored import scored_body, scored_events
 from backends.openai_proxy.slots import SlotGate
 from backends.openai_proxy.stream import ChunkTranslator
 from backends.replicas.attempts import GiveUp, first_success
@@ -202,6 +209,10 @@ class OpenAIProxyBackend:
                 self._profile,
                 default_max_tokens=self._config.default_max_tokens,
             )
+            if request.prompt_logprobs is not None:
+                async for event in self._scored(session, path, body, request, queued_at):
+                    yield event
+                return
             stream, replica, started_at, first = await self._open(session, path, body, request)
             resume = self._resumer.track(request)
             self._streams.add(stream)
@@ -238,6 +249,37 @@ class OpenAIProxyBackend:
                 replica.release()
         finally:
             self._slots.free()
+
+    async def _scored(
+        self,
+        session: aiohttp.ClientSession,
+        path: str,
+        body: bytes,
+        request: GenerationRequest,
+        queued_at: float,
+    ) -> AsyncIterator[BackendEvent]:
+        """A scored prompt: one whole answer (``scored.py``), retried like a stream's
+        opening (nothing has reached the client before the answer is whole)."""
+        data = scored_body(orjson.loads(body), request)
+
+        async def attempt(replica: Replica) -> Any:
+            try:
+                return await post_json(session, split_base_url(replica.url)[1] + path, data)
+            except BackendError as error:
+                self._hop.count(outcome_label(error))
+                raise
+
+        started_at = time.time()
+        payload, replica, _ = await self._walk(request, attempt)
+        replica.release()
+        self._hop.count("200")
+        waited = time.time() - started_at
+        self._hop.latency.observe(waited)
+        events, (prompt, completion) = scored_events(payload, request)
+        yield Started(queued_at=queued_at, started_at=started_at)
+        for event in events:
+            yield event
+        yield Usage(prompt, completion, upstream_seconds=waited)
 
     async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
         """Relay to the upstream's /v1/embeddings: same breaker, slots and retries as

@@ -14,12 +14,9 @@ import orjson
 
 from backends.base import BackendError, UpstreamBadResponse, UpstreamRejected
 from backends.embeddings import EmbeddingRequest
-from backends.openai_proxy.errors import from_exception, from_status
-from backends.openai_proxy.relay import _label
+from backends.openai_proxy.relay import _label, post_json
 
 EMBEDDINGS_PATH = "/embeddings"
-_JSON_HEADERS = {"Accept": "application/json"}
-_MAX_ERROR_BODY = 64 * 1024
 
 
 def embeddings_body(request: EmbeddingRequest, upstream_model: str) -> bytes:
@@ -40,19 +37,7 @@ async def post_embeddings(
 ) -> tuple[tuple[tuple[float, ...], ...], int | None]:
     """``(vectors in input order, upstream prompt token count or None)``; raises the
     contract's errors for failed, refused or malformed answers."""
-    try:
-        async with session.post(url, data=body, headers=_JSON_HEADERS) as response:
-            if response.status != 200:
-                raw = await response.content.read(_MAX_ERROR_BODY)
-                raise from_status(response.status, raw, response.headers.get("Retry-After"))
-            payload = orjson.loads(await response.read())
-    except BackendError:
-        raise
-    except orjson.JSONDecodeError:
-        raise UpstreamBadResponse(f"upstream {url} answered with invalid JSON") from None
-    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        raise from_exception(exc, url=url) from None
-    return parse_embeddings(payload, expected)
+    return parse_embeddings(await post_json(session, url, body), expected)
 
 
 def parse_embeddings(

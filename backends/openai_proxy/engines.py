@@ -23,6 +23,10 @@ model's family); ``required``/named tool choice and ``json_schema`` go through i
 structured outputs (xgrammar) without flags. llama-cpp-python honours both JSON modes
 and ``logit_bias``; its tool calling depends on the chat format, so it is not claimed.
 mlx-lm claims nothing beyond text. A ``generic`` upstream is assumed to be OpenAI-like.
+Prompt log-probabilities (``echo`` with ``logprobs``, ``prompt_logprobs``) only from vLLM
+(its ``prompt_logprobs``, ``scored.py``): llama-cpp-python echoes log-probabilities only
+when not streaming and pairs each prompt token with the distribution its own position
+produces (one position late); OpenAI's own API no longer scores prompts; mlx-lm has none.
 """
 
 from __future__ import annotations
@@ -55,7 +59,9 @@ _JSON = frozenset({Feature.JSON_OBJECT, Feature.JSON_SCHEMA, Feature.LOGIT_BIAS}
 _OPENAI_LIKE = TEXT_GENERATION | _JSON | {Feature.TOOLS, Feature.IMAGE_INPUT, Feature.OTHER_INPUT}
 _PROFILES: dict[str, EngineProfile] = {
     "generic": EngineProfile("generic", "/v1/models", False, features=_OPENAI_LIKE),
-    "vllm": EngineProfile("vllm", "/health", True, features=_OPENAI_LIKE),
+    "vllm": EngineProfile(
+        "vllm", "/health", True, features=_OPENAI_LIKE | {Feature.PROMPT_LOGPROBS}
+    ),
     "llamacpp": EngineProfile(
         "llamacpp",
         "/v1/models",

@@ -218,3 +218,23 @@ async def unhidden_error(
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             error = from_exception(exc, url=url)
     return error
+
+
+_JSON_HEADERS = {"Accept": "application/json"}
+
+
+async def post_json(session: aiohttp.ClientSession, url: str, body: bytes) -> Any:
+    """POST ``body`` for a whole (not streamed) JSON answer; raises the contract's errors
+    for a failed, refused or malformed answer (embeddings, scored prompts)."""
+    try:
+        async with session.post(url, data=body, headers=_JSON_HEADERS) as response:
+            if response.status != 200:
+                raw = await response.content.read(_MAX_ERROR_BODY)
+                raise from_status(response.status, raw, response.headers.get("Retry-After"))
+            return orjson.loads(await response.read())
+    except BackendError:
+        raise
+    except orjson.JSONDecodeError:
+        raise UpstreamBadResponse(f"upstream {url} answered with invalid JSON") from None
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        raise from_exception(exc, url=url) from None

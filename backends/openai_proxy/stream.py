@@ -37,7 +37,7 @@ from backends.openai_proxy.errors import from_stream_error
 from backends.tool_markup.markup import new_call_id
 
 DONE = b"[DONE]"
-_REASONS: dict[str, FinishReason] = {
+REASONS: dict[str, FinishReason] = {
     "length": "length",
     "tool_calls": "tool_calls",
     "function_call": "tool_calls",
@@ -190,7 +190,7 @@ class ChunkTranslator:
             # null otherwise); other engines send nothing there.
             matched = choice.get("stop_reason")
             stop = matched if reason == "stop" and isinstance(matched, str) else None
-            out.append(Finished(index, _REASONS.get(reason, "stop"), stop_sequence=stop))
+            out.append(Finished(index, REASONS.get(reason, "stop"), stop_sequence=stop))
 
     def _end_run(self, out: list[BackendEvent]) -> None:
         """Emit the pending run of deltas as one ``TextDelta``."""
@@ -235,7 +235,7 @@ class ChunkTranslator:
             return ()
         if self._chat:
             return tuple(_chat_logprob(item) for item in raw.get("content") or ())
-        return _completion_logprobs(raw)
+        return completion_logprobs(raw)
 
 
 def _loads(payload: bytes) -> Any:
@@ -256,7 +256,7 @@ def _chat_logprob(item: dict[str, Any]) -> TokenLogprob:
     return TokenLogprob(token, _float(item.get("logprob")), _bytes(item.get("bytes"), item), top)
 
 
-def _completion_logprobs(raw: dict[str, Any]) -> tuple[TokenLogprob, ...]:
+def completion_logprobs(raw: dict[str, Any]) -> tuple[TokenLogprob, ...]:
     tokens = raw.get("tokens") or ()
     values = raw.get("token_logprobs") or ()
     tops = raw.get("top_logprobs") or ()

@@ -38,6 +38,7 @@ from typing import Any
 from backends.base import (
     BackendEvent,
     Finished,
+    PromptLogprobs,
     Started,
     TextDelta,
     TokenLogprob,
@@ -119,7 +120,7 @@ async def read_frame(reader: asyncio.StreamReader) -> list[Message] | None:
 # dump and ~14 us to load (per-instance __getstate__/__setstate__ in Python), a tuple
 # well under 1 us; at one event per token that is the whole relay budget.
 
-_STARTED, _DELTA, _FINISHED, _USAGE, _TOOL = range(5)
+_STARTED, _DELTA, _FINISHED, _USAGE, _TOOL, _PROMPT = range(6)
 
 
 def encode_event(event: BackendEvent) -> tuple[Any, ...]:
@@ -135,6 +136,8 @@ def encode_event(event: BackendEvent) -> tuple[Any, ...]:
         return (_FINISHED, event.index, event.reason, event.closed_by_budget, event.stop_sequence)
     if isinstance(event, Usage):
         return (_USAGE, event.prompt_tokens, event.completion_tokens, event.upstream_seconds)
+    if isinstance(event, PromptLogprobs):  # once per request: pickled as it is
+        return (_PROMPT, event)
     if isinstance(event, ToolCallDelta):
         return (
             _TOOL,
@@ -169,6 +172,8 @@ def decode_event(fields: tuple[Any, ...]) -> BackendEvent:
         return Usage(fields[1], fields[2], fields[3])
     if kind == _TOOL:
         return ToolCallDelta(*fields[1:])
+    if kind == _PROMPT and isinstance(fields[1], PromptLogprobs):
+        return fields[1]
     raise ProtocolError(f"unknown event kind {kind!r}")
 
 

@@ -6,8 +6,11 @@ prompt (each for ``best_of`` choices), opened together, and merged into one
 ``Generation`` whose choice ``index`` runs prompt by prompt (prompt ``p``'s choice ``i`` is
 ``p * best_of + i``), with one summed ``Usage`` at the end. The service's ordinary
 ``complete()`` and ``stream()`` then shape it. ``echo`` puts the prompt in front of each
-choice's first text; ``best_of`` keeps, per prompt, the ``n`` choices with the highest
-mean token log-probability and numbers them ``p * n + j`` (never streamed).
+choice's first text (with ``logprobs``, the prompt's scored tokens in front of its first
+log-probabilities, the first token's ``null``: ``gateway.api.prompt_scores``);
+``prompt_logprobs`` adds vLLM's per-choice ``prompt_logprobs`` list; ``best_of`` keeps,
+per prompt, the ``n`` choices with the highest mean token log-probability and numbers
+them ``p * n + j`` (never streamed).
 
 Everything here is owned by the task serving one request.
 """
@@ -27,13 +30,16 @@ from backends.base import (
     Finished,
     GenerationRequest,
     InvalidRequest,
+    PromptLogprobs,
     Started,
     TextDelta,
+    TokenLogprob,
     UnsupportedFeature,
     Usage,
 )
 from gateway.api.base import Endpoint, GenerationPresenter, Prepared, parse_wire
 from gateway.api.chat import ChatPresenter
+from gateway.api.prompt_scores import echo_logprobs, echo_text, vllm_prompt_logprobs
 from gateway.api.translate import (
     MAX_CHOICES,
     completion_prompts,
@@ -54,6 +60,8 @@ class CompletionPlan:
     n: int
     echo: bool
     want_logprobs: bool
+    vllm_prompt_logprobs: bool = False
+    """The client asked vLLM's ``prompt_logprobs`` (else any scoring is ``echo``'s)."""
 
     @property
     def best_of(self) -> int:
@@ -61,7 +69,12 @@ class CompletionPlan:
 
     @property
     def simple(self) -> bool:
-        return len(self.requests) == 1 and not self.echo and self.best_of == self.n
+        scored = self.requests[0].prompt_logprobs is not None
+        return len(self.requests) == 1 and not self.echo and not scored and self.best_of == self.n
+
+    @property
+    def echo_scores(self) -> bool:
+        return self.echo and self.want_logprobs
 
 
 def completion_plan(wire: CompletionRequest, request_id: str, arrival: float) -> CompletionPlan:
@@ -71,21 +84,29 @@ def completion_plan(wire: CompletionRequest, request_id: str, arrival: float) ->
         raise InvalidRequest(
             f"prompts x best_of (or n) must be at most {MAX_CHOICES}", param="prompt"
         )
-    if wire.echo and not all(isinstance(prompt, str) for prompt in prompts):
-        raise InvalidRequest("echo needs text prompts, not token ids", param="echo")
+    if wire.echo and first.prompt_logprobs is None and not all(isinstance(p, str) for p in prompts):
+        raise InvalidRequest(
+            "echo of a token-id prompt needs logprobs (its text comes from the scored tokens)",
+            param="echo",
+        )
     requests = tuple(
         replace(first, prompt=prompt, prompt_token_ids=())
         if isinstance(prompt, str)
         else replace(first, prompt="", prompt_token_ids=prompt)
         for prompt in prompts
     )
-    return CompletionPlan(requests, wire.n, wire.echo, wire.logprobs is not None)
+    asked = wire.prompt_logprobs is not None
+    return CompletionPlan(requests, wire.n, wire.echo, wire.logprobs is not None, asked)
 
 
 async def open_plan(
-    service: CompletionService, plan: CompletionPlan, record: RequestRecord
+    service: CompletionService,
+    plan: CompletionPlan,
+    record: RequestRecord,
+    scores: dict[int, PromptLogprobs] | None = None,
 ) -> Generation:
-    """Open every prompt's generation together; one merged ``Generation`` back."""
+    """Open every prompt's generation together; one merged ``Generation`` back (each
+    prompt's scored tokens land in ``scores`` as they arrive)."""
     tasks = [asyncio.ensure_future(service.open(request, record)) for request in plan.requests]
     try:
         await asyncio.gather(*tasks)
@@ -101,7 +122,7 @@ async def open_plan(
     stack = AsyncExitStack()
     for part in parts:
         stack.push_async_callback(part.close)
-    merged = _merged(parts, plan)
+    merged = _merged(parts, plan, {} if scores is None else scores)
     stack.push_async_callback(merged.aclose)
     try:
         first = await anext(merged)
@@ -115,28 +136,37 @@ async def open_plan(
 
 
 async def _merged(
-    parts: list[Generation], plan: CompletionPlan
+    parts: list[Generation], plan: CompletionPlan, scores: dict[int, PromptLogprobs]
 ) -> AsyncGenerator[BackendEvent, None]:
+    """``scores``: filled with each prompt's scored tokens (by prompt number) as they come."""
     per = plan.best_of
     prompt_tokens = completion_tokens = resumes = resume_prompt_tokens = 0
     upstream: float | None = None
     for number, part in enumerate(parts):
-        echo = plan.requests[number].prompt if plan.echo else ""
-        unechoed = set(range(per)) if echo else set()
+        request = plan.requests[number]
+        echo = echo_text(request, None)
+        echo_entries: tuple[TokenLogprob, ...] = ()
+        unechoed = set(range(per)) if plan.echo else set()
         async for event in part.all_events():
             if isinstance(event, Started):
                 if number == 0:
                     yield event
+            elif isinstance(event, PromptLogprobs):
+                scores[number] = event
+                echo = echo_text(request, event)
+                echo_entries = echo_logprobs(event) if plan.echo_scores else ()
             elif isinstance(event, TextDelta):
-                text = event.text
+                delta = replace(event, index=number * per + event.index)
                 if event.index in unechoed:
                     unechoed.discard(event.index)
-                    text = echo + text
-                yield replace(event, index=number * per + event.index, text=text)
+                    text, logprobs = echo + event.text, echo_entries + event.logprobs
+                    delta = replace(delta, text=text, logprobs=logprobs)
+                yield delta
             elif isinstance(event, Finished):
                 if event.index in unechoed:
                     unechoed.discard(event.index)
-                    yield TextDelta(index=number * per + event.index, text=echo, num_tokens=0)
+                    index = number * per + event.index
+                    yield TextDelta(index, echo, echo_entries, num_tokens=0)
                 yield replace(event, index=number * per + event.index)
             elif isinstance(event, Usage):
                 prompt_tokens += event.prompt_tokens
@@ -164,7 +194,9 @@ def keep_best(body: dict[str, Any], plan: CompletionPlan) -> dict[str, Any]:
 
 
 def _mean_logprob(choice: dict[str, Any]) -> float:
-    values = (choice.get("logprobs") or {}).get("token_logprobs") or []
+    values = [
+        v for v in (choice.get("logprobs") or {}).get("token_logprobs") or [] if v is not None
+    ]
     return sum(values) / len(values) if values else float("-inf")
 
 
@@ -172,7 +204,7 @@ class PlanPresenter(GenerationPresenter):
     """A ``CompletionPlan``'s requests opened together as one generation; the best
     ``n`` of each prompt's ``best_of`` choices kept (never streamed)."""
 
-    __slots__ = ("_include_usage", "_plan")
+    __slots__ = ("_include_usage", "_plan", "_scores")
 
     def __init__(
         self, service: CompletionService, plan: CompletionPlan, include_usage: bool
@@ -180,6 +212,7 @@ class PlanPresenter(GenerationPresenter):
         super().__init__(service)
         self._plan = plan
         self._include_usage = include_usage
+        self._scores: dict[int, PromptLogprobs] = {}
 
     async def open(self, request: GenerationRequest, record: RequestRecord) -> Generation:
         """``request``: the first prompt's, as admitted for the whole list (the key's
@@ -196,8 +229,11 @@ class PlanPresenter(GenerationPresenter):
         )
         plan = self._plan = replace(plan, requests=(request, *rest))
         try:
-            return await open_plan(self.service, plan, record)
+            return await open_plan(self.service, plan, record, self._scores)
         except UnsupportedFeature as exc:
+            if exc.param == "prompt_logprobs" and not plan.vllm_prompt_logprobs:
+                # The scoring was asked by echo with logprobs: name what the client sent.
+                raise UnsupportedFeature(exc.message, param="echo") from None
             if exc.param != "logprobs" or plan.want_logprobs:
                 raise
             raise UnsupportedFeature(
@@ -205,7 +241,12 @@ class PlanPresenter(GenerationPresenter):
             ) from None
 
     async def body(self, generation: Generation) -> bytes:
-        return orjson.dumps(keep_best(await self.service.complete(generation), self._plan))
+        body = keep_best(await self.service.complete(generation), self._plan)
+        if self._plan.vllm_prompt_logprobs:
+            for number, choice in enumerate(body["choices"]):
+                scores = self._scores.get(number // self._plan.n)
+                choice["prompt_logprobs"] = None if scores is None else vllm_prompt_logprobs(scores)
+        return orjson.dumps(body)
 
     def frames(self, generation: Generation) -> AsyncGenerator[bytes, None]:
         return self.service.stream(generation, self._include_usage)

@@ -68,8 +68,7 @@ def completion_request(
     out from it. With ``best_of`` above ``n`` it asks for ``best_of`` choices and for
     their log-probabilities, which the ranking needs."""
     best_of = _best_of(wire)
-    if wire.echo and wire.logprobs is not None:
-        raise InvalidRequest("echo together with logprobs is not supported", param="echo")
+    scored = prompt_scoring(wire)
     logprobs = wire.logprobs if wire.logprobs is not None or best_of == wire.n else 0
     sampling = replace(_sampling(wire, wire.max_tokens, logprobs), n=best_of)
     first = completion_prompts(wire.prompt)[0]
@@ -85,7 +84,26 @@ def completion_request(
         suffix=wire.suffix,
         logit_bias=_logit_bias(wire),
         passthrough=_passthrough(wire),
+        prompt_logprobs=scored,
     )
+
+
+def prompt_scoring(wire: CompletionRequest) -> int | None:
+    """How many alternatives each prompt token is scored with (``None``: not scored):
+    ``echo`` with ``logprobs`` scores the echoed prompt as OpenAI's legacy API and vLLM
+    do; vLLM's ``prompt_logprobs`` asks for it without echo (never streamed, as vLLM)."""
+    asked = [wire.prompt_logprobs] if wire.prompt_logprobs is not None else []
+    if wire.echo and wire.logprobs is not None:
+        asked.append(wire.logprobs)
+    if wire.prompt_logprobs is not None and wire.stream:
+        raise InvalidRequest("prompt_logprobs cannot be streamed", param="prompt_logprobs")
+    if wire.max_tokens == 0 and not asked:
+        raise InvalidRequest(
+            "max_tokens may be 0 only when the prompt is scored (echo with logprobs, or "
+            "prompt_logprobs)",
+            param="max_tokens",
+        )
+    return max(asked) if asked else None
 
 
 def completion_prompts(

@@ -100,7 +100,11 @@ class ChatCompletionRequest(SamplingFields):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
+    # 0 only with echo or prompt_logprobs: the prompt scored, nothing generated.
+    max_tokens: int | None = Field(None, ge=0)
     logprobs: int | None = Field(None, ge=0, le=5)
+    # vLLM's extension: each prompt token's log-probability and this many alternatives.
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1)

@@ -30,6 +30,8 @@ def needed_features(request: GenerationRequest) -> list[tuple[Feature, str]]:
         needs.append((Feature.LOGPROBS, "logprobs"))
     if request.prompt_token_ids:
         needs.append((Feature.PROMPT_TOKEN_IDS, "prompt"))
+    if request.prompt_logprobs is not None:
+        needs.append((Feature.PROMPT_LOGPROBS, "prompt_logprobs"))
     if request.suffix is not None:
         needs.append((Feature.SUFFIX, "suffix"))
     if request.tools:

@@ -65,7 +65,10 @@ def completion_logprobs(entries: Sequence[TokenLogprob], offset: int) -> dict[st
     return {
         "tokens": [entry.token for entry in entries],
         "token_logprobs": [entry.logprob for entry in entries],
-        "top_logprobs": [{top.token: top.logprob for top in entry.top} for entry in entries],
+        "top_logprobs": [
+            None if entry.logprob is None else {top.token: top.logprob for top in entry.top}
+            for entry in entries
+        ],
         "text_offset": offsets,
     }
 

@@ -5,14 +5,25 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from backends.base import BackendEvent, Finished, Started, TextDelta, ToolCallDelta, Usage
+from backends.base import (
+    BackendEvent,
+    Finished,
+    PromptLogprobs,
+    Started,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+)
 
 
 def check_order(events: list[BackendEvent]) -> None:
-    """Zero or one Started, first; per index deltas then one Finished; Usage last, once."""
+    """Zero or one Started, first; zero or one PromptLogprobs next; per index deltas then
+    one Finished; Usage last, once."""
     assert isinstance(events[-1], Usage), events[-1:]
     assert sum(isinstance(e, Usage) for e in events) == 1
     body = events[1:-1] if isinstance(events[0], Started) else events[:-1]
+    if body and isinstance(body[0], PromptLogprobs):
+        body = body[1:]
     finished: set[int] = set()
     for event in body:
         assert isinstance(event, TextDelta | ToolCallDelta | Finished), f"{event!r} out of place"
@@ -41,6 +52,10 @@ class Result:
 
     def reason(self, index: int = 0) -> str:
         return next(e.reason for e in self.events if isinstance(e, Finished) and e.index == index)
+
+    @property
+    def prompt(self) -> PromptLogprobs:
+        return next(e for e in self.events if isinstance(e, PromptLogprobs))
 
     @property
     def usage(self) -> Usage:

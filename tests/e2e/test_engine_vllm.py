@@ -15,7 +15,7 @@ import pytest
 
 from tests.contract.messages_suite import MessagesSuite
 from tests.contract.sdk_suite import EngineSuite
-from tests.tools.engines import proxy_config, require_engine, start_vllm
+from tests.tools.engines import model_folder, proxy_config, require_engine, start_vllm
 from tests.tools.otlp_collector import Collector, otlp_collector
 from tests.tools.servers import RunningServer, free_port, gateway
 from tests.tools.tool_cases import ASK, WEATHER, parse_city, round_trip, stream_forced_call
@@ -124,7 +124,6 @@ class TestVLLM(EngineSuite, MessagesSuite):
     ) -> None:
         from transformers import AutoTokenizer
 
-        from tests.tools.engines import model_folder
         from tests.tools.schemas import validate
 
         prompts = ["The capital of France is", "One, two,"]
@@ -160,3 +159,38 @@ class TestVLLM(EngineSuite, MessagesSuite):
             model=model, messages=ASK, tools=[WEATHER], max_tokens=16, temperature=0
         )
         assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_prompt_scores_are_vllms_own(engine: RunningServer, server: RunningServer) -> None:
+    """Prompt log-probabilities through the proxy (vLLM's ``prompt_logprobs``, one whole
+    answer) are the numbers vLLM itself returns; echo + logprobs with ``max_tokens`` 0
+    and a token-id prompt, as lm-evaluation-harness sends, gives them in the legacy shape."""
+    from transformers import AutoTokenizer
+
+    prompt = "The capital of France is Paris. The capital of Italy is"
+    ids = AutoTokenizer.from_pretrained(model_folder())(prompt)["input_ids"]
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 1, "temperature": 0}
+    own = httpx.post(
+        engine.url + "/v1/completions", json={**body, "prompt_logprobs": 2}, timeout=60
+    )
+    ours = httpx.post(
+        server.url + "/v1/completions", json={**body, "prompt_logprobs": 2}, timeout=60
+    )
+    assert own.status_code == 200 and ours.status_code == 200, ours.text
+    expected = own.json()["choices"][0]["prompt_logprobs"]
+    got = ours.json()["choices"][0]["prompt_logprobs"]
+    assert got[0] is None and len(got) == len(expected) == len(ids)
+    for mine, theirs in zip(got[1:], expected[1:], strict=True):
+        assert mine.keys() == theirs.keys()
+        for key, entry in mine.items():
+            assert entry["logprob"] == pytest.approx(theirs[key]["logprob"], abs=1e-4)
+            assert entry["rank"] == theirs[key]["rank"]
+    assert ours.json()["choices"][0]["text"] == own.json()["choices"][0]["text"]
+    echo = {"model": MODEL, "prompt": ids, "echo": True, "logprobs": 1, "max_tokens": 0}
+    scored = httpx.post(server.url + "/v1/completions", json=echo, timeout=60).json()
+    choice = scored["choices"][0]
+    assert choice["finish_reason"] == "length" and scored["usage"]["completion_tokens"] == 0
+    values = choice["logprobs"]["token_logprobs"]
+    assert values[0] is None and len(values) == len(ids)
+    for value, token, entry in zip(values[1:], ids[1:], expected[1:], strict=True):
+        assert value == pytest.approx(entry[str(token)]["logprob"], abs=1e-4)

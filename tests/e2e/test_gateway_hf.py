@@ -1,12 +1,14 @@
 """End to end: `llmso serve` as a subprocess with the real SmolLM2 in the hf backend,
 driven by the official `openai` SDK (sync and async) and raw HTTP where the SDK hides
-what we check (SSE bytes, headers, disconnects)."""
+what we check (SSE bytes, headers, disconnects, prompt log-probabilities)."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -14,6 +16,7 @@ import pytest
 
 from tests.contract.messages_suite import MessagesSuite
 from tests.contract.sdk_suite import EngineSuite
+from tests.tools.engines import model_folder
 from tests.tools.schemas import validate
 from tests.tools.servers import RunningServer, gateway
 
@@ -365,3 +368,98 @@ def test_completions_best_of_ranks_by_mean_logprob(client: openai.OpenAI) -> Non
         model=MODEL, prompt="Hi", max_tokens=3, n=1, best_of=2, temperature=1.0
     )
     assert len(plain.choices) == 1 and plain.choices[0].logprobs is None
+
+
+# --------------------------------------------------------------------------- prompt logprobs
+
+SCORED = "The capital of France is Paris. The capital of Italy is"
+
+
+def dtype_of(request: pytest.FixtureRequest) -> str:
+    return str(request.node.callspec.params["server"])
+
+
+def scored(server: RunningServer, **body: object) -> dict[str, Any]:
+    response = httpx.post(
+        server.url + "/v1/completions", json={"model": MODEL, **body}, timeout=120.0
+    )
+    assert response.status_code == 200, response.text
+    return response.json()  # type: ignore[no-any-return]
+
+
+def test_echo_logprobs_of_a_token_id_prompt(
+    server: RunningServer, tokenizer: object, request: pytest.FixtureRequest
+) -> None:
+    """What lm-evaluation-harness sends: token ids, echo, logprobs, max_tokens 0 or 1."""
+    ids = tokenizer(SCORED)["input_ids"]  # type: ignore[operator]
+    # Not validated against OpenAI's schema: it types token_logprobs as numbers, yet the
+    # legacy API (and vLLM) answer null for the first echoed token.
+    body = scored(server, prompt=[ids, ids], echo=True, logprobs=2, max_tokens=0)
+    first, second = body["choices"]
+    logprobs = first["logprobs"]
+    assert len(logprobs["tokens"]) == len(ids) and first["finish_reason"] == "length"
+    assert first["text"] == "".join(logprobs["tokens"]) == SCORED
+    assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+    assert all(v < 0 for v in logprobs["token_logprobs"][1:])
+    rest = (logprobs["tokens"][1:], logprobs["token_logprobs"][1:], logprobs["top_logprobs"][1:])
+    for token, value, top in zip(*rest, strict=True):
+        assert top[token] == value and 2 <= len(top) <= 3  # the top 2 and the token itself
+    assert logprobs["text_offset"][:2] == [0, len(logprobs["tokens"][0])]
+    assert second["logprobs"] == logprobs
+    tokens = 2 * len(ids)
+    assert body["usage"] == {
+        "prompt_tokens": tokens,
+        "completion_tokens": 0,
+        "total_tokens": tokens,
+    }
+    # One generated token after the echoed prompt (lm-evaluation-harness's max_tokens 1).
+    one = scored(server, prompt=SCORED, echo=True, logprobs=1, max_tokens=1, temperature=0)
+    choice = one["choices"][0]
+    assert choice["text"].startswith(SCORED) and len(choice["text"]) > len(SCORED)
+    assert len(choice["logprobs"]["tokens"]) == len(ids) + 1
+    # Streamed: the echoed prompt's entries lead the first chunk.
+    streamed = httpx.post(
+        server.url + "/v1/completions",
+        json={"model": MODEL, "prompt": SCORED, "echo": True, "logprobs": 1, "max_tokens": 2,
+              "temperature": 0, "stream": True},
+        timeout=120.0,
+    )  # fmt: skip
+    frames = [json.loads(line[6:]) for line in streamed.text.splitlines() if line[6:7] == "{"]
+    chunks = [c for frame in frames for c in frame["choices"] if c["logprobs"]]
+    assert chunks[0]["text"].startswith(SCORED)
+    assert chunks[0]["logprobs"]["tokens"][: len(ids)] == logprobs["tokens"]
+    assert chunks[0]["logprobs"]["token_logprobs"][0] is None
+    head = choice["logprobs"]["token_logprobs"][: len(ids)]
+    assert head[0] is None
+    # Alone here, batched with its twin above: bf16 may differ in the last bits.
+    tolerance = 1e-4 if dtype_of(request) == "float32" else 0.05
+    assert head[1:] == pytest.approx(logprobs["token_logprobs"][1:], abs=tolerance)
+
+
+def test_prompt_logprobs_equal_transformers(
+    server: RunningServer, request: pytest.FixtureRequest
+) -> None:
+    """vLLM's prompt_logprobs: each token as transformers' own forward on the same weights
+    in the same dtype scores it (fp32: 1e-3 nats; bf16: 0.05)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = dtype_of(request)
+    folder = model_folder()
+    ids = AutoTokenizer.from_pretrained(folder)(SCORED, return_tensors="pt").input_ids
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).eval()
+    with torch.inference_mode():
+        expected = model(ids).logits[0].float().log_softmax(-1)
+    body = scored(server, prompt=SCORED, prompt_logprobs=1, max_tokens=1, temperature=0)
+    found = body["choices"][0]["prompt_logprobs"]
+    assert found[0] is None and len(found) == ids.shape[1]
+    tolerance = 1e-3 if dtype == "float32" else 0.05
+    for position in range(1, ids.shape[1]):
+        token = int(ids[0, position])
+        entry = found[position][str(token)]
+        want = float(expected[position - 1, token])
+        assert abs(entry["logprob"] - want) <= tolerance, (position, entry, want)
+        assert entry["rank"] >= 1 and isinstance(entry["decoded_token"], str)
+        assert 1 <= len(found[position]) <= 2
+        if dtype == "float32":  # bf16 near-ties may rank differently
+            assert (entry["rank"] == 1) == (int(expected[position - 1].argmax()) == token)

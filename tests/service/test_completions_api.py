@@ -63,6 +63,12 @@ async def test_refusals_name_the_param(client: httpx.AsyncClient) -> None:
         await complete(client, prompt="a", suffix="b"), 400, "unsupported_feature", "suffix"
     )
     assert_error(await complete(client, prompt=[[1], [2]], echo=True), 400, None, "echo")
+    # Nor prompt scoring (like Triton): named by the field that asked for it.
+    scored = await complete(client, prompt="a", echo=True, logprobs=1, max_tokens=0)
+    assert_error(scored, 400, "unsupported_feature", "echo")
+    scored = await complete(client, prompt="a", prompt_logprobs=0)
+    assert_error(scored, 400, "unsupported_feature", "prompt_logprobs")
+    assert_error(await complete(client, prompt="a", max_tokens=0), 400, None, "max_tokens")
     assert_error(await complete(client, prompt="a", n=2, best_of=1), 400, None, "best_of")
     assert_error(await complete(client, prompt=["a"] * 65), 400, None, "prompt")
     assert_error(await complete(client, prompt=["a"] * 2, n=100), 400, None, "prompt")

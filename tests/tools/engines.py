@@ -42,7 +42,7 @@ __all__ = [
     "start_vllm",
 ]
 
-ENGINE_VENVS = {name: REPO / f".venv-{name}" for name in ("vllm", "llamacpp", "mlx")}
+ENGINE_VENVS = {name: REPO / f".venv-{name}" for name in ("vllm", "llamacpp", "mlx", "lmeval")}
 
 
 def require_engine(name: str) -> None:

@@ -98,3 +98,39 @@ def test_each_feature_names_its_param(
 
 def test_plain_chat_needs_only_chat() -> None:
     assert needed_features(_chat()) == [(Feature.CHAT, "messages")]
+
+
+async def test_prompt_scoring_is_declared_where_it_is_computed() -> None:
+    """Prompt log-probabilities: the hf engine (not in static mode) and vLLM behind the
+    openai backend; not llama.cpp, mlx-lm, a generic upstream or Triton."""
+    from prometheus_client import CollectorRegistry
+
+    from backends.hf.backend import HFBackend
+    from backends.hop_metrics import BackendMetrics
+    from backends.openai_proxy.engines import profile_for
+    from backends.triton.backend import TritonBackend
+    from config.schema import TritonModelConfig
+    from tests.hf.helpers import config
+
+    scored = GenerationRequest(
+        request_id="r",
+        model="m",
+        kind=RequestKind.COMPLETION,
+        sampling=SamplingParams(max_tokens=0),
+        prompt="p",
+        prompt_logprobs=1,
+    )
+    assert (Feature.PROMPT_LOGPROBS, "prompt_logprobs") in needed_features(scored)
+    assert Feature.PROMPT_LOGPROBS in HFBackend(config()).info().features
+    assert Feature.PROMPT_LOGPROBS not in HFBackend(config(scheduling="static")).info().features
+    assert Feature.PROMPT_LOGPROBS in profile_for("vllm").features
+    for engine in ("llamacpp", "mlx", "generic"):
+        assert Feature.PROMPT_LOGPROBS not in profile_for(engine).features
+    triton = TritonBackend(
+        TritonModelConfig(name="t", backend="triton", triton_model="llm", url="a:1"),
+        BackendMetrics(CollectorRegistry()),
+    )
+    with pytest.raises(UnsupportedFeature) as caught:
+        require_features(scored, "t", triton.info())
+    assert caught.value.param == "prompt_logprobs"
+    await triton.stop()

@@ -303,3 +303,50 @@ def test_done_and_empty_payloads_in_a_read() -> None:
     out: list[BackendEvent] = []
     t.translate_all([_chunk(index=0, delta={"content": "a"}), b"", DONE], out)
     assert out == [TextDelta(0, "a")] and t.done
+
+
+def test_scored_answer_becomes_prompt_logprobs_then_choices() -> None:
+    """vLLM's whole answer to a scored prompt (prompt_logprobs: 1, return_token_ids),
+    as the proxy turns it into events; max_tokens 0 ends at the prompt."""
+    from backends.base import (
+        Finished,
+        GenerationRequest,
+        PromptLogprobs,
+        RequestKind,
+        SamplingParams,
+        TextDelta,
+    )
+    from backends.openai_proxy.scored import scored_body, scored_events
+
+    scores = [
+        None,
+        {"7": {"logprob": -2.5, "rank": 3, "decoded_token": " b"},
+         "9": {"logprob": -0.5, "rank": 1, "decoded_token": " x"}},
+        {"8": {"logprob": -0.25, "rank": 1, "decoded_token": " c"}},
+    ]  # fmt: skip
+    payload = {
+        "choices": [
+            {"index": 0, "text": " d", "finish_reason": "length", "prompt_token_ids": [5, 7, 8],
+             "prompt_logprobs": scores, "logprobs": None},
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+    }  # fmt: skip
+    request = GenerationRequest(
+        "r", "m", RequestKind.COMPLETION, SamplingParams(max_tokens=1), prompt="a b c",
+        prompt_logprobs=1,
+    )  # fmt: skip
+    body = orjson.loads(scored_body({"stream": True, "stream_options": {}}, request))
+    assert body == {"stream": False, "prompt_logprobs": 1, "return_token_ids": True}
+    events, usage = scored_events(payload, request)
+    prompt = events[0]
+    assert isinstance(prompt, PromptLogprobs)
+    assert [t.token_id for t in prompt.tokens] == [5, 7, 8]
+    assert prompt.tokens[0].logprob is None
+    assert (prompt.tokens[1].logprob, prompt.tokens[1].rank) == (-2.5, 3)
+    assert [(a.token_id, a.logprob) for a in prompt.tokens[1].top] == [(9, -0.5)]
+    assert events[1:] == [TextDelta(0, " d", (), 1), Finished(0, "length")]
+    assert usage == (3, 1)
+    none = replace(request, sampling=SamplingParams(max_tokens=0))
+    assert orjson.loads(scored_body({}, none))["echo"] is True
+    events, usage = scored_events(payload, none)
+    assert events[1:] == [Finished(0, "length")] and usage == (3, 0)

@@ -195,11 +195,26 @@ def test_completion_best_of_echo_and_suffix() -> None:
         ({"n": 3, "best_of": 2}, "best_of"),
         ({"n": 1, "best_of": 2, "stream": True}, "best_of"),
         ({"best_of": 129}, "best_of"),
-        ({"echo": True, "logprobs": 1}, "echo"),
+        ({"max_tokens": 0}, "max_tokens"),  # nothing generated and nothing scored
+        ({"max_tokens": 0, "echo": True}, "max_tokens"),
+        ({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
     ):
         with pytest.raises(InvalidRequest) as caught:
             completion_request(wire(**fields), "rid", 1.0)
         assert caught.value.param == param, fields
+
+
+def test_echo_with_logprobs_and_prompt_logprobs_score_the_prompt() -> None:
+    def scoring(**fields: object) -> int | None:
+        wire = CompletionRequest.model_validate({"model": "m", "prompt": "p", **fields})
+        return completion_request(wire, "rid", 1.0).prompt_logprobs
+
+    assert scoring() is None
+    assert scoring(echo=True) is None
+    assert scoring(logprobs=2) is None
+    assert scoring(echo=True, logprobs=1, max_tokens=0) == 1
+    assert scoring(prompt_logprobs=0) == 0
+    assert scoring(prompt_logprobs=4, echo=True, logprobs=2) == 4
 
 
 def test_unknown_fields_are_kept_aside() -> None:
