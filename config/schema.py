@@ -76,6 +76,39 @@ class ResponsesConfig(_Frozen):
     timeout: float = Field(2.0, gt=0, description="redis: seconds per store call.")
 
 
+class BatchConfig(_Frozen):
+    """``/v1/files`` and ``/v1/batches``: where uploads and batch state live, and how hard
+    batch work may press on the models online requests use."""
+
+    directory: Path = Field(
+        Path("llmso-batch"),
+        description="Uploaded and output files, and the batch state (batches.sqlite3); "
+        "replicas that share this directory share files and batches. Created on first use.",
+    )
+    max_file_bytes: int = Field(
+        200 * 1024 * 1024, gt=0, description="Largest file /v1/files accepts (413 beyond)."
+    )
+    max_lines: int = Field(50_000, gt=0, description="Most requests in one batch input file.")
+    max_concurrency: int = Field(
+        4, gt=0, description="Batch lines this replica runs at once (all batches together)."
+    )
+    pause_when_online: int | None = Field(
+        None,
+        gt=0,
+        description="Start no batch line while this many online requests are in flight on "
+        "the line's model; None: batch lines only queue behind online ones.",
+    )
+    lease_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="A replica owns a batch while it renews this lease; a batch whose "
+        "owner died is resumed by any replica once the lease expired.",
+    )
+    poll_interval: float = Field(
+        1.0, gt=0, description="Seconds between looks for batches to run or resume."
+    )
+
+
 class ModelBase(_Frozen):
     """Fields every backend shares: identity, routing and lifecycle."""
 
@@ -364,6 +397,9 @@ class AppConfig(_Frozen):
     )
     limits: LimitsConfig = Field(
         default_factory=LimitsConfig, description="Where the client limits are counted."
+    )
+    batch: BatchConfig = Field(
+        default_factory=BatchConfig, description="The /v1/files and /v1/batches state."
     )
     source_path: Path | None = Field(
         None, exclude=True, description="The file this config was read from (set by the loader)."

@@ -28,6 +28,10 @@ from gateway.api.messages.endpoint import CountTokensEndpoint, MessagesEndpoint
 from gateway.api.responses import api as responses_api
 from gateway.api.responses.endpoint import ResponsesEndpoint
 from gateway.api.responses.stores import open_store
+from gateway.batch import routes as batch_routes
+from gateway.batch.files import FileStore
+from gateway.batch.runner import BatchRunner
+from gateway.batch.store import BatchState
 from gateway.console import Console
 from gateway.console.routes import build_router as console_router
 from gateway.edge import ops
@@ -87,6 +91,24 @@ def build_app(
         frontdoor=frontdoor,
     )
     frontdoor.finish_sinks.append(state.console.activity.add)
+    # The public endpoints (gateway.api): one line each.
+    endpoints = (
+        ChatEndpoint(service),
+        CompletionsEndpoint(service),
+        EmbeddingsEndpoint(EmbeddingService(registry, gateway_metrics)),
+        state.responses,
+        MessagesEndpoint(service),
+        CountTokensEndpoint(service),
+    )
+    batch_state = BatchState(config.batch.directory)
+    batch_runner = BatchRunner(
+        config=config.batch,
+        state=batch_state,
+        files=FileStore(config.batch.directory, batch_state, config.batch.max_file_bytes),
+        endpoints={endpoint.path: endpoint for endpoint in endpoints},
+        door=frontdoor,
+        registry=registry,
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -96,10 +118,12 @@ def build_app(
         if watch_config and config.source_path is not None:
             watcher = ConfigWatcher(registry, config.source_path, on_reload=frontdoor.reconfigure)
             watcher.start()
+        batch_runner.start()
         log.info("llmso ready: %d model(s) configured", len(config.models))
         try:
             yield
         finally:
+            await batch_runner.stop()
             if watcher is not None:
                 await watcher.stop()
             await registry.stop()
@@ -117,22 +141,15 @@ def build_app(
         redoc_url=None,
     )
     app.state.llmso = state
+    app.state.batch_runner = batch_runner
     app.include_router(ops.router)
     app.include_router(usage.router)
     app.include_router(console_router(ui=config.server.ui))
     app.include_router(responses_api.router)
+    app.include_router(batch_routes.router)
     app.add_exception_handler(ApiError, handle_backend_error)
     app.add_exception_handler(StarletteHTTPException, handle_http_exception)
     app.add_exception_handler(Exception, handle_unexpected)
-    # The public endpoints (gateway.api): one line each.
-    endpoints = (
-        ChatEndpoint(service),
-        CompletionsEndpoint(service),
-        EmbeddingsEndpoint(EmbeddingService(registry, gateway_metrics)),
-        state.responses,
-        MessagesEndpoint(service),
-        CountTokensEndpoint(service),
-    )
     asgi = GatewayASGI(app, state, endpoints)
     document(app, asgi.documented)
     return asgi

@@ -30,6 +30,8 @@ from gateway.errors import MethodNotAllowed, error_body
 from gateway.frontdoor.errors import QuotaExceeded, RateLimited
 from gateway.frontdoor.guarded import GuardedStore, open_store
 from gateway.frontdoor.keys import (
+    ANONYMOUS,
+    OPEN_DOOR,
     UNAUTHENTICATED,
     Client,
     KeyRing,
@@ -102,6 +104,23 @@ class FrontDoor:
             return model is not None and client.may_use(model)
 
         return may_use
+
+    def client_named(self, name: str) -> Client | None:
+        """The client key configured under ``name`` now (a batch runs as the key that
+        created it); ``None`` if it was removed since."""
+        if not self.keys.required:
+            return OPEN_DOOR if name == ANONYMOUS else None
+        return next((c for c in self.keys.clients() if c.name == name), None)
+
+    def open_pass(self, client: Client, record: RequestRecord) -> Pass:
+        """A pass for work that did not come in over HTTP (a batch line): admitted,
+        limited, settled, counted and logged like a request of ``client``."""
+        record.track(self._metrics, self.finish_sinks)
+        record.key = client.name
+        record.may_use = self._model_filter(client)
+        door = Pass(self, record, None, _discard)
+        door.client = client
+        return door
 
     async def serve_other(self, scope: Scope, receive: Receive, send: Send, app: Handler) -> None:
         """Every other HTTP route: the Host check and CORS, nothing counted."""
@@ -322,6 +341,10 @@ def _adding(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
         await send(message)
 
     return wrapped
+
+
+async def _discard(message: Message) -> None:
+    """The ``send`` of a pass whose answer goes nowhere over HTTP."""
 
 
 async def _send_empty(send: Send, status: int, headers: list[tuple[bytes, bytes]]) -> None:

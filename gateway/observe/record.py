@@ -81,6 +81,7 @@ class RequestRecord:
     key: str | None = None  # the client key's configured name, never the key
     streamed_tokens: int = 0  # tokens seen so far, for requests cut short before Usage
     may_use: Callable[[str], bool] | None = None  # the client key's model allow-list
+    batch_id: str | None = None  # set when the request is a line of that batch
     _last_token_mono: float | None = None
     _metrics: GatewayMetrics | None = None
     _sinks: Sequence[FinishSink] = ()
@@ -190,6 +191,7 @@ class RequestRecord:
             "endpoint": self.endpoint or None,
             "model": self.model or self.requested_model or UNROUTED,
             "key": self.key,
+            "batch_id": self.batch_id,
             "backend": self.backend or None,
             "arrival_time": self.arrival_time,
             "queue_start_time": self.queue_start_time,

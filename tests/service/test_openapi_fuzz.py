@@ -8,6 +8,7 @@ the whole run stays well under a minute.
 
 from __future__ import annotations
 
+import tempfile
 from typing import Any
 
 import pytest
@@ -27,7 +28,9 @@ def _app() -> Any:
     def factory(model: ModelConfig, _on_crash: Any) -> Backend:
         return EchoBackend(model)
 
-    return build_app(make_config(), admin_key=ADMIN, backend_factory=factory)
+    # Uploads the fuzzer gets accepted land in a scratch directory, not the checkout.
+    batch = {"directory": tempfile.mkdtemp(prefix="llmso-fuzz-batch-")}
+    return build_app(make_config(batch=batch), admin_key=ADMIN, backend_factory=factory)
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +44,10 @@ def test_openapi_documents_every_route() -> None:
     paths = set(spec["paths"])
     assert set(GENERATION) <= paths
     assert {"/v1/models", "/health", "/ready", "/metrics", "/admin/usage"} <= paths
+    assert {"/v1/files", "/v1/files/{file_id}/content", "/v1/batches"} <= paths
+    assert {"/v1/batches/{batch_id}", "/v1/batches/{batch_id}/cancel"} <= paths
+    upload = spec["paths"]["/v1/files"]["post"]["requestBody"]["content"]
+    assert "file" in upload["multipart/form-data"]["schema"]["properties"]
     chat = spec["paths"]["/v1/chat/completions"]["post"]
     body = chat["requestBody"]["content"]["application/json"]["schema"]["$ref"]
     assert body.rsplit("/", 1)[1] in spec["components"]["schemas"]

@@ -1,0 +1,285 @@
+"""``/v1/files`` and ``/v1/batches`` in-process with the echo backend, driven by the
+official ``openai`` SDK over ASGI: a batch's lines run through the online endpoints,
+charged to the key that created it; bad input files fail the batch as OpenAI's do; a
+cancel; a batch resumed by a second app on the same state directory; leases; limits."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from gateway.batch.objects import Batch
+from gateway.batch.store import BatchState
+from tests.tools.frontdoor_app import (
+    ADMIN,
+    KEY_A,
+    KEY_B,
+    App,
+    AppFactory,
+    app_factory,
+    keys,
+    make_config,
+    metric,
+    team,
+)
+
+
+@pytest.fixture
+async def make() -> AsyncIterator[AppFactory]:
+    async with app_factory() as factory:
+        yield factory
+
+
+def batch_config(directory: Path, **fields: Any) -> dict[str, Any]:
+    return {
+        "batch": {"directory": str(directory), "poll_interval": 0.02, "lease_seconds": 2.0}
+        | fields,
+        **keys(team("team-a", KEY_A), team("team-b", KEY_B)),
+    }
+
+
+def sdk(app: App, key: str = KEY_A) -> openai.AsyncOpenAI:
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app.asgi), base_url="http://t")
+    return openai.AsyncOpenAI(base_url="http://t/v1", api_key=key, http_client=http)
+
+
+def jsonl(*lines: dict[str, Any] | str) -> bytes:
+    return b"".join((x.encode() if isinstance(x, str) else orjson.dumps(x)) + b"\n" for x in lines)
+
+
+def chat_line(custom_id: str, content: str = "hi", model: str = "alpha") -> dict[str, Any]:
+    body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 2}
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
+
+
+async def wait_for(client: openai.AsyncOpenAI, batch_id: str, *statuses: str) -> Any:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        batch = await client.batches.retrieve(batch_id)
+        if batch.status in statuses:
+            return batch
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"batch {batch_id} stayed {batch.status}")
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
+
+
+async def submit(client: openai.AsyncOpenAI, data: bytes, **fields: Any) -> Any:
+    file = await client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
+    return await client.batches.create(
+        input_file_id=file.id,
+        endpoint=fields.pop("endpoint", "/v1/chat/completions"),
+        completion_window="24h",
+        **fields,
+    )
+
+
+async def read_lines(client: openai.AsyncOpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    content = await client.files.content(file_id)
+    return [orjson.loads(line) for line in content.content.splitlines()]
+
+
+async def test_a_batch_runs_its_lines_through_the_endpoints_charged_to_its_key(
+    make: AppFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = await make(make_config(**batch_config(tmp_path)))
+    client = sdk(app)
+    lines = [chat_line(f"req-{i}") for i in range(5)] + [chat_line("lost", model="nope")]
+    caplog.set_level(logging.INFO, logger="llmso.requests")
+    created = await submit(client, jsonl(*lines), metadata={"job": "nightly"})
+    assert created.status == "validating"
+    done = await wait_for(client, created.id, "completed")
+    assert done.request_counts is not None
+    assert (done.request_counts.total, done.request_counts.completed) == (6, 5)
+    assert done.request_counts.failed == 1
+    assert done.metadata == {"job": "nightly"}
+    assert done.in_progress_at and done.finalizing_at and done.completed_at
+    outputs = await read_lines(client, done.output_file_id)
+    assert sorted(line["custom_id"] for line in outputs) == [f"req-{i}" for i in range(5)]
+    for line in outputs:
+        assert line["error"] is None and line["response"]["status_code"] == 200
+        assert line["response"]["body"]["choices"][0]["message"]["content"] == " tok tok"
+    (error,) = await read_lines(client, done.error_file_id)
+    assert error["custom_id"] == "lost"
+    assert error["response"]["status_code"] == 404
+    assert error["response"]["body"]["error"]["code"] == "model_not_found"
+    # Each line went through the front door as team-a, at the lowest priority.
+    calls = app.backends["alpha"].calls
+    assert len(calls) == 5 and {call.priority for call in calls} == {2}
+    text = (await app.http.get("/metrics")).text
+    assert metric(text, "llmso_key_requests_total", key="team-a") == 6
+    assert metric(text, "llmso_key_tokens_total", key="team-a", type="completion") == 10
+    logged = [orjson.loads(r.getMessage()) for r in caplog.records if r.name == "llmso.requests"]
+    batch_lines = [entry for entry in logged if entry["batch_id"] == created.id]
+    assert len(batch_lines) == 6
+    assert {entry["endpoint"] for entry in batch_lines} == {"/v1/chat/completions"}
+    # Another key sees neither the batch nor its files.
+    other = sdk(app, KEY_B)
+    with pytest.raises(openai.NotFoundError):
+        await other.batches.retrieve(created.id)
+    with pytest.raises(openai.NotFoundError):
+        await other.files.content(done.output_file_id)
+    assert [b.id for b in (await client.batches.list()).data] == [created.id]
+
+
+async def test_completions_lines_and_a_streamed_line(make: AppFactory, tmp_path: Path) -> None:
+    app = await make(make_config(**batch_config(tmp_path)))
+    client = sdk(app)
+    body = {"model": "alpha", "prompt": "once", "max_tokens": 3}
+    line = {"method": "POST", "url": "/v1/completions"}
+    lines = [line | {"custom_id": "a", "body": body}]
+    lines.append(line | {"custom_id": "b", "body": body | {"stream": True}})
+    created = await submit(client, jsonl(*lines), endpoint="/v1/completions")
+    done = await wait_for(client, created.id, "completed")
+    (ok,) = await read_lines(client, done.output_file_id)
+    assert ok["custom_id"] == "a" and ok["response"]["body"]["choices"][0]["text"] == " tok tok tok"
+    (refused,) = await read_lines(client, done.error_file_id)
+    assert refused["response"]["status_code"] == 400
+    assert refused["response"]["body"]["error"]["param"] == "stream"
+
+
+async def test_a_bad_input_file_fails_the_batch_naming_each_line(
+    make: AppFactory, tmp_path: Path
+) -> None:
+    app = await make(make_config(**batch_config(tmp_path)))
+    client = sdk(app)
+    wrong_url = chat_line("b") | {"url": "/v1/embeddings"}
+    data = jsonl(chat_line("a"), "{not json", wrong_url, chat_line("a"), chat_line("c"))
+    created = await submit(client, data)
+    failed = await wait_for(client, created.id, "failed")
+    assert failed.errors is not None and failed.failed_at
+    found = [(e.code, e.line, e.param) for e in failed.errors.data or []]
+    assert found == [
+        ("invalid_json_line", 2, None),
+        ("invalid_url", 3, "url"),
+        ("duplicate_custom_id", 4, "custom_id"),
+    ]
+    assert app.backends["alpha"].calls == []
+
+
+async def test_create_refuses_bad_fields_in_the_envelope(make: AppFactory, tmp_path: Path) -> None:
+    app = await make(make_config(**batch_config(tmp_path, max_file_bytes=64)))
+    client = sdk(app)
+    with pytest.raises(openai.APIStatusError) as too_big:
+        await client.files.create(file=("x.jsonl", io.BytesIO(b"x" * 65)), purpose="batch")
+    assert too_big.value.status_code == 413
+    assert "64 bytes" in too_big.value.message
+    with pytest.raises(openai.BadRequestError) as purpose:
+        await client.files.create(file=("x.jsonl", io.BytesIO(b"{}")), purpose="assistants")
+    assert purpose.value.body["param"] == "purpose"  # type: ignore[index]
+    file = await client.files.create(file=("x.jsonl", io.BytesIO(b"{}\n")), purpose="batch")
+    for fields, param in (
+        ({"endpoint": "/v1/moderations"}, "endpoint"),
+        ({"completion_window": "1h"}, "completion_window"),
+        ({"input_file_id": "file-nope"}, "input_file_id"),
+    ):
+        args = {"input_file_id": file.id, "endpoint": "/v1/chat/completions"}
+        args |= {"completion_window": "24h"} | fields
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.batches.create(**args)
+        assert refused.value.body["param"] == param  # type: ignore[index]
+    assert [f.id for f in (await client.files.list()).data] == [file.id]
+    assert (await client.files.retrieve(file.id)).bytes == 3
+    assert (await client.files.delete(file.id)).deleted
+    with pytest.raises(openai.NotFoundError):
+        await client.files.retrieve(file.id)
+    unauthorized = await app.http.get("/v1/batches")
+    assert unauthorized.status_code == 401
+    assert unauthorized.json()["error"]["code"] == "invalid_api_key"
+
+
+async def test_cancel_stops_starting_lines_and_keeps_what_finished(
+    make: AppFactory, tmp_path: Path
+) -> None:
+    app = await make(make_config(**batch_config(tmp_path, max_concurrency=1)))
+    client = sdk(app)
+    lines = [chat_line("first", "hold"), *(chat_line(f"later-{i}") for i in range(3))]
+    created = await submit(client, jsonl(*lines))
+    await wait_for(client, created.id, "in_progress")
+    await until(lambda: bool(app.backends["alpha"].calls))
+    cancelling = await client.batches.cancel(created.id)
+    assert cancelling.status == "cancelling" and cancelling.cancelling_at
+    app.backends["alpha"].release.set()
+    cancelled = await wait_for(client, created.id, "cancelled")
+    assert cancelled.cancelled_at
+    assert cancelled.request_counts is not None
+    assert (cancelled.request_counts.total, cancelled.request_counts.completed) == (4, 1)
+    assert [line["custom_id"] for line in await read_lines(client, cancelled.output_file_id)] == [
+        "first"
+    ]
+    assert len(app.backends["alpha"].calls) == 1
+
+
+async def test_a_batch_cut_short_is_resumed_by_the_next_gateway(
+    make: AppFactory, tmp_path: Path
+) -> None:
+    """The first app stops while a line is held in the backend; a second app on the same
+    directory runs the rest, the cut line again (counted), and no line twice."""
+    config = make_config(**batch_config(tmp_path, max_concurrency=2))
+    first = await make(config)
+    client = sdk(first)
+    lines = [chat_line("a"), chat_line("b", "hold"), chat_line("c", "hold"), chat_line("d")]
+    created = await submit(client, jsonl(*lines))
+    await until(lambda: len(first.backends["alpha"].calls) == 3)  # a done, b and c held
+    await first.asgi.api.state.batch_runner.stop()
+    second = await make(config)
+    await until(lambda: "alpha" in second.backends)  # preloaded in the background
+    second.backends["alpha"].release.set()
+    second_client = sdk(second)
+    done = await wait_for(second_client, created.id, "completed")
+    outputs = await read_lines(second_client, done.output_file_id)
+    assert sorted(line["custom_id"] for line in outputs) == ["a", "b", "c", "d"]
+    assert done.metadata == {"llmso_reruns": "2"}
+    assert sorted(c.messages[-1].content for c in second.backends["alpha"].calls) == [
+        "hi",
+        "hold",
+        "hold",
+    ]
+
+
+async def test_one_replica_at_a_time_holds_a_batch(tmp_path: Path) -> None:
+    state = BatchState(tmp_path)
+    await state.add_batch(
+        Batch(
+            id="batch_x",
+            owner="k",
+            endpoint="/v1/completions",
+            input_file_id="f",
+            created_at=int(time.time()),
+        )
+    )
+    assert await state.claim("replica-1", 0.3) is not None
+    assert await state.claim("replica-2", 0.3) is None
+    assert await state.renew("batch_x", "replica-1", 0.3)
+    await asyncio.sleep(0.4)
+    claimed = await state.claim("replica-2", 5.0)
+    assert claimed is not None and claimed.id == "batch_x"
+    assert not await state.renew("batch_x", "replica-1", 5.0)
+    state.close()
+
+
+async def test_admin_key_is_not_needed_and_reads_create_nothing(
+    make: AppFactory, tmp_path: Path
+) -> None:
+    app = await make(make_config(**batch_config(tmp_path / "state")))
+    reply = await app.http.get("/v1/files", headers={"authorization": f"Bearer {KEY_A}"})
+    assert reply.status_code == 200 and reply.json()["data"] == []
+    assert not (tmp_path / "state").exists()
+    assert ADMIN
