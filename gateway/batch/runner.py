@@ -159,10 +159,11 @@ class BatchRunner:
         return await self.state.save(batch, self.owner)
 
     async def _run(self, batch: Batch, lines: list[Line], lease: _Lease) -> None:
-        orphans = await self.state.take_orphans(batch.id)
-        if orphans:
-            log.warning("batch %s: %d line(s) cut short by a crash run again", batch.id, orphans)
-            batch = await self.state.save(replace(batch, reruns=batch.reruns + orphans), self.owner)
+        before = batch.reruns
+        batch = await self.state.take_orphans(batch, self.owner)
+        if batch.reruns > before:
+            cut = batch.reruns - before
+            log.warning("batch %s: %d line(s) cut short by a crash run again", batch.id, cut)
         done = await self.state.finished_lines(batch.id)
         client = self._door.client_named(batch.owner)
         async with asyncio.TaskGroup() as group:

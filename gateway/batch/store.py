@@ -8,8 +8,10 @@ result is written only while its writer still holds the batch's lease, in the sa
 transaction, and ``(batch, line)`` is the results' primary key: a line is in the output
 once, whoever ran it.
 
-``BatchState`` owns the one connection of this process; every call runs in a worker
-thread (``asyncio.to_thread``) under a lock, so the event loop never waits on the disk.
+``BatchState`` owns the one connection of this process; every call runs on its own
+single worker thread, so the event loop never waits on the disk and the lease's renewals
+never queue behind other work in the loop's shared thread pool (a starved renewal would
+hand the batch to another replica).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -62,13 +65,15 @@ class BatchState:
         self._timeout = timeout
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmso-batch-db")
 
     def exists(self) -> bool:
         return self.path.exists()
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(connection, *args)`` in a worker thread, one at a time."""
-        return await asyncio.to_thread(self._locked, fn, *args)
+        """Run ``fn(connection, *args)`` on the database's thread, one at a time."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._thread, self._locked, fn, *args)
 
     async def read(self, fn: Callable[..., T], default: T, *args: Any) -> T:
         """``call`` for a look-up: ``default`` while no database exists yet (a read never
@@ -98,6 +103,7 @@ class BatchState:
             if self._db is not None:
                 self._db.close()
                 self._db = None
+        self._thread.shutdown(wait=False)
 
     # Files.
 
@@ -152,10 +158,10 @@ class BatchState:
     async def finished_lines(self, batch_id: str) -> set[int]:
         return await self.call(_finished_lines, batch_id)
 
-    async def take_orphans(self, batch_id: str) -> int:
+    async def take_orphans(self, batch: Batch, owner: str) -> Batch:
         """Lines started by a replica that died before finishing them: forgotten here
-        (they run again), and counted."""
-        return await self.call(_take_orphans, batch_id)
+        (they run again) and added to the batch's ``reruns``, in one transaction."""
+        return await self.call(_take_orphans, batch, owner)
 
     async def start_line(self, batch_id: str, line: int) -> None:
         await self.call(_start_line, batch_id, line)
@@ -317,15 +323,21 @@ def _finished_lines(db: sqlite3.Connection, batch_id: str) -> set[int]:
     return {row[0] for row in rows}
 
 
-def _take_orphans(db: sqlite3.Connection, batch_id: str) -> int:
+def _take_orphans(db: sqlite3.Connection, batch: Batch, owner: str) -> Batch:
     with _immediate(db):
+        if not _holds(db, batch.id, owner):
+            raise LeaseLost(batch.id)
         (count,) = db.execute(
             "SELECT COUNT(*) FROM started WHERE batch_id=? AND line NOT IN "
             "(SELECT line FROM results WHERE batch_id=?)",
-            (batch_id, batch_id),
+            (batch.id, batch.id),
         ).fetchone()
-        db.execute("DELETE FROM started WHERE batch_id=?", (batch_id,))
-        return int(count)
+        db.execute("DELETE FROM started WHERE batch_id=?", (batch.id,))
+        stored = _batch(db, batch.id) or batch
+        if count:
+            stored = replace(stored, reruns=stored.reruns + int(count))
+            db.execute("UPDATE batches SET body=? WHERE id=?", (_body(stored), batch.id))
+        return stored
 
 
 def _start_line(db: sqlite3.Connection, batch_id: str, line: int) -> None:
