@@ -155,6 +155,35 @@ async def test_completions_lines_and_a_streamed_line(make: AppFactory, tmp_path:
     assert refused["response"]["body"]["error"]["param"] == "stream"
 
 
+async def test_lines_refused_by_the_keys_limits_wait_and_run(
+    make: AppFactory, tmp_path: Path
+) -> None:
+    """Three lines at once against a key allowed one request in flight: the refused ones
+    wait for their Retry-After and run; none ends in the error file."""
+    config = batch_config(tmp_path, max_concurrency=3)
+    config.update(keys(team("team-a", KEY_A, max_parallel=1)))
+    app = await make(make_config(**config))
+    client = sdk(app)
+    lines = [chat_line("p-0", "hold"), chat_line("p-1"), chat_line("p-2")]
+    created = await submit(client, jsonl(*lines))
+
+    async def refused() -> float:
+        text = (await app.http.get("/metrics")).text
+        return metric(text, "llmso_key_requests_total", key="team-a", status="client_error")
+
+    for _ in range(500):  # both others refused while the first holds its slot
+        if await refused() >= 2:
+            break
+        await asyncio.sleep(0.02)
+    assert await refused() >= 2
+    app.backends["alpha"].release.set()
+    done = await wait_for(client, created.id, "completed")
+    assert done.request_counts is not None and done.request_counts.completed == 3
+    assert done.error_file_id is None
+    text = (await app.http.get("/metrics")).text
+    assert metric(text, "llmso_key_requests_total", key="team-a", status="ok") == 3
+
+
 async def test_a_bad_input_file_fails_the_batch_naming_each_line(
     make: AppFactory, tmp_path: Path
 ) -> None:
