@@ -195,6 +195,28 @@ async def test_lines_refused_by_the_keys_limits_wait_and_run(
     assert metric(text, "llmso_key_requests_total", key="team-a", status="ok") == 3
 
 
+async def test_no_line_starts_while_online_requests_fill_the_pause_limit(
+    make: AppFactory, tmp_path: Path
+) -> None:
+    app = await make(make_config(**batch_config(tmp_path, pause_when_online=1)))
+    client = sdk(app)
+    await until(lambda: "alpha" in app.backends)
+    online = asyncio.create_task(
+        client.chat.completions.create(
+            model="alpha", messages=[{"role": "user", "content": "hold"}], max_tokens=3
+        )
+    )
+    await until(lambda: len(app.backends["alpha"].calls) == 1)
+    created = await submit(client, jsonl(chat_line("a"), chat_line("b")))
+    await wait_for(client, created.id, "in_progress")
+    await asyncio.sleep(0.3)
+    assert len(app.backends["alpha"].calls) == 1  # the batch waits for the online request
+    app.backends["alpha"].release.set()
+    await online
+    done = await wait_for(client, created.id, "completed")
+    assert done.request_counts is not None and done.request_counts.completed == 2
+
+
 async def test_a_bad_input_file_fails_the_batch_naming_each_line(
     make: AppFactory, tmp_path: Path
 ) -> None:
