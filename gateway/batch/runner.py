@@ -106,9 +106,10 @@ class BatchRunner:
                 continue
             try:
                 await self._drive(batch)
-            except LeaseLost:
-                log.warning("batch %s: lease lost to another replica", batch.id)
-            except Exception:
+            except Exception as exc:
+                if _lease_lost(exc):
+                    log.warning("batch %s: lease lost to another replica", batch.id)
+                    continue
                 log.exception("batch %s: runner failed; retried later", batch.id)
                 await asyncio.sleep(self._config.poll_interval)
 
@@ -311,6 +312,14 @@ async def _call(
         log.exception("batch line %s failed", line.custom_id)
         record.fail("server_error", "server_error")
         return 500, error_payload(InternalError("internal server error")), None
+
+
+def _lease_lost(exc: Exception) -> bool:
+    """``LeaseLost``, raised alone or by the lines of a task group."""
+    if isinstance(exc, ExceptionGroup):
+        rest = exc.split(LeaseLost)[1]
+        return rest is None
+    return isinstance(exc, LeaseLost)
 
 
 def _expired(line: Line) -> bytes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -335,6 +336,26 @@ async def test_one_replica_at_a_time_holds_a_batch(tmp_path: Path) -> None:
     assert claimed is not None and claimed.id == "batch_x"
     assert not await state.renew("batch_x", "replica-1", 5.0)
     state.close()
+
+
+async def test_a_runner_whose_lease_was_taken_writes_nothing_more(
+    make: AppFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = await make(make_config(**batch_config(tmp_path, max_concurrency=1)))
+    client = sdk(app)
+    created = await submit(client, jsonl(chat_line("a", "hold"), chat_line("b")))
+    await until(lambda: len(app.backends["alpha"].calls) == 1)
+    with sqlite3.connect(tmp_path / "batches.sqlite3") as db:  # another replica took it
+        db.execute(
+            "UPDATE batches SET lease_owner='replica-2', lease_until=? WHERE id=?",
+            (time.time() + 60, created.id),
+        )
+    app.backends["alpha"].release.set()
+    await until(lambda: "lease lost" in caplog.text)
+    batch = await client.batches.retrieve(created.id)
+    assert batch.status == "in_progress" and batch.request_counts is not None
+    assert batch.request_counts.completed == 0  # line a's answer was not written
+    assert len(app.backends["alpha"].calls) == 1  # and line b never started
 
 
 async def test_admin_key_is_not_needed_and_reads_create_nothing(
