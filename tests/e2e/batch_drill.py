@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", type=int, default=4, help="online clients")
     parser.add_argument("--tokens", type=int, default=64, help="online max_tokens")
     parser.add_argument("--max-num-seqs", type=int, default=8)
-    parser.add_argument("--batch-concurrency", type=int, default=4)
+    parser.add_argument("--batch-concurrency", type=int, default=1)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--skip-survive", action="store_true")
