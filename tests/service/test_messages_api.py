@@ -24,6 +24,7 @@ from config.schema import AppConfig
 from gateway.app import build_app
 from gateway.observe.logs import REQUEST_LOGGER
 from tests.tools.scripted_responses import ScriptedBackend, scripted_factory
+from tests.tools.sse import named_events
 
 STREAM_EVENT: TypeAdapter[Any] = TypeAdapter(RawMessageStreamEvent)
 TOOL = {
@@ -71,20 +72,14 @@ async def clients() -> AsyncIterator[Clients]:
 
 
 def events_of(text: str) -> list[dict[str, Any]]:
-    events = []
-    for block in text.split("\n\n"):
-        if not block:
-            continue
-        head, data = block.split("\n")
-        event = orjson.loads(data.removeprefix("data: "))
-        assert head == f"event: {event['type']}"
+    events = named_events(text)
+    for event in events:
         if event["type"] == "ping":
             assert event == {"type": "ping"}
         elif event["type"] == "error":
             assert set(event) == {"type", "error"} and set(event["error"]) == {"type", "message"}
         else:  # the SDK's own types of the other events
             STREAM_EVENT.validate_python(event)
-        events.append(event)
     return events
 
 

@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-import orjson
 import pytest
 from pydantic import ValidationError
 
@@ -17,6 +16,7 @@ from config.schema import AppConfig
 from gateway.app import build_app
 from tests.tools.schemas import validate
 from tests.tools.scripted_responses import ScriptedBackend, scripted_factory
+from tests.tools.sse import named_events
 
 
 @pytest.fixture
@@ -38,15 +38,9 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
 
 
 def events_of(text: str) -> list[dict[str, Any]]:
-    events = []
-    for block in text.split("\n\n"):
-        if not block:
-            continue
-        head, data = block.split("\n")
-        event = orjson.loads(data.removeprefix("data: "))
-        assert head == f"event: {event['type']}"
+    events = named_events(text)
+    for event in events:
         validate("ResponseStreamEvent", event)
-        events.append(event)
     assert [event["sequence_number"] for event in events] == list(range(len(events)))
     return events
 
