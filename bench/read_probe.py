@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from backends.hf.memory import kv_bytes_per_token, weights_bytes
+from backends.hf.memory import kv_bytes_per_token, tensor_bytes
 
 _EMBED_NAMES = ("model.embed_tokens.weight", "transformer.wte.weight")
 
@@ -65,46 +64,11 @@ def decode_step_bytes(folder: Path, dtype: str, *, context_tokens: float) -> Ste
     """Bytes one single-sequence decode step reads in ``folder``'s model at ``dtype``:
     all weights, except that an untied embedding table is only gathered (one row), plus
     K and V of every layer for ``context_tokens`` positions."""
-    weights = weights_bytes(folder, dtype)
+    sizes = tensor_bytes(folder, dtype)
+    weights = sum(sizes.values())
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     if not config.get("tie_word_embeddings", True):
-        embed = _tensor_elements(folder, _EMBED_NAMES)
-        hidden = int(config["hidden_size"])
-        element = weights // max(_all_elements(folder), 1)
-        weights -= (embed - hidden) * element
+        embed = sum(sizes.get(name, 0) for name in _EMBED_NAMES)
+        weights -= embed - embed // int(config["vocab_size"])
     kv = int(kv_bytes_per_token(folder, dtype) * context_tokens)
     return StepBytes(weights=weights, kv=kv)
-
-
-def _headers(folder: Path) -> list[dict[str, dict[str, object]]]:
-    headers = []
-    for path in sorted(folder.glob("*.safetensors")):
-        with path.open("rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            headers.append(json.loads(handle.read(length)))
-    return headers
-
-
-def _elements(shape: object) -> int:
-    total = 1
-    for dim in shape if isinstance(shape, list) else ():
-        total *= int(dim)
-    return total
-
-
-def _tensor_elements(folder: Path, names: tuple[str, ...]) -> int:
-    return sum(
-        _elements(tensor.get("shape"))
-        for header in _headers(folder)
-        for name, tensor in header.items()
-        if name in names
-    )
-
-
-def _all_elements(folder: Path) -> int:
-    return sum(
-        _elements(tensor.get("shape"))
-        for header in _headers(folder)
-        for name, tensor in header.items()
-        if name != "__metadata__"
-    )

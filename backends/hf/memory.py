@@ -57,11 +57,28 @@ def estimate_memory_bytes(config: HFModelConfig) -> int:
 
 def weights_bytes(folder: Path, dtype: str = "auto") -> int:
     """Sum over ``*.safetensors`` headers (exact element counts), else ``*.bin`` sizes."""
-    target = _DTYPE_BYTES.get(dtype)
-    files = sorted(folder.glob("*.safetensors"))
-    if files:
-        return sum(_safetensors_bytes(path, target) for path in files)
+    if any(folder.glob("*.safetensors")):
+        return sum(tensor_bytes(folder, dtype).values())
     return sum(path.stat().st_size for path in folder.glob("*.bin"))
+
+
+def tensor_bytes(folder: Path, dtype: str = "auto") -> dict[str, int]:
+    """Each tensor's bytes in ``folder``'s ``*.safetensors`` headers, at ``dtype`` (or as
+    stored for ``auto``)."""
+    target = _DTYPE_BYTES.get(dtype)
+    sizes: dict[str, int] = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        with path.open("rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            if length > _MAX_HEADER:
+                raise ValueError(f"{path.name}: implausible header length {length}")
+            header = json.loads(handle.read(length))
+        for name, tensor in header.items():
+            if name == "__metadata__":
+                continue
+            count = math.prod(tensor["shape"])
+            sizes[name] = count * (target or _SAFETENSORS_BYTES.get(tensor["dtype"], 1))
+    return sizes
 
 
 def kv_bytes_per_token(folder: Path, dtype: str = "auto") -> int:
@@ -80,21 +97,6 @@ def kv_bytes_per_token(folder: Path, dtype: str = "auto") -> int:
         return 0
     element = _DTYPE_BYTES.get(dtype) or _DTYPE_BYTES.get(str(cfg.get("dtype")), 4)
     return layers * 2 * kv_heads * head_dim * element
-
-
-def _safetensors_bytes(path: Path, target: int | None) -> int:
-    with path.open("rb") as handle:
-        (length,) = struct.unpack("<Q", handle.read(8))
-        if length > _MAX_HEADER:
-            raise ValueError(f"{path.name}: implausible header length {length}")
-        header = json.loads(handle.read(length))
-    total = 0
-    for name, tensor in header.items():
-        if name == "__metadata__":
-            continue
-        count = math.prod(tensor["shape"])
-        total += count * (target or _SAFETENSORS_BYTES.get(tensor["dtype"], 1))
-    return total
 
 
 def _local_folder(source: str) -> Path | None:

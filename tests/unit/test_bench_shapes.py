@@ -57,6 +57,7 @@ def test_a_step_reads_every_weight_and_the_kv_of_its_context(tmp_path: Path) -> 
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
         "hidden_size": 8,
+        "vocab_size": 100,
         "tie_word_embeddings": True,
     }
     tensors = {"model.embed_tokens.weight": [100, 8], "model.layers.0.w": [8, 8]}
