@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -51,6 +51,16 @@ CREATE TABLE IF NOT EXISTS started (
     batch_id TEXT NOT NULL, line INTEGER NOT NULL, PRIMARY KEY (batch_id, line));
 """
 _ACTIVE = tuple(status.value for status in ACTIVE)
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """A batch's lines now: finished with 200, finished otherwise, and started but not
+    finished (running, or left by a replica that died until a runner takes them over)."""
+
+    completed: int
+    failed: int
+    started: int
 
 
 class LeaseLost(Exception):
@@ -133,6 +143,11 @@ class BatchState:
     async def counts(self, batch_id: str) -> tuple[int, int]:
         """``(completed, failed)`` lines so far."""
         return await self.read(_counts, (0, 0), batch_id)
+
+    async def recent(self, limit: int) -> list[tuple[Batch, Progress]]:
+        """Every key's batches, newest first, each with its progress (the console's
+        view; the API's listing is per key)."""
+        return await self.read(_recent, [], limit)
 
     async def save(self, batch: Batch, owner: str) -> Batch:
         """Write ``batch`` while ``owner`` holds its lease, and return it as written: a
@@ -241,6 +256,21 @@ def _counts(db: sqlite3.Connection, batch_id: str) -> tuple[int, int]:
         (batch_id,),
     ).fetchone()
     return int(ok), int(failed)
+
+
+def _recent(db: sqlite3.Connection, limit: int) -> list[tuple[Batch, Progress]]:
+    rows = db.execute(
+        "SELECT b.body,"
+        " (SELECT COALESCE(SUM(ok),0) FROM results r WHERE r.batch_id=b.id),"
+        " (SELECT COALESCE(SUM(1-ok),0) FROM results r WHERE r.batch_id=b.id),"
+        " (SELECT COUNT(*) FROM started s WHERE s.batch_id=b.id)"
+        " FROM batches b ORDER BY b.seq DESC LIMIT ?",
+        (limit,),
+    ).fetchall()
+    return [
+        (Batch.from_stored(orjson.loads(body)), Progress(int(ok), int(failed), int(started)))
+        for body, ok, failed, started in rows
+    ]
 
 
 def _holds(db: sqlite3.Connection, batch_id: str, owner: str) -> bool:

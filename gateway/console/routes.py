@@ -1,5 +1,5 @@
-"""Console routes: ``/admin/stats``, ``/admin/requests`` (JSON, for the page and for
-scripts) and, when ``server.ui`` is on, the page itself under ``/ui``.
+"""Console routes: ``/admin/stats``, ``/admin/requests``, ``/admin/batches`` (JSON, for
+the page and for scripts) and, when ``server.ui`` is on, the page itself under ``/ui``.
 
 The JSON views are read-only: they need the admin key when one is configured, and are
 open when auth is off (``gateway.edge.ops.require_admin(read_only=True)``). The page's files are
@@ -19,6 +19,9 @@ from fastapi import APIRouter, Request
 from starlette.responses import RedirectResponse, Response
 
 from backends.base import InvalidRequest
+from gateway.batch.objects import Batch
+from gateway.batch.runner import BatchRunner
+from gateway.batch.store import Progress
 from gateway.console.activity import RECENT_CAPACITY
 from gateway.edge.ops import require_admin
 from gateway.edge.state import AppState
@@ -57,12 +60,26 @@ def _json(payload: Any) -> Response:
     return Response(orjson.dumps(payload), media_type="application/json")
 
 
-def _limit(raw: str | None) -> int:
+def _limit(raw: str | None, default: int = 100, most: int = RECENT_CAPACITY) -> int:
     if raw is None:
-        return 100
-    if not raw.isdigit() or not 1 <= int(raw) <= RECENT_CAPACITY:
-        raise InvalidRequest(f"limit must be an integer from 1 to {RECENT_CAPACITY}", param="limit")
+        return default
+    if not raw.isdigit() or not 1 <= int(raw) <= most:
+        raise InvalidRequest(f"limit must be an integer from 1 to {most}", param="limit")
     return int(raw)
+
+
+BATCHES_SHOWN = 100
+"""The most batches ``/admin/batches`` lists (newest first)."""
+
+
+def batch_row(batch: Batch, progress: Progress) -> dict[str, Any]:
+    """A batch as the API shows it to its key, plus what only an operator sees: the key
+    that owns it, the lines started and not finished, and the lines run twice."""
+    row = batch.to_json(progress.completed, progress.failed)
+    row["owner"] = batch.owner
+    row["request_counts"]["started"] = progress.started
+    row["reruns"] = batch.reruns
+    return row
 
 
 def stats_payload(state: AppState) -> dict[str, Any]:
@@ -99,6 +116,14 @@ def build_router(*, ui: bool) -> APIRouter:
             limit=_limit(query.get("limit")),
         )
         return _json({"requests": [summary.to_json() for summary in found]})
+
+    @router.get("/admin/batches")
+    async def admin_batches(request: Request) -> Response:
+        require_admin(request, read_only=True)
+        limit = _limit(request.query_params.get("limit"), default=20, most=BATCHES_SHOWN)
+        runner: BatchRunner = request.app.state.batch_runner
+        found = await runner.state.recent(limit)
+        return _json({"batches": [batch_row(batch, progress) for batch, progress in found]})
 
     if ui:
         _add_page(router, load_assets())

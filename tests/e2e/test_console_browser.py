@@ -4,8 +4,9 @@ Playwright) against ``llmso serve`` with the default SmolLM2 in the hf backend.
 It checks what an operator does: the model shows ``ready``, a playground answer streams
 in (with TTFT and tok/s, and no layout shift in the playground while it streams), the
 request appears in the recent list with its timeline, a JSON schema is sent as
-``response_format`` (refused cleanly, or honoured once structured outputs exist), and
-the unload, load and drain buttons change the state. The page's own JS must log no
+``response_format`` (refused cleanly, or honoured once structured outputs exist), a
+batch sent through the Batch API shows with its progress until it completes, and the
+unload, load and drain buttons change the state. The page's own JS must log no
 error. Screenshots, light and dark, go to ``bench-out/console/`` (ignored by git) for a
 person to look at.
 """
@@ -13,11 +14,13 @@ person to look at.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.tools.servers import REPO, RunningServer, engine_required, gateway
@@ -51,11 +54,12 @@ def _skip_reason() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     reason = _skip_reason()
     if reason is not None:
         pytest.skip(reason)
     config = {
+        "batch": {"directory": str(tmp_path_factory.mktemp("batch")), "poll_interval": 0.2},
         "models": [
             {
                 "name": MODEL,
@@ -66,7 +70,7 @@ def server() -> Iterator[RunningServer]:
                 "max_context": 1024,
                 "threads": 1,
             }
-        ]
+        ],
     }
     with gateway(config, env={"LLMSO_ADMIN_KEY": ADMIN_KEY}) as running:
         yield running
@@ -116,6 +120,33 @@ OUTPUT_BOX = """() => {
   const r = document.getElementById("play-output").getBoundingClientRect();
   return [r.left + window.scrollX, r.top + window.scrollY, r.width, r.height];
 }"""
+
+
+def _submit_batch(url: str, lines: int) -> str:
+    """A chat batch of ``lines`` short requests through the Files and Batch APIs."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+    data = "".join(
+        json.dumps(
+            {"custom_id": f"c-{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+        )
+        + "\n"
+        for i in range(lines)
+    )
+    with httpx.Client(base_url=url, timeout=30) as http:
+        upload = http.post(
+            "/v1/files", files={"file": ("in.jsonl", data)}, data={"purpose": "batch"}
+        )
+        upload.raise_for_status()
+        created = http.post(
+            "/v1/batches",
+            json={
+                "input_file_id": upload.json()["id"],
+                "endpoint": "/v1/chat/completions",
+                "completion_window": "24h",
+            },
+        )
+        created.raise_for_status()
+        return str(created.json()["id"])
 
 
 def test_console_drives_the_gateway(server: RunningServer, browser: Any) -> None:
@@ -186,6 +217,14 @@ def test_console_drives_the_gateway(server: RunningServer, browser: Any) -> None
     page.fill("#play-schema", "not json")
     page.click("#play-send")
     expect(page.locator("#play-error")).to_contain_text("not valid JSON")
+
+    # A batch from the Batch API shows with its progress, and ends completed.
+    batch_id = _submit_batch(server.url, lines=3)
+    batch_row = page.locator(f'#batches tr[data-id="{batch_id}"]')
+    expect(batch_row.locator(".badge")).to_have_text("completed", timeout=60_000)
+    expect(batch_row).to_contain_text("3 of 3 lines")
+    assert batch_row.locator("progress").evaluate("p => [p.value, p.max]") == [3, 3]
+    page.screenshot(path=str(SHOTS / "batches-light.png"), full_page=True)
 
     # Unload from the console; the state follows, and Load becomes possible.
     page.click(f'{ROW} button[data-action="unload"]')

@@ -366,3 +366,43 @@ async def test_admin_key_is_not_needed_and_reads_create_nothing(
     assert reply.status_code == 200 and reply.json()["data"] == []
     assert not (tmp_path / "state").exists()
     assert ADMIN
+
+
+async def test_the_console_lists_every_keys_batches_with_progress(
+    make: AppFactory, tmp_path: Path
+) -> None:
+    app = await make(make_config(**batch_config(tmp_path, max_concurrency=1)))
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    assert (await app.http.get("/admin/batches", headers=admin)).json() == {"batches": []}
+    assert not (tmp_path / "batches.sqlite3").exists()  # a look creates nothing
+    lines = [chat_line("first", "hold"), *(chat_line(f"later-{i}") for i in range(3))]
+    held = await submit(sdk(app), jsonl(*lines))
+    await until(lambda: bool(app.backends["alpha"].calls))
+    other = await submit(sdk(app, KEY_B), jsonl(chat_line("b-0")))
+
+    # The first line is running; the second key's batch waits behind it (one at a time).
+    listing = (await app.http.get("/admin/batches", headers=admin)).json()["batches"]
+    assert [(row["id"], row["owner"]) for row in listing] == [
+        (other.id, "team-b"),
+        (held.id, "team-a"),
+    ]
+    running = listing[1]
+    assert running["status"] == "in_progress"
+    assert running["request_counts"] == {"total": 4, "completed": 0, "failed": 0, "started": 1}
+    assert running["reruns"] == 0
+    # A key's own listing stays its own.
+    assert [b.id for b in (await sdk(app, KEY_B).batches.list()).data] == [other.id]
+
+    app.backends["alpha"].release.set()
+    await wait_for(sdk(app), held.id, "completed")
+    await wait_for(sdk(app, KEY_B), other.id, "completed")
+    listing = (await app.http.get("/admin/batches?limit=1", headers=admin)).json()["batches"]
+    assert [row["id"] for row in listing] == [other.id]
+    listing = (await app.http.get("/admin/batches", headers=admin)).json()["batches"]
+    assert listing[1]["request_counts"] == {"total": 4, "completed": 4, "failed": 0, "started": 0}
+
+    assert (await app.http.get("/admin/batches")).status_code == 401
+    key_a = {"authorization": f"Bearer {KEY_A}"}
+    assert (await app.http.get("/admin/batches", headers=key_a)).status_code == 401
+    refused = await app.http.get("/admin/batches?limit=0", headers=admin)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "limit"

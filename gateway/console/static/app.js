@@ -1,6 +1,7 @@
 // The console's entry point: wires the views and polls the JSON views every 1.5 s.
 
 import { ApiError, adminGet, describeError, setAdminKey } from "./api.js";
+import { BatchesView } from "./batches.js";
 import { LiveView } from "./live.js";
 import { ModelsView } from "./models.js";
 import { Playground } from "./playground.js";
@@ -21,6 +22,7 @@ const models = new ModelsView($("models"), $("mutations-note"), {
 });
 const live = new LiveView($("live"));
 const requests = new RequestsView($("requests"), $("timeline"));
+const batches = new BatchesView($("batches"));
 const playground = new Playground();
 
 let timer = null;
@@ -51,15 +53,17 @@ async function tick() {
   running = true;
   const generation = filterGeneration;
   try {
-    const [modelList, stats, recent] = await Promise.all([
+    const [modelList, stats, recent, batchList] = await Promise.all([
       adminGet("/admin/models"),
       adminGet("/admin/stats"),
       adminGet(requestsPath()),
+      adminGet("/admin/batches?limit=20"),
     ]);
     const names = modelList.models.map((m) => m.name);
     models.render(modelList);
     live.render(stats);
     if (generation === filterGeneration) requests.render(recent.requests);
+    batches.render(batchList.batches);
     playground.setModels(names);
     setFilterModels(names);
     needKey = false;
