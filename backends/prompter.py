@@ -59,6 +59,11 @@ class Prompter:
             )
         return render_chat(self._tokenizer, request)
 
+    def ids(self, text: str) -> list[int]:
+        """The token ids of ``text`` as an engine tokenises a prompt it is sent (special
+        tokens written in the text are parsed, none added); needs a loaded tokenizer."""
+        return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+
     def count(self, text: str, *, prompt: bool) -> int | None:
         """Tokens in ``text``; None without a tokenizer. A prompt is counted the way a
         model tokenizes its input (with special tokens such as BOS), generated text not."""

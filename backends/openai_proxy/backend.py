@@ -67,7 +67,7 @@ from backends.openai_proxy.relay import (
     post_json,
     unhidden_error,
 )
-from backends.openai_proxy.resume import Resume, Resumer
+from backends.openai_proxy.resume import Resume, Resumer, SeamMismatch
 from backends.openai_proxy.scored import scored_body, scored_events
 from backends.openai_proxy.slots import SlotGate
 from backends.openai_proxy.stream import ChunkTranslator
@@ -228,6 +228,8 @@ class OpenAIProxyBackend:
                         break
                     try:
                         events = await self._next(stream, replica)
+                        if resume is not None:
+                            events = resume.replay(events)
                     except BackendError as error:
                         if resume is None:
                             raise
@@ -402,18 +404,29 @@ class OpenAIProxyBackend:
             return None
         resumer = self._resumer
         resumer.check(resume, error)
-        path, body = await resumer.continuation(request, resume, self._upstream_model)
-        retries = resumer.retries_left(resume)
-        resume.points.append(resume.tokens)
-        try:
-            stream, replica, _, first = await self._open(
-                session, path, body, request, exclude=(broken.url,), retries=retries
-            )
-        except BackendError:
-            resumer.count("failed")
-            raise
-        resumer.resumed(request, resume, broken, replica, error)
-        return stream, replica, first
+        # A continuation that disagreed at the seam came from a healthy replica.
+        exclude = () if isinstance(error, SeamMismatch) else (broken.url,)
+        while True:
+            path, body = await resumer.continuation(request, resume, self._upstream_model)
+            retries = resumer.retries_left(resume)
+            resume.points.append(resume.tokens)
+            try:
+                stream, replica, _, first = await self._open(
+                    session, path, body, request, exclude=exclude, retries=retries
+                )
+            except BackendError:
+                resumer.count("failed")
+                raise
+            try:
+                first = resume.replay(first)
+            except SeamMismatch:
+                # Once: the next continuation carries the whole text, withholding none.
+                resumer.mismatched(request)
+                stream.close()
+                replica.release()
+                continue
+            resumer.resumed(request, resume, broken, replica, error)
+            return stream, replica, first
 
     def _data_pool(self) -> Pool:
         pool = self._pool

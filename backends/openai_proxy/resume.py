@@ -20,9 +20,18 @@ How a request is continued depends on the engine (``continuation``):
 
 ``max_tokens`` shrinks by the tokens delivered; sampling settings and seed stay. A greedy
 request continues as the uninterrupted run would, as far as the engine computes a token
-the same in a prompt batch as in decoding one at a time and the delivered text
-tokenises back into the tokens that produced it; a sampled one continues plausibly, not
+the same in a prompt batch as in decoding one at a time and the text it is sent
+tokenises into the ids that produced it; a sampled one continues plausibly, not
 identically (its random state is not carried over).
+
+Text is all llama-cpp-python takes (no token-id prompts), and a text can tokenise into
+other ids than the ones generated (an engine may spell a word in two tokens that BPE
+merges into one), which gives the next token another context. Where the model's
+tokenizer is loaded (llama.cpp's ``tokenizer:``) a greedy continuation therefore carries
+only the delivered deltas that tokenise back into their own ids (``exact_seam``) and
+withholds the rest: the engine regenerates them, the relay checks that they match what
+the client already has and drops them, and relays what follows. A continuation that does
+not regenerate them (``SeamMismatch``) is replaced by one carrying the whole text.
 
 Requests a continuation cannot rebuild are never resumed (``refusal``; the client gets
 the SSE error event, as before): ``n`` > 1, ``logprobs``, a ``response_format`` (the
@@ -36,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Literal
 
@@ -48,6 +58,7 @@ from backends.base import (
     Finished,
     GenerationRequest,
     RequestKind,
+    SamplingParams,
     TextDelta,
     ToolCallDelta,
     UpstreamBadResponse,
@@ -81,6 +92,35 @@ _BROKEN = (UpstreamUnavailable, UpstreamTimeout, UpstreamBadResponse)
 """Errors of a stream that broke (``BackendCrashed`` is a stopping backend: never resumed)."""
 
 
+class SeamMismatch(UpstreamBadResponse):
+    """A continuation whose first text is not the withheld part of the delivered answer
+    (the engine computed the seam's tokens otherwise): it is replaced, never relayed."""
+
+
+def exact_seam(encode: Callable[[str], list[int]], prompt: str, parts: Sequence[str]) -> int:
+    """How many of the delivered ``parts`` (one streamed delta each, one token each as a
+    llama.cpp stream sends them) a continuation may carry as text after ``prompt``: the
+    most whose text tokenises into the prompt's ids followed by each part's own ids, the
+    ids the engine generated. Usually all of them; 0 when even the first does not."""
+    expected = encode(prompt)
+    bounds = [len(expected)]
+    for part in parts:
+        expected += encode(part)
+        bounds.append(len(expected))
+    whole = encode(prompt + "".join(parts))
+    common = 0
+    for have, want in zip(whole, expected, strict=False):
+        if have != want:
+            break
+        common += 1
+    # The parts whose ids all lie in the common prefix; a prefix of the text can still
+    # tokenise otherwise at its end (a merge with what followed it), so check each.
+    count = max((j for j, bound in enumerate(bounds) if bound <= common), default=0)
+    while count > 0 and encode(prompt + "".join(parts[:count])) != expected[: bounds[count]]:
+        count -= 1
+    return count
+
+
 def failover_mode(config: OpenAIModelConfig) -> Failover:
     """The configured mode, else ``mid_stream`` where the engine can continue an answer."""
     if config.failover is not None:
@@ -108,14 +148,19 @@ class Resume:
     """The answer delivered so far to one request's client, and its resumes."""
 
     __slots__ = (
+        "_counts",
         "_default",
         "_parts",
+        "carried",
+        "exact",
         "finished",
         "points",
         "refused",
         "tokens",
         "tool_call",
         "waited",
+        "withheld",
+        "withheld_tokens",
     )
 
     def __init__(self, refused: str | None, default_max_tokens: int | None = None) -> None:
@@ -124,8 +169,18 @@ class Resume:
         self.refused = refused
         """Why this request can never be resumed (``refusal``), or None."""
         self._parts: list[str] = []
+        self._counts: list[int] = []
+        """Tokens behind each of ``_parts``."""
         self.tokens = 0
         """Completion tokens delivered (counted from the deltas relayed)."""
+        self.withheld = ""
+        """Delivered text the current continuation must regenerate before new text."""
+        self.withheld_tokens = 0
+        self.carried = (0, 0)
+        """Characters and tokens of the delivered answer the current continuation carries."""
+        self.exact = True
+        """False once a continuation failed to regenerate its withheld text: later ones
+        carry the whole text."""
         self.tool_call = False
         self.finished = False
         self.points: list[int] = []
@@ -139,6 +194,7 @@ class Resume:
             kind = type(event)
             if kind is TextDelta:
                 self._parts.append(event.text)  # type: ignore[union-attr]
+                self._counts.append(event.num_tokens)  # type: ignore[union-attr]
                 self.tokens += event.num_tokens  # type: ignore[union-attr]
             elif kind is ToolCallDelta:
                 self.tool_call = True
@@ -148,6 +204,54 @@ class Resume:
     @property
     def text(self) -> str:
         return "".join(self._parts)
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        return tuple(self._parts)
+
+    def carry(self, count: int) -> str:
+        """The text of the first ``count`` delivered parts, for the continuation to carry;
+        the rest is withheld until the continuation has regenerated it (``replay``)."""
+        self.withheld = "".join(self._parts[count:])
+        self.withheld_tokens = sum(self._counts[count:])
+        text = "".join(self._parts[:count])
+        self.carried = (len(text), sum(self._counts[:count]))
+        return text
+
+    def replay(self, events: list[BackendEvent]) -> list[BackendEvent]:
+        """``events`` of a continuation less the withheld text it regenerates; raises
+        ``SeamMismatch`` (and gives up withholding) where they differ."""
+        if not self.withheld:
+            return events
+        kept: list[BackendEvent] = []
+        for event in events:
+            if self.withheld and type(event) is TextDelta:
+                rest = self._regenerated(event.text)  # type: ignore[union-attr]
+                if rest is None:
+                    continue
+                kept.append(replace(event, text=rest))  # type: ignore[type-var]
+                continue
+            if self.withheld and type(event) in (Finished, ToolCallDelta):
+                self._mismatch("")
+            kept.append(event)
+        return kept
+
+    def _regenerated(self, text: str) -> str | None:
+        """Consume ``text`` against the withheld text: None when all of it was withheld,
+        else what follows the withheld text (which is then used up)."""
+        if self.withheld.startswith(text):
+            self.withheld = self.withheld[len(text) :]
+            return None
+        if not text.startswith(self.withheld):
+            self._mismatch(text)
+        rest, self.withheld = text[len(self.withheld) :], ""
+        return rest
+
+    def _mismatch(self, text: str) -> None:
+        withheld, self.withheld, self.exact = self.withheld, "", False
+        raise SeamMismatch(
+            f"the continuation regenerated {text[:40]!r} where the answer had {withheld[:40]!r}"
+        )
 
     @property
     def resumes(self) -> int:
@@ -241,12 +345,19 @@ class Resumer:
         replica: Replica,
         error: BackendError,
     ) -> None:
-        """Count and log a resume (where the seam is: tokens and characters delivered)."""
+        """Count and log a resume (where the seam is: tokens and characters delivered, and
+        the characters of them the continuation carries)."""
         self.count("resumed")
         log.info(
-            "resume request=%s model=%s from=%s to=%s tokens=%d chars=%d error=%s",
-            request.request_id, request.model, broken.url, replica.url, resume.tokens,
-            len(resume.text), error.error_type,
+            "resume request=%s model=%s from=%s to=%s tokens=%d chars=%d carried=%d/%d "
+            "error=%s", request.request_id, request.model, broken.url, replica.url,
+            resume.tokens, len(resume.text), *resume.carried, error.error_type,
+        )  # fmt: skip
+
+    def mismatched(self, request: GenerationRequest) -> None:
+        log.info(
+            "resume request=%s: the continuation differed at the seam; the next one "
+            "carries the whole delivered text", request.request_id,
         )  # fmt: skip
 
     def charge(self, usage: Usage) -> None:
@@ -256,33 +367,53 @@ class Resumer:
         self, request: GenerationRequest, resume: Resume, model: str
     ) -> tuple[str, bytes]:
         """``(path, body)`` asking for the rest of the answer (see the module doc)."""
-        text = resume.text
-        left = resume.tokens_left(request)
-        sampling = request.sampling
-        if left is not None:
-            sampling = replace(sampling, max_tokens=left)
         profile = self._profile
-        if request.kind is RequestKind.COMPLETION:
-            rest = replace(request, prompt=request.prompt + text, sampling=sampling)
-            body = engine_body(rest, model, profile)
-            return COMPLETIONS_PATH, orjson.dumps(body)
-        if self._engine in _CONTINUES_MESSAGES:
-            answer = ChatMessage("assistant", text)
+        if request.kind is RequestKind.CHAT and self._engine in _CONTINUES_MESSAGES:
+            answer = ChatMessage("assistant", resume.carry(len(resume.parts)))
+            sampling = self._sampling(request, resume)
             rest = replace(request, messages=(*request.messages, answer), sampling=sampling)
             body = engine_body(rest, model, profile)
             body["continue_final_message"] = True
             body["add_generation_prompt"] = False
             return CHAT_PATH, orjson.dumps(body)
-        prompt = await asyncio.to_thread(self._prompter.render, request)
+        if request.kind is RequestKind.COMPLETION:
+            prompt = request.prompt
+        else:
+            prompt = await asyncio.to_thread(self._prompter.render, request)
+        carried = await self._carried(request, resume, prompt)
         rest = replace(
             request,
             kind=RequestKind.COMPLETION,
-            prompt=prompt + text,
+            prompt=prompt + carried,
             messages=(),
             tools=(),
             tool_choice=None,
             parallel_tool_calls=None,
-            sampling=sampling,
+            sampling=self._sampling(request, resume),
         )
         body = engine_body(rest, model, profile)
         return COMPLETIONS_PATH, orjson.dumps(body)
+
+    async def _carried(self, request: GenerationRequest, resume: Resume, prompt: str) -> str:
+        """The delivered text a completions continuation carries: all of it, or for a
+        greedy request with the tokenizer at hand the part that tokenises back into the
+        generated ids (``exact_seam``; the rest is withheld)."""
+        parts = resume.parts
+        if not (resume.exact and request.sampling.greedy and self._prompter.loaded):
+            return resume.carry(len(parts))
+        count = await asyncio.to_thread(exact_seam, self._prompter.ids, prompt, parts)
+        if count < len(parts):
+            log.info(
+                "resume request=%s withholds %d of %d delivered parts (they tokenise into "
+                "other ids than generated)", request.request_id, len(parts) - count, len(parts),
+            )  # fmt: skip
+        return resume.carry(count)
+
+    @staticmethod
+    def _sampling(request: GenerationRequest, resume: Resume) -> SamplingParams:
+        """The request's sampling with ``max_tokens`` less what the client has (the
+        withheld tokens are generated again, so they count as not delivered)."""
+        left = resume.tokens_left(request)
+        if left is None:
+            return request.sampling
+        return replace(request.sampling, max_tokens=left + resume.withheld_tokens)

@@ -65,7 +65,9 @@ PROMPTS = (
     "Describe a train journey across the mountains in winter.",
     "Write a story about two friends who open a bakery.",
 )
-_RESUME = re.compile(r"resume request=(\S+) .*?to=(\S+) tokens=(\d+) chars=(\d+)")
+_RESUME = re.compile(
+    r"resume request=(\S+) .*?to=(\S+) tokens=(\d+) chars=(\d+) carried=(\d+)/(\d+)"
+)
 BATCH_INVARIANT = ("--n_batch", "1", "--n_ubatch", "1")
 """Engine flags that make llama.cpp compute a token the same whether it reads it in a
 prompt or generated it: one token per batch. With batches, a token's numbers depend on
@@ -82,6 +84,9 @@ class Trial:
     resumed: bool
     seam_chars: int
     seam_tokens: int
+    carried_chars: int
+    """Characters of the delivered text the continuation carried (the rest it had to
+    regenerate first: ``backends.openai_proxy.resume.exact_seam``)."""
     error_event: bool
     done: bool
     intact: bool
@@ -92,6 +97,8 @@ class Trial:
     """The whole text equals the uninterrupted answer."""
     diverged_at: int | None
     """Where the text first differs from the uninterrupted answer (characters)."""
+    texts: tuple[str, str] | None = None
+    """The client's text and the uninterrupted answer, kept when they differ."""
 
     @property
     def passed(self) -> bool:
@@ -193,8 +200,9 @@ class Drill:
         return self.references[prompt]
 
     def continuation(self, prompt: int, delivered: str, tokens: int, replica: str) -> str:
-        """The engine's greedy continuation of ``delivered``, asked directly of the
-        engine behind ``replica`` (a configured URL: an engine's or the relay's)."""
+        """The engine's greedy continuation of ``delivered`` (``tokens`` long), asked
+        directly of the engine behind ``replica`` (a configured URL: an engine's or the
+        relay's)."""
         request = GenerationRequest(
             "drill",
             "kill",
@@ -292,14 +300,18 @@ class Drill:
         assert self.gateway is not None
         reference, text = self.reference(prompt), got.text
         seams = [
-            (to, int(tokens), int(chars))
-            for found, to, tokens, chars in _RESUME.findall(self.gateway.log_path.read_text())
+            (to, int(tokens), int(chars), int(carried), int(carried_tokens))
+            for found, to, tokens, chars, carried, carried_tokens in _RESUME.findall(
+                self.gateway.log_path.read_text()
+            )
             if found == got.request_id
         ]
-        to, tokens, chars = seams[-1] if seams else ("", 0, 0)
+        to, tokens, chars, carried, carried_tokens = seams[-1] if seams else ("", 0, 0, 0, 0)
         delivered = text[:chars]
+        # The continuation carried the first `carried` characters; what it generated is
+        # the rest of the text, the part it regenerated (and the relay dropped) included.
         continued = bool(seams) and (
-            text[chars:] == self.continuation(prompt, delivered, tokens, to)
+            text[carried:] == self.continuation(prompt, text[:carried], carried_tokens, to)
         )
         return Trial(
             kind=kind,
@@ -308,6 +320,7 @@ class Drill:
             resumed=bool(seams),
             seam_chars=chars,
             seam_tokens=tokens,
+            carried_chars=carried,
             error_event=got.error,
             done=got.done,
             intact=reference.startswith(delivered),
@@ -317,6 +330,7 @@ class Drill:
                 (i for i, (a, b) in enumerate(zip(text, reference, strict=False)) if a != b),
                 None if text == reference else min(len(text), len(reference)),
             ),
+            texts=None if text == reference else (text, reference),
         )
 
     def _restart(self, target: int) -> None:
