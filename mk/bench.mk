@@ -14,6 +14,7 @@
 #   BENCH_QUICK=1         tiny smoke run (a few requests, 8 tokens) written outside docs/
 #   BENCH_ARGS="--concurrency 1,4,16,64"  extra flags for `llmso bench suite`
 BENCH_QUICK ?=
+COMMA := ,
 BENCH_ARGS ?=
 BENCH_OUT ?= $(if $(BENCH_QUICK),/tmp/llmso-bench-quick,docs/benchmarks)
 BENCH_NO_VLLM ?=
@@ -40,7 +41,7 @@ bench-shapes: setup $(if $(BENCH_NO_VLLM),,vllm)
 	@model_path=$$($(BENCH_MODEL_PATH_CMD)) && test -d "$$model_path" && \
 	$(PY) -m bench.shapes --tokenizer-from "$$model_path" --out $(BENCH_OUT)/shapes \
 		--models-dir $(LLMSO_MODEL_CACHE)/shaped $(if $(BENCH_NO_VLLM),--no-vllm,) \
-		$(if $(BENCH_QUICK),--quick --concurrency 1,2,)
+		$(if $(BENCH_QUICK),--quick --concurrency 1$(COMMA)2,)
 
 bench-quant: setup
 	$(PY) -m bench.quant_accuracy --out $(BENCH_OUT)/quantization
