@@ -46,8 +46,10 @@ export class BatchesView {
       const statusCell = el("td");
       statusCell.append(el("span", b.status, `badge ${b.status}`));
       const ended = endedAt(b);
+      const idCell = el("td", b.id.slice(0, 18), "mono");
+      idCell.title = b.id;
       tr.append(
-        el("td", b.id.slice(0, 18), "mono"),
+        idCell,
         el("td", b.owner),
         el("td", b.endpoint, "mono"),
         statusCell,
