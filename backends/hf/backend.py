@@ -31,6 +31,7 @@ from backends.base import (
     BackendEvent,
     Feature,
     GenerationRequest,
+    InvalidRequest,
     ModelInfo,
     NotReady,
     Overloaded,
@@ -42,7 +43,8 @@ from backends.hf.engine import Engine, EngineLimits, StepPolicy, Submission
 from backends.hf.families import Unsupported
 from backends.hf.grammar import GrammarBook, check_budget, grammar_spec
 from backends.hf.loader import LoadedModel, ModelLoadError, load, threads_for
-from backends.hf.model_source import gguf_behind
+from backends.hf.lora import AdapterError, LoraBank, read_adapter
+from backends.hf.model_source import ModelSourceError, adapter_folder, gguf_behind
 from backends.hf.module_runner import ModuleRunner
 from backends.hf.outputs import Item, StepOutputs
 from backends.hf.own_thread import run_in_own_thread
@@ -94,6 +96,7 @@ class HFBackend:
         on_crash: Callable[[str], None] | None = None,
     ) -> None:
         self._config = config
+        self._adapter_names = frozenset(adapter.name for adapter in config.adapters)
         self._observer = observer
         self._on_crash = on_crash
         self._loaded: LoadedModel | None = None
@@ -192,6 +195,12 @@ class HFBackend:
                 for shape, runs in runner.attention.decode_timings.items()
             },
         )
+        adapter_slots: dict[str, int] = {}
+        if isinstance(runner, DecoderRunner) and runner.lora is not None:
+            adapter_slots = {name: slot for slot, name in enumerate(runner.lora.names)}
+            loaded = dataclasses.replace(
+                loaded, memory_bytes=loaded.memory_bytes + runner.lora.nbytes
+            )
         prefix = None
         if config.prefix_caching:
             prefix = PrefixCache(runner.cache, max_tokens=config.prefix_cache_tokens)
@@ -209,6 +218,7 @@ class HFBackend:
                 observer=self._observer,
                 one_at_a_time=mode == "sequential",
                 prefix_cache=prefix,
+                adapter_slots=adapter_slots,
             )
 
         return loaded, continuous_policy
@@ -262,6 +272,10 @@ class HFBackend:
             raise NotReady(f"model {request.model!r} is not loaded", retry_after=1.0)
         if self._not_started >= shed_limit(self._config.max_queue, request.priority):
             raise Overloaded("too many requests waiting for this model", retry_after=1.0)
+        if request.adapter is not None and request.adapter not in self._adapter_names:
+            raise InvalidRequest(
+                f"model {request.model!r} has no adapter {request.adapter!r}", param="model"
+            )
         sink = _Sink()
         queued_at = request.arrival_time or time.time()
         grammar = None
@@ -334,6 +348,11 @@ def _runner(config: HFModelConfig, loaded: LoadedModel) -> DecoderRunner | Modul
 
     fast = unsupported_reason(loaded.model)
     plan = quant_plan(config)
+    if fast is not None and config.adapters:
+        raise ModelLoadError(
+            f"{config.name}: adapters need the packed runner, which does not cover this "
+            f"model: {fast}"
+        )
     if fast is not None and plan.quantized:
         raise ModelLoadError(
             f"{config.name}: quantization {config.quantization!r} needs the packed runner, "
@@ -347,7 +366,7 @@ def _runner(config: HFModelConfig, loaded: LoadedModel) -> DecoderRunner | Modul
     with torch.inference_mode():
         try:
             make: Callable[..., DecoderRunner | ModuleRunner] = (
-                functools.partial(DecoderRunner, quantization=plan)
+                functools.partial(DecoderRunner, quantization=plan, lora=_lora_bank(config, loaded))
                 if fast is None
                 else ModuleRunner
             )
@@ -366,6 +385,31 @@ def _runner(config: HFModelConfig, loaded: LoadedModel) -> DecoderRunner | Modul
                 f"transformers' own modules over the slot cache are not exact: {exc} "
                 "(scheduling: static runs it with transformers' own generate)"
             ) from exc
+
+
+def _lora_bank(config: HFModelConfig, loaded: LoadedModel) -> LoraBank | None:
+    """The configured adapters, read and stacked for the packed runner (None: none)."""
+    if not config.adapters:
+        return None
+    adapters = []
+    for adapter in config.adapters:
+        try:
+            weights = read_adapter(adapter.name, adapter_folder(adapter.source))
+        except (AdapterError, ModelSourceError) as exc:
+            raise ModelLoadError(f"{config.name}: {exc}") from exc
+        if weights.rank > config.max_lora_rank:
+            raise ModelLoadError(
+                f"{config.name}: adapter {adapter.name!r} has rank {weights.rank}, above "
+                f"max_lora_rank ({config.max_lora_rank})"
+            )
+        adapters.append(weights)
+    param = next(loaded.model.parameters())
+    try:
+        return LoraBank(
+            list(loaded.model.model.layers), adapters, dtype=param.dtype, device=param.device
+        )
+    except AdapterError as exc:
+        raise ModelLoadError(f"{config.name}: {exc}") from exc
 
 
 def quant_plan(config: HFModelConfig) -> QuantPlan:

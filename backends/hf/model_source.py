@@ -66,6 +66,28 @@ def find_package_gguf(dist: str) -> Path:
     raise ModelSourceError(f"package {dist!r} ships no .gguf file")
 
 
+def adapter_folder(source: str) -> Path:
+    """The PEFT adapter folder of an ``adapters:`` source: a local folder, the folder
+    holding ``adapter_config.json`` inside an installed package (``package:<dist>``), or
+    a hub repository's adapter files (downloaded once into the hub cache)."""
+    if source.startswith(PACKAGE_PREFIX):
+        dist = source[len(PACKAGE_PREFIX) :]
+        spec = importlib.util.find_spec(dist.replace("-", "_"))
+        if spec is None or not spec.submodule_search_locations:
+            raise ModelSourceError(f"package {dist!r} is not installed")
+        for location in spec.submodule_search_locations:
+            found = sorted(Path(location).rglob("adapter_config.json"))
+            if found:
+                return found[0].parent
+        raise ModelSourceError(f"package {dist!r} holds no adapter_config.json")
+    path = Path(source).expanduser()
+    if path.exists() or source.startswith((".", "/", "~")):
+        return path
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(source, allow_patterns=["adapter_*"]))
+
+
 def assembled_gguf(dist: str, cache_dir: Path) -> Path | None:
     """The GGUF an assembler package joins from its chunk packages (its ``assemble``
     writes and checks the file's sha256; a second call only re-checks it), or None for a

@@ -251,6 +251,7 @@ class ModuleRunner:
         decode_tokens: list[int],
         decode_positions: list[int],
         prefills: list[PrefillChunk],
+        decode_adapters: list[int] | None = None,  # no adapters here (refused at load)
     ) -> torch.Tensor:
         """One packed step; returns fp32 logits for every decode row, then the rows of
         each prefill chunk (``PrefillChunk.logit_rows``), in that order

@@ -33,12 +33,20 @@ from backends.hf.kv_cache import SlotKVCache
 
 BLOCK_SIZE = 16
 _ROOT = -1
+"""The parent of a first block of the base model's prompts; a LoRA adapter's first blocks
+hang off their own root (``_root``): the same tokens give other keys and values under
+another adapter."""
+
+
+def _root(adapter: int) -> int:
+    """The root parent for prompts served with adapter slot ``adapter`` (-1: none)."""
+    return _ROOT if adapter < 0 else -2 - adapter
 
 
 @dataclass(eq=False, slots=True)
 class _Block:
     index: int  # row in the pool
-    key: tuple[int, tuple[int, ...]]  # (parent block index or _ROOT, token ids)
+    key: tuple[int, tuple[int, ...]]  # (parent block index or a root, token ids)
     children: int = 0
 
 
@@ -94,11 +102,11 @@ class PrefixCache:
             return 0
         return 2 * self._k.numel() * self._k.element_size()
 
-    def restore(self, prompt_ids: list[int], slot: int) -> int:
+    def restore(self, prompt_ids: list[int], slot: int, adapter: int = -1) -> int:
         """Copy the longest cached prefix of ``prompt_ids`` into ``slot``; returns how many
         positions (a multiple of ``block_size``, fewer than ``len(prompt_ids)``) are
         now in the slot and need no prefill."""
-        chain = self._match(prompt_ids, limit=len(prompt_ids) - 1)
+        chain = self._match(prompt_ids, limit=len(prompt_ids) - 1, adapter=adapter)
         self.stats.queried += len(prompt_ids)
         if not chain:
             return 0
@@ -116,13 +124,13 @@ class PrefixCache:
         self._touch(chain)
         return matched
 
-    def insert(self, prompt_ids: list[int], slot: int) -> None:
+    def insert(self, prompt_ids: list[int], slot: int, adapter: int = -1) -> None:
         """Store every full block of ``prompt_ids`` not cached yet; ``slot`` holds the
         prompt's keys at positions ``0..len-1``."""
         bs = self.block_size
         total = len(prompt_ids) // bs
-        chain = self._match(prompt_ids, limit=len(prompt_ids))
-        parent = chain[-1].index if chain else _ROOT
+        chain = self._match(prompt_ids, limit=len(prompt_ids), adapter=adapter)
+        parent = chain[-1].index if chain else _root(adapter)
         new: list[_Block] = []
         for number in range(len(chain), total):
             index = self._allocate(protect={b.index for b in (*chain, *new)})
@@ -132,7 +140,7 @@ class PrefixCache:
             block = _Block(index=index, key=key)
             self._blocks[key] = block
             self._by_index[index] = block
-            if parent != _ROOT:
+            if parent >= 0:
                 self._by_index[parent].children += 1
             new.append(block)
             parent = index
@@ -142,10 +150,10 @@ class PrefixCache:
 
     # ------------------------------------------------------------------ internals
 
-    def _match(self, prompt_ids: list[int], *, limit: int) -> list[_Block]:
+    def _match(self, prompt_ids: list[int], *, limit: int, adapter: int = -1) -> list[_Block]:
         bs = self.block_size
         chain: list[_Block] = []
-        parent = _ROOT
+        parent = _root(adapter)
         for number in range(limit // bs):
             block = self._blocks.get((parent, tuple(prompt_ids[number * bs : (number + 1) * bs])))
             if block is None:
@@ -176,7 +184,7 @@ class PrefixCache:
                 del self._blocks[block.key]
                 del self._by_index[index]
                 parent = block.key[0]
-                if parent != _ROOT:
+                if parent >= 0:
                     self._by_index[parent].children -= 1
                 self.stats.evicted_blocks += 1
                 return index

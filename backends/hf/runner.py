@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from backends.hf.families import Family, Unsupported, family_of
 from backends.hf.linears import Linear, make_linear
+from backends.hf.lora import LoraBank, LoraStep
 from backends.hf.norms import OffsetRMSNorm, RMSNorm, offset_weight
 from backends.hf.quantization import NONE, QuantPlan
 from backends.hf.slot_attention import PrefillChunk, SlotAttention, SlotStep
@@ -42,6 +43,7 @@ class _Step:
     slots: SlotStep
     cos: dict[str | None, torch.Tensor]
     sin: dict[str | None, torch.Tensor]
+    lora: LoraStep | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +110,7 @@ class DecoderRunner:
         compile_attention: bool = False,
         step_threads: StepThreads | None = None,
         quantization: QuantPlan = NONE,
+        lora: LoraBank | None = None,
     ) -> None:
         config = model.config
         inner = model.model
@@ -174,10 +177,13 @@ class DecoderRunner:
             step_threads=step_threads,
         )
         self.cache = self.attention.cache
+        self.lora = lora
         self.step_threads = step_threads  # None: the caller's thread count for every step
         self.path = f"packed runner ({self.family.model_type})"
         if quantization.quantized:
             self.path += f"; weights: {quantization.described}"
+        if lora is not None:
+            self.path += f"; LoRA adapters: {', '.join(lora.names)} (rank {lora.rank})"
 
     def _norm_weight(self, norm: Any) -> torch.Tensor:
         if self.family.offset_norms:
@@ -251,12 +257,14 @@ class DecoderRunner:
         decode_tokens: list[int],
         decode_positions: list[int],
         prefills: list[PrefillChunk],
+        decode_adapters: list[int] | None = None,
     ) -> torch.Tensor:
         """One packed step; returns fp32 logits for every decode row, then one row per
         prefill chunk with ``want_logits`` (its last token), or one per token of a scoring
         chunk (``PrefillChunk.logit_rows``), in that order.
 
-        Decode row ``i`` must belong to the sequence in cache slot ``i``."""
+        Decode row ``i`` must belong to the sequence in cache slot ``i``; its LoRA adapter
+        slot is ``decode_adapters[i]`` (-1 or None: the base model), a chunk's its own."""
         if self.step_threads is not None:
             self.step_threads.apply(len(decode_tokens) + sum(len(c.tokens) for c in prefills))
         packed = self.attention.pack(decode_tokens, decode_positions, prefills)
@@ -266,6 +274,7 @@ class DecoderRunner:
             sin={
                 kind: table[packed.positions][:, None, :] for kind, table in self.sin_signed.items()
             },
+            lora=self._lora_step(decode_adapters, len(decode_tokens), prefills),
         )
         logit_rows = packed.logit_rows
         x = F.embedding(packed.ids, self.embed)
@@ -281,6 +290,18 @@ class DecoderRunner:
             logits = torch.tanh(logits / cap) * cap
         return logits.float()
 
+    def _lora_step(
+        self, decode_adapters: list[int] | None, decode_rows: int, prefills: list[PrefillChunk]
+    ) -> LoraStep | None:
+        if self.lora is None:
+            return None
+        rows = list(decode_adapters) if decode_adapters is not None else [-1] * decode_rows
+        for chunk in prefills:
+            rows.extend([chunk.adapter] * len(chunk.tokens))
+        if max(rows, default=-1) < 0:
+            return None
+        return self.lora.step(torch.tensor(rows, dtype=torch.long, device=self.device))
+
     def _rope(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         rd, n, rows = self.rotary_dim, qk.shape[0], qk.shape[1]
         part = qk if rd == self.head_dim else qk[..., :rd]
@@ -292,8 +313,11 @@ class DecoderRunner:
 
     def _layer(self, index: int, layer: _Layer, x: torch.Tensor, step: _Step) -> torch.Tensor:
         hd, heads, kvh, n = self.head_dim, self.heads, self.kv_heads, step.slots.n
+        lora = step.lora
         h = self._norm(x, layer.ln_in)
         qkv = layer.qkv(h)
+        if lora is not None:
+            qkv = qkv + lora.delta(index, "qkv", h)
         qk = qkv[:, : (heads + kvh) * hd].view(n, heads + kvh, hd)
         if layer.q_norm is not None and layer.k_norm is not None:
             qk = torch.cat(
@@ -313,12 +337,20 @@ class DecoderRunner:
             scale=self.scale,
         )
         out = layer.o(attn)
+        if lora is not None:
+            out = out + lora.delta(index, "o", attn)
         if layer.ln_attn_out is not None:
             out = self._norm(out, layer.ln_attn_out)
         x = x + out
         h = self._norm(x, layer.ln_mlp_in)
-        gate, up = layer.gate_up(h).chunk(2, dim=-1)
-        out = layer.down(self.act(gate) * up)
+        gate_up = layer.gate_up(h)
+        if lora is not None:
+            gate_up = gate_up + lora.delta(index, "gate_up", h)
+        gate, up = gate_up.chunk(2, dim=-1)
+        inner = self.act(gate) * up
+        out = layer.down(inner)
+        if lora is not None:
+            out = out + lora.delta(index, "down", inner)
         if layer.ln_mlp_out is not None:
             out = self._norm(out, layer.ln_mlp_out)
         return x + out

@@ -53,7 +53,11 @@ class SlotRunner(Protocol):
     max_context: int
 
     def forward(
-        self, decode_tokens: list[int], decode_positions: list[int], prefills: list[PrefillChunk]
+        self,
+        decode_tokens: list[int],
+        decode_positions: list[int],
+        prefills: list[PrefillChunk],
+        decode_adapters: list[int] | None = None,
     ) -> torch.Tensor: ...
 
 
@@ -71,8 +75,10 @@ class ContinuousScheduler:
         one_at_a_time: bool = False,
         prefill_chunk: int = PREFILL_CHUNK,
         prefix_cache: PrefixCache | None = None,
+        adapter_slots: dict[str, int] | None = None,
     ) -> None:
         self._runner = runner
+        self._adapter_slots = adapter_slots or {}
         self._cache = runner.cache
         self._table = table
         self._max_seqs = max_num_seqs
@@ -122,9 +128,12 @@ class ContinuousScheduler:
         chunks, owners, finishing = self._plan_prefill(out)
         if not decode and not chunks:
             return
-        logits = self._runner.forward(
-            [c.next_input for c in decode], [c.length for c in decode], chunks
-        )
+        tokens, positions = [c.next_input for c in decode], [c.length for c in decode]
+        if self._adapter_slots:
+            adapters = [c.request.adapter for c in decode]
+            logits = self._runner.forward(tokens, positions, chunks, decode_adapters=adapters)
+        else:
+            logits = self._runner.forward(tokens, positions, chunks)
         for choice in decode:
             choice.length += 1
         last_rows = self._score_prompts(logits, len(decode), chunks, owners)
@@ -227,6 +236,8 @@ class ContinuousScheduler:
             owners.append(state)
         while self.waiting and budget > 0 and self._can_admit(self.waiting[0]):
             state = self.waiting.popleft()
+            if state.request.adapter is not None:
+                state.adapter = self._adapter_slots[state.request.adapter]
             self.prefill_slot[id(state)] = self._free_slot()
             self.prefilling.append(state)
             self._reuse_prefix(state)
@@ -241,7 +252,9 @@ class ContinuousScheduler:
         if self._prefix is None:
             return
         if state.request.prompt_logprobs is None:
-            state.prefilled = self._prefix.restore(state.prompt_ids, self.prefill_slot[id(state)])
+            state.prefilled = self._prefix.restore(
+                state.prompt_ids, self.prefill_slot[id(state)], state.adapter
+            )
         if self._observer is not None:
             self._observer.on_prefix_cache(len(state.prompt_ids), state.prefilled)
 
@@ -271,6 +284,7 @@ class ContinuousScheduler:
                 start=start,
                 want_logits=done,
                 score=score,
+                adapter=state.adapter,
             )
         )
         state.prefilled += take
@@ -298,7 +312,7 @@ class ContinuousScheduler:
         is free again unless the caller moves the keys on."""
         source = self.prefill_slot.pop(id(state))
         if self._prefix is not None:
-            self._prefix.insert(state.prompt_ids, source)
+            self._prefix.insert(state.prompt_ids, source, state.adapter)
         return source
 
     def _end_unsampled(self, state: RequestState, out: StepOutputs) -> None:

@@ -49,6 +49,8 @@ class PrefillChunk:
     start: int
     want_logits: bool
     score: bool = False
+    adapter: int = -1
+    """The LoRA adapter slot its tokens run with (``LoraBank``); -1: the base model."""
 
     @property
     def logit_rows(self) -> int:

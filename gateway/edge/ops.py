@@ -56,9 +56,13 @@ async def list_models(request: Request) -> Response:
     state = _state(request)
     client = state.frontdoor.keys.identify(request.scope)  # only the key's models
     data = [
-        _model_card(status, state.started_at)
+        card
         for status in state.registry.list_models()
         if client.may_use(status)
+        for card in (
+            _model_card(status, state.started_at),
+            *_adapter_cards(status, state.started_at),
+        )
     ]
     return _json({"object": "list", "data": data})
 
@@ -68,8 +72,13 @@ async def get_model(model_id: str, request: Request) -> Response:
     state = _state(request)
     client = state.frontdoor.keys.identify(request.scope)
     for status in state.registry.list_models():
-        if (model_id == status.name or model_id in status.aliases) and client.may_use(status):
+        if not client.may_use(status):
+            continue
+        if model_id == status.name or model_id in status.aliases:
             return _json(_model_card(status, state.started_at))
+        for card in _adapter_cards(status, state.started_at):
+            if model_id == card["id"] or model_id in card["llmso"]["aliases"]:
+                return _json(card)
     raise ModelNotFound(f"The model '{model_id}' does not exist", param="model")
 
 
@@ -86,6 +95,22 @@ def _model_card(status: ModelStatus, started_at: int) -> dict[str, Any]:
             "capabilities": list(status.capabilities),
         },
     }
+
+
+def _adapter_cards(status: ModelStatus, started_at: int) -> list[dict[str, Any]]:
+    """A card per LoRA adapter: its own name, ``parent`` the base model (as vLLM lists
+    them)."""
+    base = _model_card(status, started_at)
+    return [
+        {
+            **base,
+            "id": name,
+            "parent": status.name,
+            "root": status.name,
+            "llmso": {**base["llmso"], "aliases": list(aliases), "adapter_of": status.name},
+        }
+        for name, aliases in status.adapters
+    ]
 
 
 # --------------------------------------------------------------------------- admin

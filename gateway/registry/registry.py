@@ -77,6 +77,7 @@ class ModelRegistry:
         self._sweep_interval = sweep_interval
         self._drain_timeout = drain_timeout
         self._index = routing.build_index(config.models)
+        self._adapters = routing.build_adapter_index(config.models)
         self._sweeper: asyncio.Task[None] | None = None
 
     @property
@@ -117,7 +118,7 @@ class ModelRegistry:
         """Candidates for a requested model name, alias or ``capability:<name>``."""
         models = {entry.name: entry.config for entry in self._life.entries()}
         try:
-            decision = routing.route(requested, models, self._index, self._state_of)
+            decision = routing.route(requested, models, self._index, self._state_of, self._adapters)
         except ModelNotFound:
             self._metrics.decided("not_found")
             log.info("route %r: no such model or capability", requested)
@@ -194,6 +195,7 @@ class ModelRegistry:
         before the reload finish on the backend they started on."""
         diff = diff_configs(self._life.config, new)
         self._index = routing.build_index(new.models)
+        self._adapters = routing.build_adapter_index(new.models)
         self._life.apply(diff, new)
         if diff.server_changed:
             log.warning("config reload: the server section changed; it applies on restart")
@@ -330,6 +332,7 @@ class ModelRegistry:
             backend=config.backend,
             state=entry.state,
             aliases=config.aliases,
+            adapters=tuple((a.name, a.aliases) for a in getattr(config, "adapters", ())),
             capabilities=config.capabilities,
             priority=config.priority,
             pid=int(pid_text) if pid_text and pid_text.isdigit() else None,

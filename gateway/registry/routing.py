@@ -1,6 +1,6 @@
 """Pure routing: which configured models may answer a requested ``model`` string.
 
-A request names a model exactly, by alias, or by capability with the
+A request names a model exactly, by alias, by a LoRA adapter's name, or by capability with the
 ``capability:<name>`` syntax (``capability:small``). For a capability, models that are
 already serving come first, then the ones that are loading, then the ones that would
 have to load, then the ones that cannot serve now (draining, failed); within a tier a
@@ -38,13 +38,29 @@ def build_index(models: Iterable[ModelConfig]) -> dict[str, str]:
     return index
 
 
+def build_adapter_index(models: Iterable[ModelConfig]) -> dict[str, tuple[str, str]]:
+    """Map every adapter name and alias to ``(base model, adapter name)``."""
+    index: dict[str, tuple[str, str]] = {}
+    for model in models:
+        for adapter in getattr(model, "adapters", ()):
+            for key in (adapter.name, *adapter.aliases):
+                index[key] = (model.name, adapter.name)
+    return index
+
+
 def route(
     requested: str,
     models: Mapping[str, ModelConfig],
     index: Mapping[str, str],
     state_of: Callable[[str], ModelState],
+    adapters: Mapping[str, tuple[str, str]] | None = None,
 ) -> RouteDecision:
-    """Candidates for ``requested``; raises ``ModelNotFound`` when nothing matches."""
+    """Candidates for ``requested``; raises ``ModelNotFound`` when nothing matches. An
+    adapter is served by its base model only: another model of a fallback chain would
+    answer without it."""
+    if adapters and requested in adapters:
+        base, adapter = adapters[requested]
+        return RouteDecision((base,), "adapter", adapter)
     if requested.startswith(CAPABILITY_PREFIX):
         capability = requested[len(CAPABILITY_PREFIX) :]
         matches = [m for m in models.values() if capability in m.capabilities]

@@ -54,6 +54,8 @@ class ModelStatus:
     retry_in: float | None
     replicas: tuple[dict[str, object], ...] = ()
     """Per upstream replica of a loaded replicated backend (``LiveReplicas``)."""
+    adapters: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """The model's LoRA adapters: each name with its aliases."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,10 +74,12 @@ class Lease:
 @dataclass(frozen=True, slots=True)
 class RouteDecision:
     """Models to try in order (the match, then fallbacks) and why the first one matched:
-    ``exact``, ``alias`` or ``capability``."""
+    ``exact``, ``alias``, ``capability`` or ``adapter``."""
 
     candidates: tuple[str, ...]
     reason: str
+    adapter: str | None = None
+    """The LoRA adapter named (reason ``adapter``): served by its base model alone."""
 
 
 @dataclass(frozen=True, slots=True)

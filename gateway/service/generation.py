@@ -71,6 +71,12 @@ class Generation:
     response_id: str
     created: int
 
+    @property
+    def shown_model(self) -> str:
+        """The model name responses show: the adapter's when one answered (as vLLM
+        does), else the serving model's."""
+        return self.request.adapter or self.model
+
     async def all_events(self) -> AsyncIterator[BackendEvent]:
         yield self.first
         async for event in self.events:
@@ -114,6 +120,8 @@ class CompletionService:
 
     async def open(self, request: GenerationRequest, record: RequestRecord) -> Generation:
         decision = self._registry.route(request.model)
+        if decision.adapter is not None:
+            request = replace(request, adapter=decision.adapter)
         candidates = decision.candidates
         candidates = allowed_candidates(request.model, candidates, record.may_use)
         for position, name in enumerate(candidates):
@@ -188,7 +196,7 @@ class CompletionService:
             generation.request.kind,
             response_id=generation.response_id,
             created=generation.created,
-            model=generation.model,
+            model=generation.shown_model,
             choices=choices,
             usage=usage,
             want_logprobs=generation.request.sampling.logprobs is not None,
@@ -208,7 +216,7 @@ class CompletionService:
             generation.request.kind,
             generation.response_id,
             generation.created,
-            generation.model,
+            generation.shown_model,
             generation.request.sampling.logprobs is not None,
             legacy_functions=legacy_functions,
         )

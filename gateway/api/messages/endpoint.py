@@ -81,11 +81,11 @@ class MessagesPresenter(GenerationPresenter):
         async with contextlib.aclosing(self.observed_events(generation)) as events:
             async for item in events:
                 output.feed(item)
-        return orjson.dumps(message_body(self._id, generation.model, output))
+        return orjson.dumps(message_body(self._id, generation.shown_model, output))
 
     async def frames(self, generation: Generation) -> AsyncGenerator[bytes, None]:
         output = MessageAssembler()
-        yield message_start(self._id, generation.model)
+        yield message_start(self._id, generation.shown_model)
         try:
             async with contextlib.aclosing(self.observed_events(generation)) as events:
                 async for item in events:

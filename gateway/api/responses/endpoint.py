@@ -84,7 +84,7 @@ class ResponsesPresenter(GenerationPresenter):
         self._keep = keep
 
     async def body(self, generation: Generation) -> bytes:
-        self._shape.model = generation.model
+        self._shape.model = generation.shown_model
         output = OutputAssembler(lambda *_, **__: b"")
         async with contextlib.aclosing(self.observed_events(generation)) as events:
             async for event in events:
@@ -96,7 +96,7 @@ class ResponsesPresenter(GenerationPresenter):
 
     async def frames(self, generation: Generation) -> AsyncGenerator[bytes, None]:
         shape = self._shape
-        shape.model = generation.model
+        shape.model = generation.shown_model
         emit = EventWriter()
         output = OutputAssembler(emit)
         yield emit("response.created", response=shape.render("in_progress", []))

@@ -1,0 +1,236 @@
+"""LoRA adapters in the packed runner: every adapter's delta for a whole mixed step.
+
+A LoRA adapter adds ``scaling * B @ A`` to some projections (``A``: ``[r, in]``, ``B``:
+``[out, r]``). Requests for different adapters, and for the bare base model, share one
+packed step; no adapter is merged into the base weights. Per fused projection of a layer
+(QKV, O, gate/up, down) the bank stacks every adapter's ``A`` into one ``[S*k*R, in]``
+matrix and every ``B`` (scaled, block-diagonal over the ``k`` parts a fused projection
+joins, e.g. q, k and v) into one ``[out, S*k*R]``, ``S`` adapters of rank at most ``R``.
+A step's delta is then two small matmuls over all its tokens: ``x @ A_all.T`` gives every
+adapter's down-projection of every token, a mask keeps each token's own adapter's block
+(zeros elsewhere: a base-model token gets an exact zero), and ``@ B_all.T`` projects it
+back. No loop over rows or adapters, the batch composition does not change a row's
+result, and it works the same over quantized base weights (the delta never touches
+them). The idea is S-LoRA's and Punica's (gather by adapter index); with the few
+adapters a CPU serves at once, masking the stacked product is simpler than a gather.
+
+Adapters come from PEFT folders (``adapter_config.json`` + ``adapter_model.safetensors``):
+plain LoRA on the attention and MLP projections. What this does not compute exactly is
+refused at load with the reason: DoRA, per-module rank or alpha patterns, ``bias``
+training, extra trained modules (``modules_to_save``: embeddings, LM head), or a target
+outside the projections.
+
+Owner: built once at load by the runner's owner, read-only afterwards; ``LoraStep`` is
+one step's, on the engine thread.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PARTS = ("qkv", "o", "gate_up", "down")
+_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(.+)\.lora_([AB])(?:\.[^.]+)?\.weight$")
+
+
+class AdapterError(ValueError):
+    """An adapter this engine cannot serve exactly (the message says why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterWeights:
+    """One PEFT LoRA adapter: per ``(layer, module path)`` its ``A`` and ``B``."""
+
+    name: str
+    rank: int
+    scaling: float
+    weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
+
+
+def read_adapter(name: str, folder: Path) -> AdapterWeights:
+    """Read a PEFT LoRA folder; raises ``AdapterError`` for what is not plain LoRA."""
+    config_path = folder / "adapter_config.json"
+    weights_path = folder / "adapter_model.safetensors"
+    if not config_path.is_file() or not weights_path.is_file():
+        raise AdapterError(
+            f"adapter {name!r}: {folder} has no adapter_config.json and "
+            "adapter_model.safetensors (a PEFT LoRA folder)"
+        )
+    config: dict[str, Any] = json.loads(config_path.read_text(encoding="utf-8"))
+    _check_config(name, config)
+    rank = int(config["r"])
+    alpha = float(config.get("lora_alpha") or rank)
+    scaling = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+    from safetensors.torch import load_file
+
+    found: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    for key, tensor in load_file(str(weights_path)).items():
+        match = _KEY.search(key)
+        if match is None:
+            raise AdapterError(f"adapter {name!r}: weight {key!r} is not a LoRA projection")
+        layer, module, side = int(match[1]), match[2], match[3]
+        found.setdefault((layer, module), {})[side] = tensor
+    weights = {}
+    for where, sides in found.items():
+        if set(sides) != {"A", "B"}:
+            raise AdapterError(f"adapter {name!r}: {where} has only lora_{''.join(sides)}")
+        weights[where] = (sides["A"], sides["B"])
+    return AdapterWeights(name, rank, scaling, weights)
+
+
+def _check_config(name: str, config: dict[str, Any]) -> None:
+    problems = []
+    if str(config.get("peft_type", "LORA")).upper() != "LORA":
+        problems.append(f"peft_type {config.get('peft_type')!r}")
+    if config.get("use_dora"):
+        problems.append("DoRA")
+    if config.get("rank_pattern") or config.get("alpha_pattern"):
+        problems.append("per-module rank or alpha patterns")
+    if config.get("bias", "none") != "none":
+        problems.append(f"bias {config.get('bias')!r}")
+    if config.get("modules_to_save"):
+        problems.append(f"modules_to_save {config.get('modules_to_save')!r}")
+    if config.get("fan_in_fan_out"):
+        problems.append("fan_in_fan_out")
+    if problems:
+        raise AdapterError(f"adapter {name!r}: not served: {', '.join(problems)}")
+
+
+def projection_parts(layer: Any) -> dict[str, list[tuple[str, int]]]:
+    """Per fused projection of a decoder layer, the module paths it joins (PEFT's names
+    for them) and each one's output rows, in the fused matrix's order."""
+    attn, mlp = layer.self_attn, layer.mlp
+
+    def rows(module: Any) -> int:
+        return int(module.weight.shape[0])
+
+    if hasattr(attn, "qkv_proj"):
+        qkv = [("self_attn.qkv_proj", rows(attn.qkv_proj))]
+    else:
+        qkv = [(f"self_attn.{p}", rows(getattr(attn, p))) for p in ("q_proj", "k_proj", "v_proj")]
+    if hasattr(mlp, "gate_up_proj"):
+        gate_up = [("mlp.gate_up_proj", rows(mlp.gate_up_proj))]
+    else:
+        gate_up = [(f"mlp.{p}", rows(getattr(mlp, p))) for p in ("gate_proj", "up_proj")]
+    return {
+        "qkv": qkv,
+        "o": [("self_attn.o_proj", rows(attn.o_proj))],
+        "gate_up": gate_up,
+        "down": [("mlp.down_proj", rows(mlp.down_proj))],
+    }
+
+
+class LoraBank:
+    """Every adapter's stacked ``A`` and ``B`` per layer and fused projection. Slot ``s``
+    is ``adapters[s]``."""
+
+    def __init__(
+        self,
+        layers: list[Any],
+        adapters: list[AdapterWeights],
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.names = tuple(a.name for a in adapters)
+        self.slots = len(adapters)
+        self.rank = max((a.rank for a in adapters), default=1)
+        self._check_targets(layers, adapters)
+        self.weights: list[dict[str, tuple[torch.Tensor, torch.Tensor]]] = []
+        self.widths: dict[str, int] = {}
+        for index, layer in enumerate(layers):
+            parts = projection_parts(layer)
+            in_features = {
+                "qkv": _in(layer.self_attn, "q_proj", "qkv_proj"),
+                "o": int(layer.self_attn.o_proj.weight.shape[1]),
+                "gate_up": _in(layer.mlp, "gate_proj", "gate_up_proj"),
+                "down": int(layer.mlp.down_proj.weight.shape[1]),
+            }
+            stacked = {}
+            for part, subs in parts.items():
+                stacked[part] = self._stack(index, subs, in_features[part], adapters)
+                self.widths[part] = len(subs) * self.rank
+            self.weights.append(
+                {p: (a.to(device, dtype), b.to(device, dtype)) for p, (a, b) in stacked.items()}
+            )
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes + b.nbytes for layer in self.weights for a, b in layer.values())
+
+    def _check_targets(self, layers: list[Any], adapters: list[AdapterWeights]) -> None:
+        known = {module for subs in projection_parts(layers[0]).values() for module, _ in subs}
+        for adapter in adapters:
+            stray = sorted({m for (i, m) in adapter.weights if m not in known or i >= len(layers)})
+            if stray:
+                raise AdapterError(
+                    f"adapter {adapter.name!r}: targets {', '.join(stray)}, not a projection "
+                    f"of this model's layers ({', '.join(sorted(known))})"
+                )
+
+    def _stack(
+        self, layer: int, subs: list[tuple[str, int]], width: int, adapters: list[AdapterWeights]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        k, r = len(subs), self.rank
+        out = sum(rows for _, rows in subs)
+        a_all = torch.zeros(self.slots * k * r, width, dtype=torch.float32)
+        b_all = torch.zeros(out, self.slots * k * r, dtype=torch.float32)
+        for s, adapter in enumerate(adapters):
+            offset = 0
+            for j, (module, rows) in enumerate(subs):
+                pair = adapter.weights.get((layer, module))
+                if pair is not None:
+                    a, b = pair
+                    if tuple(a.shape) != (adapter.rank, width) or tuple(b.shape) != (
+                        rows,
+                        adapter.rank,
+                    ):
+                        raise AdapterError(
+                            f"adapter {adapter.name!r}: {module} of layer {layer} has shapes "
+                            f"{tuple(a.shape)} / {tuple(b.shape)}, not this model's"
+                        )
+                    col = (s * k + j) * r
+                    a_all[col : col + adapter.rank] = a.float()
+                    b_all[offset : offset + rows, col : col + adapter.rank] = (
+                        b.float() * adapter.scaling
+                    )
+                offset += rows
+        return a_all, b_all
+
+    def step(self, rows: torch.Tensor) -> LoraStep | None:
+        """One step's masks for ``rows`` (each packed token's adapter slot, -1 for the
+        base model); None when no token has an adapter."""
+        if not bool((rows >= 0).any()):
+            return None
+        return LoraStep(self, rows)
+
+
+class LoraStep:
+    """One packed step's adapter masks, one per width (built on first use)."""
+
+    def __init__(self, bank: LoraBank, rows: torch.Tensor) -> None:
+        self._bank = bank
+        dtype = bank.weights[0]["o"][0].dtype
+        owned = torch.nn.functional.one_hot(rows.clamp(min=-1) + 1, bank.slots + 1)[:, 1:]
+        self._owned = owned.to(dtype)
+        self._masks: dict[int, torch.Tensor] = {}
+
+    def delta(self, layer: int, part: str, x: torch.Tensor) -> torch.Tensor:
+        """The adapters' addition to projection ``part`` of ``layer`` for input ``x``."""
+        a_all, b_all = self._bank.weights[layer][part]
+        width = self._bank.widths[part]
+        mask = self._masks.get(width)
+        if mask is None:
+            mask = self._masks[width] = self._owned.repeat_interleave(width, dim=1)
+        return ((x @ a_all.T) * mask) @ b_all.T
+
+
+def _in(module: Any, split: str, fused: str) -> int:
+    part = getattr(module, fused, None) or getattr(module, split)
+    return int(part.weight.shape[1])

@@ -1,0 +1,236 @@
+"""LoRA adapters in the hf engine (tiny random-weight models, fp32): each adapter's greedy
+text equals PEFT's merged model through transformers' ``generate()``; requests for two
+adapters and the bare base share one step and answer as they do alone; what the engine
+cannot serve exactly is refused at load, naming the reason.
+
+The adapters are made here with PEFT on the tiny model, with random ``A`` *and* ``B``
+(PEFT starts ``B`` at zero, which would make every adapter the base model): the test
+first checks that each one's text differs from the base's and from the other's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backends.hf.backend import HFBackend
+from backends.hf.loader import ModelLoadError
+from tests.hf import tiny
+from tests.hf.helpers import RecordingObserver, collect, completion, config
+
+pytest.importorskip("peft")
+
+PROMPTS = [
+    "The capital of France is Paris, and the",
+    "def fibonacci(n): return",
+    "Once upon a time, in a small village by the sea, there lived an old fisherman. "
+    "The quick brown fox",
+]
+TOKENS = 10
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+FUSED = {"phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]}
+
+
+def make_adapter(
+    base: Path, out: Path, targets: list[str], rank: int, seed: int, **extra: Any
+) -> Path:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    lora = LoraConfig(
+        r=rank, lora_alpha=2 * rank, target_modules=targets, lora_dropout=0.0, **extra
+    )
+    peft_model = get_peft_model(model, lora)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+    peft_model.save_pretrained(str(out))
+    return out
+
+
+def merged_reference(base: Path, adapter: Path, prompt: str) -> str:
+    """PEFT's merged model (``merge_and_unload``) through transformers' ``generate()``."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForCausalLM.from_pretrained(
+        base, dtype=torch.float32, attn_implementation="eager"
+    )
+    merged = PeftModel.from_pretrained(model, adapter).merge_and_unload().eval()
+    ids = tok(prompt, return_tensors="pt").input_ids
+    with torch.inference_mode():
+        out = merged.generate(ids, max_new_tokens=TOKENS, do_sample=False)
+    prompt_text = tok.decode(ids[0], skip_special_tokens=True)
+    return str(tok.decode(out[0], skip_special_tokens=True))[len(prompt_text) :]
+
+
+def adapters_config(folder: Path, adapters: dict[str, Path], **overrides: Any) -> Any:
+    entries = [{"name": name, "source": str(path)} for name, path in adapters.items()]
+    return config(source=str(folder), max_num_seqs=12, adapters=entries, **overrides)
+
+
+@pytest.mark.parametrize("family", ["llama", "phi3"])
+async def test_each_adapter_equals_peft_merged_and_mixed_steps_equal_alone(
+    family: str, tmp_path: Path
+) -> None:
+    folder = tiny.build(family, tmp_path / family)
+    targets = FUSED.get(family, ALL)
+    adapters = {
+        "wide": make_adapter(folder, tmp_path / "wide", targets, rank=4, seed=1),
+        # rank 2 on part of the projections (padded into the bank's rank-4 blocks),
+        # with rsLoRA's scaling
+        "narrow": make_adapter(
+            folder, tmp_path / "narrow", targets[:2], rank=2, seed=2, use_rslora=True
+        ),
+    }
+    expected = {
+        name: [merged_reference(folder, path, p) for p in PROMPTS]
+        for name, path in adapters.items()
+    }
+    expected[""] = [tiny.reference(folder, p, TOKENS) for p in PROMPTS]
+    # The adapters really change the model, and differently.
+    assert len({tuple(texts) for texts in expected.values()}) == 3
+
+    observer = RecordingObserver()
+    backend = HFBackend(adapters_config(folder, adapters), observer)
+    await backend.start()
+    try:
+        assert "LoRA adapters: wide, narrow" in backend.info().extra["runner"]
+
+        async def run(adapter: str, prompt: str) -> str:
+            request = replace(completion(prompt, TOKENS), adapter=adapter or None)
+            return (await collect(backend.generate(request))).text()
+
+        alone = {name: [await run(name, p) for p in PROMPTS] for name in expected}
+        assert alone == expected
+        pairs = [(name, p) for name in expected for p in PROMPTS]
+        together = await asyncio.gather(*(run(name, p) for name, p in pairs))
+        assert dict(zip(pairs, together, strict=True)) == {
+            (name, p): expected[name][i] for name in expected for i, p in enumerate(PROMPTS)
+        }
+        assert max(size for size, _, _ in observer.steps) > len(PROMPTS)  # mixed steps
+    finally:
+        await backend.stop()
+
+
+async def test_adapters_share_no_cached_prefix_with_the_base(tmp_path: Path) -> None:
+    """The same prompt under the base and under an adapter: the prefix cache keys each
+    by its adapter, so neither reuses the other's keys and values."""
+    folder = tiny.build("llama", tmp_path / "llama")
+    adapter = make_adapter(folder, tmp_path / "a", ALL, rank=4, seed=3)
+    prompt = PROMPTS[2] * 2
+    expected = merged_reference(folder, adapter, prompt)
+    observer = RecordingObserver()
+    backend = HFBackend(adapters_config(folder, {"a": adapter}), observer)
+    await backend.start()
+    try:
+        base = (await collect(backend.generate(completion(prompt, TOKENS)))).text()
+        assert base == tiny.reference(folder, prompt, TOKENS)
+        request = replace(completion(prompt, TOKENS), adapter="a")
+        assert (await collect(backend.generate(request))).text() == expected
+        assert observer.prefix[-1][1] == 0  # nothing restored from the base's blocks
+        assert (await collect(backend.generate(request))).text() == expected
+        assert observer.prefix[-1][1] >= 32  # its own blocks, the second time
+    finally:
+        await backend.stop()
+
+
+async def test_adapters_over_quantized_weights(tmp_path: Path) -> None:
+    """Over int8 weights the adapter still changes the answer, and a mixed step answers
+    as each request alone (no reference: PEFT merges into float weights)."""
+    folder = tiny.build("llama", tmp_path / "llama")
+    adapter = make_adapter(folder, tmp_path / "a", ALL, rank=4, seed=8)
+    backend = HFBackend(adapters_config(folder, {"a": adapter}, quantization="int8"), None)
+    await backend.start()
+    try:
+
+        async def run(name: str | None, prompt: str) -> str:
+            request = replace(completion(prompt, TOKENS), adapter=name)
+            return (await collect(backend.generate(request))).text()
+
+        pairs = [(name, p) for name in (None, "a") for p in PROMPTS]
+        alone = [await run(name, p) for name, p in pairs]
+        assert alone[: len(PROMPTS)] != alone[len(PROMPTS) :]
+        assert list(await asyncio.gather(*(run(name, p) for name, p in pairs))) == alone
+    finally:
+        await backend.stop()
+
+
+async def test_what_is_not_plain_lora_is_refused_at_load(tmp_path: Path) -> None:
+    folder = tiny.build("llama", tmp_path / "llama")
+    dora = make_adapter(folder, tmp_path / "dora", ["q_proj"], rank=2, seed=4, use_dora=True)
+    backend = HFBackend(adapters_config(folder, {"d": dora}), None)
+    with pytest.raises(ModelLoadError, match="DoRA"):
+        await backend.start()
+
+    big = make_adapter(folder, tmp_path / "big", ["q_proj"], rank=8, seed=5)
+    backend = HFBackend(adapters_config(folder, {"b": big}, max_lora_rank=4), None)
+    with pytest.raises(ModelLoadError, match="rank 8, above max_lora_rank"):
+        await backend.start()
+
+    head = make_adapter(folder, tmp_path / "head", ["q_proj", "lm_head"], rank=2, seed=6)
+    backend = HFBackend(adapters_config(folder, {"h": head}), None)
+    with pytest.raises(ModelLoadError, match="lm_head"):
+        await backend.start()
+
+    settings = json.loads((big / "adapter_config.json").read_text())
+    assert settings["r"] == 8
+
+
+async def test_an_adapter_is_a_model_of_its_own_through_the_api(tmp_path: Path) -> None:
+    """Through the gateway: ``/v1/models`` lists the adapter with its ``parent``, a
+    request naming it (or its alias) is answered by the base model with the adapter and
+    shows the adapter's name, and the base still answers as itself."""
+    import httpx
+
+    from config.schema import AppConfig
+    from gateway.app import build_app
+
+    folder = tiny.build("llama", tmp_path / "llama")
+    adapter = make_adapter(folder, tmp_path / "a", ALL, rank=4, seed=7)
+    prompt = PROMPTS[0]
+    model = {
+        "name": "tiny", "backend": "hf", "source": str(folder), "dtype": "float32",
+        "device": "cpu", "threads": 1,
+        "adapters": [{"name": "tiny-poet", "source": str(adapter), "aliases": ["poet"]}],
+    }  # fmt: skip
+    app = build_app(AppConfig.model_validate({"models": [model]}))
+    lifespan = app.lifespan()
+    await lifespan.__aenter__()
+    try:
+        await app.state.registry.start()
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            cards = (await http.get("/v1/models")).json()["data"]
+            assert [(c["id"], c.get("parent")) for c in cards] == [
+                ("tiny", None),
+                ("tiny-poet", "tiny"),
+            ]
+            assert (await http.get("/v1/models/poet")).json()["id"] == "tiny-poet"
+
+            async def complete(name: str) -> dict[str, Any]:
+                body = {"model": name, "prompt": prompt, "max_tokens": TOKENS, "temperature": 0}
+                reply = await http.post("/v1/completions", json=body)
+                assert reply.status_code == 200, reply.text
+                return dict(reply.json())
+
+            for name in ("tiny-poet", "poet"):
+                answer = await complete(name)
+                assert answer["model"] == "tiny-poet"
+                assert answer["choices"][0]["text"] == merged_reference(folder, adapter, prompt)
+            base = await complete("tiny")
+            assert base["model"] == "tiny"
+            assert base["choices"][0]["text"] == tiny.reference(folder, prompt, TOKENS)
+    finally:
+        await lifespan.__aexit__(None, None, None)
