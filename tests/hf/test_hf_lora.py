@@ -234,3 +234,29 @@ async def test_an_adapter_is_a_model_of_its_own_through_the_api(tmp_path: Path) 
             assert base["choices"][0]["text"] == tiny.reference(folder, prompt, TOKENS)
     finally:
         await lifespan.__aexit__(None, None, None)
+
+
+async def test_adapters_under_process_isolation(tmp_path: Path) -> None:
+    """``isolation: process``: the request's adapter crosses to the worker, which
+    answers as PEFT's merged model, and the base as itself."""
+    from prometheus_client import CollectorRegistry
+
+    from backends.hop_metrics import BackendMetrics
+    from backends.process.backend import ProcessBackend
+    from tests.tools.servers import WORKER_ENV
+
+    folder = tiny.build("llama", tmp_path / "llama")
+    adapter = make_adapter(folder, tmp_path / "a", ALL, rank=4, seed=9)
+    prompt = PROMPTS[1]
+    settings = adapters_config(folder, {"a": adapter}, isolation="process", load_timeout=300)
+    backend = ProcessBackend(settings, BackendMetrics(CollectorRegistry()), env=WORKER_ENV)
+    await backend.start()
+    try:
+        request = replace(completion(prompt, TOKENS), adapter="a")
+        assert (await collect(backend.generate(request))).text() == merged_reference(
+            folder, adapter, prompt
+        )
+        base = (await collect(backend.generate(completion(prompt, TOKENS)))).text()
+        assert base == tiny.reference(folder, prompt, TOKENS)
+    finally:
+        await backend.stop()
