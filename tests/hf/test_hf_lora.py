@@ -88,11 +88,12 @@ async def test_each_adapter_equals_peft_merged_and_mixed_steps_equal_alone(
     targets = FUSED.get(family, ALL)
     adapters = {
         "wide": make_adapter(folder, tmp_path / "wide", targets, rank=4, seed=1),
-        # rank 2 on part of the projections (padded into the bank's rank-4 blocks),
-        # with rsLoRA's scaling
+        # three ranks (4, 2, 8: the smaller padded into the bank's rank-8 blocks), on all
+        # projections, on the first two, on the MLP's last two; one with rsLoRA's scaling
         "narrow": make_adapter(
             folder, tmp_path / "narrow", targets[:2], rank=2, seed=2, use_rslora=True
         ),
+        "mlp": make_adapter(folder, tmp_path / "mlp", targets[-2:], rank=8, seed=10),
     }
     expected = {
         name: [merged_reference(folder, path, p) for p in PROMPTS]
@@ -100,13 +101,13 @@ async def test_each_adapter_equals_peft_merged_and_mixed_steps_equal_alone(
     }
     expected[""] = [tiny.reference(folder, p, TOKENS) for p in PROMPTS]
     # The adapters really change the model, and differently.
-    assert len({tuple(texts) for texts in expected.values()}) == 3
+    assert len({tuple(texts) for texts in expected.values()}) == 4
 
     observer = RecordingObserver()
     backend = HFBackend(adapters_config(folder, adapters), observer)
     await backend.start()
     try:
-        assert "LoRA adapters: wide, narrow" in backend.info().extra["runner"]
+        assert "LoRA adapters: wide, narrow, mlp (rank 8)" in backend.info().extra["runner"]
 
         async def run(adapter: str, prompt: str) -> str:
             request = replace(completion(prompt, TOKENS), adapter=adapter or None)
