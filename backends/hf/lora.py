@@ -3,16 +3,17 @@
 A LoRA adapter adds ``scaling * B @ A`` to some projections (``A``: ``[r, in]``, ``B``:
 ``[out, r]``). Requests for different adapters, and for the bare base model, share one
 packed step; no adapter is merged into the base weights. Per fused projection of a layer
-(QKV, O, gate/up, down) the bank stacks every adapter's ``A`` into one ``[S*k*R, in]``
-matrix and every ``B`` (scaled, block-diagonal over the ``k`` parts a fused projection
-joins, e.g. q, k and v) into one ``[out, S*k*R]``, ``S`` adapters of rank at most ``R``.
-A step's delta is then two small matmuls over all its tokens: ``x @ A_all.T`` gives every
-adapter's down-projection of every token, a mask keeps each token's own adapter's block
-(zeros elsewhere: a base-model token gets an exact zero), and ``@ B_all.T`` projects it
-back. No loop over rows or adapters, the batch composition does not change a row's
-result, and it works the same over quantized base weights (the delta never touches
-them). The idea is S-LoRA's and Punica's (gather by adapter index); with the few
-adapters a CPU serves at once, masking the stacked product is simpler than a gather.
+(QKV, O, gate/up, down) the bank stacks every adapter's ``A`` into one ``[k*S*R, in]``
+matrix, ``S`` adapters of rank at most ``R`` for each of the ``k`` parts the projection
+joins (q, k and v; gate and up), and per part every adapter's scaled ``B`` into one
+``[out_part, S*R]``. A step's delta is then a few small matmuls over all its tokens:
+``x @ A_all.T`` gives every adapter's down-projection of every token, a mask keeps each
+token's own adapter's block (zeros elsewhere: a base-model token gets an exact zero), and
+each part's ``@ B.T`` projects it back (per part, so no block of zeros is read). No loop
+over rows or adapters, the batch composition does not change a row's result, and it works
+the same over quantized base weights (the delta never touches them). The idea is
+S-LoRA's and Punica's (gather by adapter index); with the few adapters a CPU serves at
+once, masking the stacked product is simpler than a gather.
 
 Adapters come from PEFT folders (``adapter_config.json`` + ``adapter_model.safetensors``):
 plain LoRA on the attention and MLP projections. What this does not compute exactly is
@@ -142,8 +143,7 @@ class LoraBank:
         self.slots = len(adapters)
         self.rank = max((a.rank for a in adapters), default=1)
         self._check_targets(layers, adapters)
-        self.weights: list[dict[str, tuple[torch.Tensor, torch.Tensor]]] = []
-        self.widths: dict[str, int] = {}
+        self.weights: list[dict[str, tuple[torch.Tensor, tuple[torch.Tensor, ...]]]] = []
         for index, layer in enumerate(layers):
             parts = projection_parts(layer)
             in_features = {
@@ -154,15 +154,20 @@ class LoraBank:
             }
             stacked = {}
             for part, subs in parts.items():
-                stacked[part] = self._stack(index, subs, in_features[part], adapters)
-                self.widths[part] = len(subs) * self.rank
-            self.weights.append(
-                {p: (a.to(device, dtype), b.to(device, dtype)) for p, (a, b) in stacked.items()}
-            )
+                a_all, b_parts = self._stack(index, subs, in_features[part], adapters)
+                stacked[part] = (
+                    a_all.to(device, dtype),
+                    tuple(b.to(device, dtype) for b in b_parts),
+                )
+            self.weights.append(stacked)
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes + b.nbytes for layer in self.weights for a, b in layer.values())
+        return sum(
+            a.nbytes + sum(b.nbytes for b in bs)
+            for layer in self.weights
+            for a, bs in layer.values()
+        )
 
     def _check_targets(self, layers: list[Any], adapters: list[AdapterWeights]) -> None:
         known = {module for subs in projection_parts(layers[0]).values() for module, _ in subs}
@@ -176,32 +181,29 @@ class LoraBank:
 
     def _stack(
         self, layer: int, subs: list[tuple[str, int]], width: int, adapters: list[AdapterWeights]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        k, r = len(subs), self.rank
-        out = sum(rows for _, rows in subs)
-        a_all = torch.zeros(self.slots * k * r, width, dtype=torch.float32)
-        b_all = torch.zeros(out, self.slots * k * r, dtype=torch.float32)
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """``A`` of every (part, adapter) as rows ``(j*S + s)*R ...`` of one matrix, and
+        per part ``j`` its ``[rows_j, S*R]`` of scaled ``B`` (zeros where an adapter does
+        not target the part, or beyond its rank)."""
+        slots, r = self.slots, self.rank
+        a_all = torch.zeros(len(subs) * slots * r, width, dtype=torch.float32)
+        b_parts = [torch.zeros(rows, slots * r, dtype=torch.float32) for _, rows in subs]
         for s, adapter in enumerate(adapters):
-            offset = 0
             for j, (module, rows) in enumerate(subs):
                 pair = adapter.weights.get((layer, module))
-                if pair is not None:
-                    a, b = pair
-                    if tuple(a.shape) != (adapter.rank, width) or tuple(b.shape) != (
-                        rows,
-                        adapter.rank,
-                    ):
-                        raise AdapterError(
-                            f"adapter {adapter.name!r}: {module} of layer {layer} has shapes "
-                            f"{tuple(a.shape)} / {tuple(b.shape)}, not this model's"
-                        )
-                    col = (s * k + j) * r
-                    a_all[col : col + adapter.rank] = a.float()
-                    b_all[offset : offset + rows, col : col + adapter.rank] = (
-                        b.float() * adapter.scaling
+                if pair is None:
+                    continue
+                a, b = pair
+                expected = ((adapter.rank, width), (rows, adapter.rank))
+                if (tuple(a.shape), tuple(b.shape)) != expected:
+                    raise AdapterError(
+                        f"adapter {adapter.name!r}: {module} of layer {layer} has shapes "
+                        f"{tuple(a.shape)} / {tuple(b.shape)}, not this model's"
                     )
-                offset += rows
-        return a_all, b_all
+                row = (j * slots + s) * r
+                a_all[row : row + adapter.rank] = a.float()
+                b_parts[j][:, s * r : s * r + adapter.rank] = b.float() * adapter.scaling
+        return a_all, b_parts
 
     def step(self, rows: torch.Tensor) -> LoraStep | None:
         """One step's masks for ``rows`` (each packed token's adapter slot, -1 for the
@@ -212,23 +214,23 @@ class LoraBank:
 
 
 class LoraStep:
-    """One packed step's adapter masks, one per width (built on first use)."""
+    """One packed step's adapter mask: per token, ones over its adapter's ``R`` columns
+    of every ``S*R`` block."""
 
     def __init__(self, bank: LoraBank, rows: torch.Tensor) -> None:
         self._bank = bank
         dtype = bank.weights[0]["o"][0].dtype
         owned = torch.nn.functional.one_hot(rows.clamp(min=-1) + 1, bank.slots + 1)[:, 1:]
-        self._owned = owned.to(dtype)
-        self._masks: dict[int, torch.Tensor] = {}
+        self._mask = owned.to(dtype).repeat_interleave(bank.rank, dim=1)
 
     def delta(self, layer: int, part: str, x: torch.Tensor) -> torch.Tensor:
         """The adapters' addition to projection ``part`` of ``layer`` for input ``x``."""
-        a_all, b_all = self._bank.weights[layer][part]
-        width = self._bank.widths[part]
-        mask = self._masks.get(width)
-        if mask is None:
-            mask = self._masks[width] = self._owned.repeat_interleave(width, dim=1)
-        return ((x @ a_all.T) * mask) @ b_all.T
+        a_all, b_parts = self._bank.weights[layer][part]
+        down = x @ a_all.T
+        if len(b_parts) == 1:
+            return (down * self._mask) @ b_parts[0].T
+        blocks = down.view(x.shape[0], len(b_parts), -1) * self._mask[:, None, :]
+        return torch.cat([blocks[:, j] @ b.T for j, b in enumerate(b_parts)], dim=-1)
 
 
 def _in(module: Any, split: str, fused: str) -> int:
