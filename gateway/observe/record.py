@@ -82,6 +82,7 @@ class RequestRecord:
     streamed_tokens: int = 0  # tokens seen so far, for requests cut short before Usage
     may_use: Callable[[str], bool] | None = None  # the client key's model allow-list
     batch_id: str | None = None  # set when the request is a line of that batch
+    adapter: str | None = None  # the LoRA adapter that answered with its base ``model``
     _last_token_mono: float | None = None
     _metrics: GatewayMetrics | None = None
     _sinks: Sequence[FinishSink] = ()
@@ -195,6 +196,7 @@ class RequestRecord:
             "request_id": self.request_id,
             "endpoint": self.endpoint or None,
             "model": self.model or self.requested_model or UNROUTED,
+            "adapter": self.adapter,
             "key": self.key,
             "batch_id": self.batch_id,
             "backend": self.backend or None,

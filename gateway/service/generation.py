@@ -122,6 +122,7 @@ class CompletionService:
         decision = self._registry.route(request.model)
         if decision.adapter is not None:
             request = replace(request, adapter=decision.adapter)
+            record.adapter = decision.adapter
         candidates = decision.candidates
         candidates = allowed_candidates(request.model, candidates, record.may_use)
         for position, name in enumerate(candidates):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -189,7 +190,9 @@ async def test_what_is_not_plain_lora_is_refused_at_load(tmp_path: Path) -> None
     assert settings["r"] == 8
 
 
-async def test_an_adapter_is_a_model_of_its_own_through_the_api(tmp_path: Path) -> None:
+async def test_an_adapter_is_a_model_of_its_own_through_the_api(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Through the gateway: ``/v1/models`` lists the adapter with its ``parent``, a
     request naming it (or its alias) is answered by the base model with the adapter and
     shows the adapter's name, and the base still answers as itself."""
@@ -227,7 +230,14 @@ async def test_an_adapter_is_a_model_of_its_own_through_the_api(tmp_path: Path) 
                 return dict(reply.json())
 
             for name in ("tiny-poet", "poet"):
-                answer = await complete(name)
+                with caplog.at_level(logging.INFO, logger="llmso.requests"):
+                    answer = await complete(name)
+                finished = [
+                    json.loads(r.getMessage())
+                    for r in caplog.records
+                    if "request_finished" in r.getMessage()
+                ]
+                assert (finished[-1]["model"], finished[-1]["adapter"]) == ("tiny", "tiny-poet")
                 assert answer["model"] == "tiny-poet"
                 assert answer["choices"][0]["text"] == merged_reference(folder, adapter, prompt)
             base = await complete("tiny")
