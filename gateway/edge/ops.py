@@ -13,6 +13,7 @@ from starlette.responses import Response
 from gateway.console.gauges import NO_ENGINE_FIGURES
 from gateway.edge.state import AppState
 from gateway.errors import RouteNotFound, Unauthorized
+from gateway.frontdoor.keys import NamedAdapter
 from gateway.registry import ModelNotFound, ModelStatus
 
 router = APIRouter()
@@ -55,15 +56,16 @@ async def metrics(request: Request) -> Response:
 async def list_models(request: Request) -> Response:
     state = _state(request)
     client = state.frontdoor.keys.identify(request.scope)  # only the key's models
-    data = [
-        card
-        for status in state.registry.list_models()
-        if client.may_use(status)
-        for card in (
-            _model_card(status, state.started_at),
-            *_adapter_cards(status, state.started_at),
+    data = []
+    for status in state.registry.list_models():
+        whole = client.may_use(status)  # the base model grants its adapters too
+        if whole:
+            data.append(_model_card(status, state.started_at))
+        data.extend(
+            card
+            for card in _adapter_cards(status, state.started_at)
+            if whole or client.may_use(NamedAdapter(card["id"], tuple(card["llmso"]["aliases"])))
         )
-    ]
     return _json({"object": "list", "data": data})
 
 
@@ -72,12 +74,13 @@ async def get_model(model_id: str, request: Request) -> Response:
     state = _state(request)
     client = state.frontdoor.keys.identify(request.scope)
     for status in state.registry.list_models():
-        if not client.may_use(status):
-            continue
-        if model_id == status.name or model_id in status.aliases:
+        whole = client.may_use(status)
+        if whole and (model_id == status.name or model_id in status.aliases):
             return _json(_model_card(status, state.started_at))
         for card in _adapter_cards(status, state.started_at):
-            if model_id == card["id"] or model_id in card["llmso"]["aliases"]:
+            aliases = tuple(card["llmso"]["aliases"])
+            named = model_id == card["id"] or model_id in aliases
+            if named and (whole or client.may_use(NamedAdapter(card["id"], aliases))):
                 return _json(card)
     raise ModelNotFound(f"The model '{model_id}' does not exist", param="model")
 

@@ -35,6 +35,7 @@ from gateway.frontdoor.keys import (
     UNAUTHENTICATED,
     Client,
     KeyRing,
+    NamedAdapter,
     allowed_candidates,
     not_found,
 )
@@ -100,8 +101,14 @@ class FrontDoor:
         registry = self.registry
 
         def may_use(name: str) -> bool:
-            model = next((m for m in registry.config.models if m.name == name), None)
-            return model is not None and client.may_use(model)
+            for model in registry.config.models:
+                if model.name == name:
+                    return client.may_use(model)
+                for adapter in getattr(model, "adapters", ()):
+                    if adapter.name == name:  # its own entry, or its base model's
+                        own = NamedAdapter(adapter.name, adapter.aliases)
+                        return client.may_use(model) or client.may_use(own)
+            return False
 
         return may_use
 
@@ -218,10 +225,13 @@ class Pass:
 
     def _check_model(self, requested: str, may_use: Callable[[str], bool]) -> None:
         try:
-            candidates = self._door.registry.route(requested).candidates
+            decision = self._door.registry.route(requested)
         except ApiError:
             raise not_found(requested) from None
-        allowed_candidates(requested, candidates, may_use)
+        adapter = decision.adapter
+        allowed_candidates(
+            requested, decision.candidates if adapter is None else (adapter,), may_use
+        )
 
     async def send(self, message: Message) -> None:
         if self.started:  # the per-frame path of a stream: nothing to add

@@ -37,6 +37,15 @@ class Named(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class NamedAdapter:
+    """A LoRA adapter as an allow-list entry sees it: its name and aliases."""
+
+    name: str
+    aliases: tuple[str, ...]
+    capabilities: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Client:
     """An identified caller: its name (never the key), limits, priority and models."""
 

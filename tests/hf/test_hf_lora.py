@@ -195,7 +195,8 @@ async def test_an_adapter_is_a_model_of_its_own_through_the_api(
 ) -> None:
     """Through the gateway: ``/v1/models`` lists the adapter with its ``parent``, a
     request naming it (or its alias) is answered by the base model with the adapter and
-    shows the adapter's name, and the base still answers as itself."""
+    shows the adapter's name (the request log says which), the base still answers as
+    itself, and a key's allow-list may name the adapter alone."""
     import httpx
 
     from config.schema import AppConfig
@@ -209,13 +210,33 @@ async def test_an_adapter_is_a_model_of_its_own_through_the_api(
         "device": "cpu", "threads": 1,
         "adapters": [{"name": "tiny-poet", "source": str(adapter), "aliases": ["poet"]}],
     }  # fmt: skip
-    app = build_app(AppConfig.model_validate({"models": [model]}))
+    # One key may use only the adapter; another the base model, which grants its adapters.
+    auth = {
+        "required": True,
+        "keys": [
+            {"name": "poets", "key": "sk-poets-0123456789", "models": ["tiny-poet"]},
+            {"name": "team", "key": "sk-team-0123456789", "models": ["tiny"]},
+        ],
+    }
+    app = build_app(AppConfig.model_validate({"models": [model], "auth": auth}))
     lifespan = app.lifespan()
     await lifespan.__aenter__()
     try:
         await app.state.registry.start()
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        async with httpx.AsyncClient(
+            transport=transport,
+            base_url="http://t",
+            headers={"authorization": "Bearer sk-team-0123456789"},
+        ) as http:
+            poets = {"authorization": "Bearer sk-poets-0123456789"}
+            listed = (await http.get("/v1/models", headers=poets)).json()["data"]
+            assert [c["id"] for c in listed] == ["tiny-poet"]
+            body = {"model": "tiny", "prompt": prompt, "max_tokens": 2}
+            refused = await http.post("/v1/completions", json=body, headers=poets)
+            assert refused.status_code == 404
+            body["model"] = "poet"
+            assert (await http.post("/v1/completions", json=body, headers=poets)).status_code == 200
             cards = (await http.get("/v1/models")).json()["data"]
             assert [(c["id"], c.get("parent")) for c in cards] == [
                 ("tiny", None),
