@@ -152,6 +152,7 @@ def _status_dict(status: ModelStatus) -> dict[str, Any]:
         "restarts": status.restarts,
         "retry_in": status.retry_in,
         "replicas": list(status.replicas),
+        "adapters": [{"name": name, "aliases": list(aliases)} for name, aliases in status.adapters],
     }
 
 

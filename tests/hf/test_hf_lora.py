@@ -218,7 +218,8 @@ async def test_an_adapter_is_a_model_of_its_own_through_the_api(
             {"name": "team", "key": "sk-team-0123456789", "models": ["tiny"]},
         ],
     }
-    app = build_app(AppConfig.model_validate({"models": [model], "auth": auth}))
+    config = AppConfig.model_validate({"models": [model], "auth": auth})
+    app = build_app(config, admin_key="adm-0123456789")
     lifespan = app.lifespan()
     await lifespan.__aenter__()
     try:
@@ -237,6 +238,9 @@ async def test_an_adapter_is_a_model_of_its_own_through_the_api(
             assert refused.status_code == 404
             body["model"] = "poet"
             assert (await http.post("/v1/completions", json=body, headers=poets)).status_code == 200
+            admin = {"authorization": "Bearer adm-0123456789"}
+            (status,) = (await http.get("/admin/models", headers=admin)).json()["models"]
+            assert status["adapters"] == [{"name": "tiny-poet", "aliases": ["poet"]}]
             cards = (await http.get("/v1/models")).json()["data"]
             assert [(c["id"], c.get("parent")) for c in cards] == [
                 ("tiny", None),

@@ -52,7 +52,8 @@ export class ModelsView {
     const nameCell = el("td");
     nameCell.append(el("strong", name));
     cells.aliases = el("span", "", "aliases");
-    nameCell.append(cells.aliases);
+    cells.adapters = el("span", "", "aliases adapters");
+    nameCell.append(cells.aliases, cells.adapters);
     tr.append(nameCell);
     for (const key of ["backend", "state", "inflight", "queue", "memory", "loaded", "used"]) {
       cells[key] = el("td", "", ["inflight", "queue", "memory"].includes(key) ? "num" : "");
@@ -84,6 +85,8 @@ export class ModelsView {
     row.model = model;
     const { cells } = row;
     cells.aliases.textContent = model.aliases.length ? model.aliases.join(", ") : "";
+    const adapters = (model.adapters ?? []).map((a) => a.name);
+    cells.adapters.textContent = adapters.length ? `LoRA: ${adapters.join(", ")}` : "";
     cells.backend.textContent = model.backend;
     const pending = this.pending.get(model.name);
     const state = pending ? `${pending}…` : model.state;
