@@ -7,6 +7,11 @@ breaks at a random point of it:
 - ``garbage``: a relay in front of one replica (``tests.tools.garbling_proxy``) slips an
   invalid event into the stream, and the engine behind it keeps going.
 
+- ``seam`` (``--seams``): a garbage trial at each cut where the delivered text tokenises
+  into other ids than the engine generated (found first, per prompt, by streaming the
+  answer from a replica and checking every cut with ``resume.exact_seam``): the cuts a
+  continuation from text alone would get wrong.
+
 Every trial checks that the text up to the seam (the gateway's ``resume`` log line says
 how many characters reached the client) is the uninterrupted answer's start, and that
 the rest is exactly the engine's greedy continuation of the delivered text, asked of a
@@ -15,7 +20,8 @@ it counts the trials whose whole text equals the uninterrupted answer. A garbage
 passes when it recovers so, or ends with the SSE error event; a clean ``[DONE]`` after
 wrong text fails it.
 
-    python -m tests.e2e.failover_drill --trials 50 --garbage 10 [--seed N] [--json FILE]
+    python -m tests.e2e.failover_drill --trials 50 --garbage 10 [--seams] [--seed N]
+        [--json FILE]
 
 ``make failover-trials`` runs 50 kill and 10 garbage trials;
 ``tests/e2e/test_failover_llamacpp.py`` runs 3 and 1 inside ``make test``.
@@ -39,6 +45,7 @@ import httpx
 import orjson
 
 from backends.base import ChatMessage, GenerationRequest, RequestKind, SamplingParams
+from backends.openai_proxy.resume import exact_seam
 from backends.prompter import Prompter
 from backends.replicas.balance import PrefixAffinity, affinity_key
 from tests.tools.engines import llamacpp_server
@@ -102,7 +109,7 @@ class Trial:
 
     @property
     def passed(self) -> bool:
-        if self.kind == "garbage" and self.error_event:
+        if self.kind in ("garbage", "seam") and self.error_event:
             return True  # ended with the error event: allowed, never a clean wrong end
         return self.done and not self.error_event and self.intact and self.continued
 
@@ -258,26 +265,28 @@ class Drill:
 
     # ------------------------------------------------------------------ trials
 
-    def trial(self, kind: str, number: int) -> Trial:
-        """One trial; a kill that came after the engine had finished its answer (the
-        client reads behind the engine) is tried again with a new cut, up to 3 times."""
+    def trial(self, kind: str, number: int, cut: int | None = None) -> Trial:
+        """One trial (``cut``: where, else at random); a kill that came after the engine
+        had finished its answer (the client reads behind the engine) is tried again with
+        a new cut, up to 3 times."""
         for _ in range(3):
-            trial = self._trial(kind, number)
+            trial = self._trial(kind, number, cut)
             if trial.resumed or kind != "kill":
                 return trial
         return trial
 
-    def _trial(self, kind: str, number: int) -> Trial:
+    def _trial(self, kind: str, number: int, cut: int | None) -> Trial:
         assert self.gateway is not None and self.relay is not None
         prompt = number % len(PROMPTS)
         reference = self.reference(prompt)
-        deltas = max(self.prompter.count(reference, prompt=False) or 0, 12)
-        cut = self.rng.randint(3, deltas * 3 // 4)
+        if cut is None:
+            deltas = max(self.prompter.count(reference, prompt=False) or 0, 12)
+            cut = self.rng.randint(3, deltas * 3 // 4)
         model = "kill" if kind == "kill" else "garble"
         target = number % 2 if kind == "kill" else 0
         serving = self._replica_urls(model)[target]
         headers = {"x-session-id": self.session(model, serving)}
-        if kind == "garbage":
+        if kind != "kill":
             self.client.post(f"{self.relay.url}/_arm", json={"after": cut}).raise_for_status()
         body = {"model": model, **self._body(prompt, stream=True)}
         got = Streamed()
@@ -333,6 +342,34 @@ class Drill:
             texts=None if text == reference else (text, reference),
         )
 
+    def inexact_cuts(self, prompt: int) -> list[int]:
+        """The cuts (deltas delivered) of ``prompt``'s uninterrupted answer after which
+        the delivered text tokenises into other ids than the engine generated, streamed
+        directly from the second replica (one delta per token)."""
+        request = GenerationRequest(
+            "drill",
+            "kill",
+            RequestKind.CHAT,
+            SamplingParams(max_tokens=self.tokens),
+            messages=(ChatMessage("user", PROMPTS[prompt]),),
+        )
+        text = self.prompter.render(request)
+        body = {
+            "model": MODEL, "prompt": text, "max_tokens": self.tokens, "temperature": 0,
+            "repeat_penalty": 1.0, "stream": True,
+        }  # fmt: skip
+        parts: list[str] = []
+        url = f"{self.engines[1].url}/v1/completions"
+        with self.client.stream("POST", url, json=body) as reply:
+            reply.raise_for_status()
+            for line in reply.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    piece = orjson.loads(line[6:])["choices"][0]["text"]
+                    if piece:
+                        parts.append(piece)
+        ids = self.prompter.ids
+        return [k for k in range(1, len(parts)) if exact_seam(ids, text, parts[:k]) < k]
+
     def _restart(self, target: int) -> None:
         old = self.engines[target]
         old.process.wait(30)
@@ -358,23 +395,38 @@ def _read(line: str, got: Streamed) -> None:
 
 
 def run(
-    kills: int, garbage: int, tokens: int, seed: int, budget: float = float("inf")
+    kills: int,
+    garbage: int,
+    tokens: int,
+    seed: int,
+    *,
+    budget: float = float("inf"),
+    seams: int = 0,
 ) -> list[Trial]:
-    """Run the trials, garbage ones interleaved (one after every few kills), starting no
-    new trial once ``budget`` seconds have passed; prints one line each."""
+    """Run the trials, garbage ones interleaved (one after every few kills), then up to
+    ``seams`` seam trials (``-1``: every inexact cut of every prompt), starting no new
+    trial once ``budget`` seconds have passed; prints one line each."""
     drill = Drill(tokens, random.Random(seed))
     trials: list[Trial] = []
     began = time.monotonic()
     every = max(kills // max(garbage, 1), 1)
-    plan = [("kill", n) for n in range(kills)]
+    plan: list[tuple[str, int, int | None]] = [("kill", n, None) for n in range(kills)]
     for n in range(garbage):
-        plan.insert(min((n + 1) * (every + 1) - 1, len(plan)), ("garbage", n))
+        plan.insert(min((n + 1) * (every + 1) - 1, len(plan)), ("garbage", n, None))
     with drill.running():
-        for kind, number in plan:
+        found: list[tuple[int, int]] = []
+        for prompt in range(len(PROMPTS) if seams else 0):
+            found += [(prompt, cut) for cut in drill.inexact_cuts(prompt)]
+            if 0 < seams <= len(found):
+                break
+        if seams:
+            print(f"inexact cuts (prompt, deltas): {found}", flush=True)
+            plan += [("seam", p, cut) for p, cut in (found if seams < 0 else found[:seams])]
+        for kind, number, cut in plan:
             if time.monotonic() - began > budget:
                 print(f"budget of {budget:g} s spent: stopping", flush=True)
                 break
-            trial = drill.trial(kind, number)
+            trial = drill.trial(kind, number, cut)
             trials.append(trial)
             print(orjson.dumps({**asdict(trial), "passed": trial.passed}).decode(), flush=True)
     return trials
@@ -382,7 +434,7 @@ def run(
 
 def summary(trials: list[Trial]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for kind in ("kill", "garbage"):
+    for kind in ("kill", "garbage", "seam"):
         some = [t for t in trials if t.kind == kind]
         out[kind] = {
             "trials": len(some),
@@ -400,6 +452,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=50, help="kill trials")
     parser.add_argument("--garbage", type=int, default=10, help="garbage trials")
+    parser.add_argument(
+        "--seams", type=int, default=0, help="seam trials (-1: at every inexact cut)"
+    )
     parser.add_argument("--tokens", type=int, default=200)
     parser.add_argument("--seed", type=int, default=30)
     parser.add_argument("--json", help="write every trial and the summary here")
@@ -410,7 +465,9 @@ def main(argv: list[str] | None = None) -> int:
         "--min-identical", type=int, default=None, help="fail below this many identical kills"
     )
     args = parser.parse_args(argv)
-    trials = run(args.trials, args.garbage, args.tokens, args.seed, args.budget)
+    trials = run(
+        args.trials, args.garbage, args.tokens, args.seed, budget=args.budget, seams=args.seams
+    )
     result = summary(trials)
     print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
     if args.json:
@@ -419,6 +476,7 @@ def main(argv: list[str] | None = None) -> int:
             out.write(orjson.dumps(record, option=orjson.OPT_INDENT_2))
     failed = any(not t.passed for t in trials)
     short = args.min_identical is not None and result["kill"]["identical"] < args.min_identical
+    short = short or result["seam"]["identical"] < result["seam"]["trials"]
     return 1 if failed or short else 0
 
 
