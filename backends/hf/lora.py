@@ -9,9 +9,11 @@ joins (q, k and v; gate and up), and per part every adapter's scaled ``B`` into 
 ``[out_part, S*R]``. A step's delta is then a few small matmuls over all its tokens:
 ``x @ A_all.T`` gives every adapter's down-projection of every token, a mask keeps each
 token's own adapter's block (zeros elsewhere: a base-model token gets an exact zero), and
-each part's ``@ B.T`` projects it back (per part, so no block of zeros is read). No loop
-over rows or adapters, the batch composition does not change a row's result, and it works
-the same over quantized base weights (the delta never touches them). The idea is
+each part's ``@ B.T`` projects it back (per part, so no block of zeros is read). That is
+for the decode rows; a prefill chunk, one sequence's tokens and so one adapter's, takes
+that adapter's slices alone (its many tokens would otherwise pay for every adapter's
+product). No loop over rows, and it works the same over quantized base weights (the
+delta never touches them). The idea is
 S-LoRA's and Punica's (gather by adapter index); with the few adapters a CPU serves at
 once, masking the stacked product is simpler than a gather.
 
@@ -205,32 +207,61 @@ class LoraBank:
                 b_parts[j][:, s * r : s * r + adapter.rank] = b.float() * adapter.scaling
         return a_all, b_parts
 
-    def step(self, rows: torch.Tensor) -> LoraStep | None:
-        """One step's masks for ``rows`` (each packed token's adapter slot, -1 for the
-        base model); None when no token has an adapter."""
-        if not bool((rows >= 0).any()):
+    def step(self, decode_slots: list[int], chunks: list[tuple[int, int]]) -> LoraStep | None:
+        """One step's plan: each decode row's adapter slot (-1: the base model), then each
+        prefill chunk's ``(tokens, slot)`` in packing order; None when no token has an
+        adapter."""
+        if max(decode_slots, default=-1) < 0 and all(slot < 0 for _, slot in chunks):
             return None
-        return LoraStep(self, rows)
+        return LoraStep(self, decode_slots, chunks)
 
 
 class LoraStep:
-    """One packed step's adapter mask: per token, ones over its adapter's ``R`` columns
-    of every ``S*R`` block."""
+    """One packed step's adapters. Decode rows (one token per sequence, of any adapters)
+    take the stacked product under a mask: per row, ones over its adapter's ``R`` columns
+    of every ``S*R`` block. A prefill chunk is one sequence's run of tokens, all of one
+    adapter: it takes that adapter's own ``A`` and ``B`` (slices of the stacks), so its
+    many tokens do not pay for every adapter's product."""
 
-    def __init__(self, bank: LoraBank, rows: torch.Tensor) -> None:
+    def __init__(
+        self, bank: LoraBank, decode_slots: list[int], chunks: list[tuple[int, int]]
+    ) -> None:
         self._bank = bank
-        dtype = bank.weights[0]["o"][0].dtype
-        owned = torch.nn.functional.one_hot(rows.clamp(min=-1) + 1, bank.slots + 1)[:, 1:]
-        self._mask = owned.to(dtype).repeat_interleave(bank.rank, dim=1)
+        self._decode = len(decode_slots)
+        self._mask: torch.Tensor | None = None
+        if max(decode_slots, default=-1) >= 0:
+            a_all = bank.weights[0]["o"][0]
+            rows = torch.tensor(decode_slots, dtype=torch.long, device=a_all.device)
+            owned = torch.nn.functional.one_hot(rows + 1, bank.slots + 1)[:, 1:]
+            self._mask = owned.to(a_all.dtype).repeat_interleave(bank.rank, dim=1)
+        self._segments: list[tuple[int, int, int]] = []
+        start = self._decode
+        for length, slot in chunks:
+            if slot >= 0:
+                self._segments.append((start, start + length, slot))
+            start += length
 
-    def delta(self, layer: int, part: str, x: torch.Tensor) -> torch.Tensor:
-        """The adapters' addition to projection ``part`` of ``layer`` for input ``x``."""
+    def add(self, layer: int, part: str, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Add the adapters' share of projection ``part`` of ``layer`` (input ``x``) into
+        its output ``y``, in place."""
         a_all, b_parts = self._bank.weights[layer][part]
-        down = x @ a_all.T
-        if len(b_parts) == 1:
-            return (down * self._mask) @ b_parts[0].T
-        blocks = down.view(x.shape[0], len(b_parts), -1) * self._mask[:, None, :]
-        return torch.cat([blocks[:, j] @ b.T for j, b in enumerate(b_parts)], dim=-1)
+        if self._mask is not None:
+            d = self._decode
+            down = x[:d] @ a_all.T
+            if len(b_parts) == 1:
+                y[:d] += (down * self._mask) @ b_parts[0].T
+            else:
+                blocks = down.view(d, len(b_parts), -1) * self._mask[:, None, :]
+                y[:d] += torch.cat([blocks[:, j] @ b.T for j, b in enumerate(b_parts)], dim=-1)
+        slots, r = self._bank.slots, self._bank.rank
+        for start, end, slot in self._segments:
+            xs, offset = x[start:end], 0
+            for j, b in enumerate(b_parts):
+                row = (j * slots + slot) * r
+                down = xs @ a_all[row : row + r].T
+                rows = b.shape[0]
+                y[start:end, offset : offset + rows] += down @ b[:, slot * r : (slot + 1) * r].T
+                offset += rows
 
 
 def _in(module: Any, split: str, fused: str) -> int:

@@ -295,12 +295,8 @@ class DecoderRunner:
     ) -> LoraStep | None:
         if self.lora is None:
             return None
-        rows = list(decode_adapters) if decode_adapters is not None else [-1] * decode_rows
-        for chunk in prefills:
-            rows.extend([chunk.adapter] * len(chunk.tokens))
-        if max(rows, default=-1) < 0:
-            return None
-        return self.lora.step(torch.tensor(rows, dtype=torch.long, device=self.device))
+        decode = list(decode_adapters) if decode_adapters is not None else [-1] * decode_rows
+        return self.lora.step(decode, [(len(c.tokens), c.adapter) for c in prefills])
 
     def _rope(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         rd, n, rows = self.rotary_dim, qk.shape[0], qk.shape[1]
@@ -317,7 +313,7 @@ class DecoderRunner:
         h = self._norm(x, layer.ln_in)
         qkv = layer.qkv(h)
         if lora is not None:
-            qkv = qkv + lora.delta(index, "qkv", h)
+            lora.add(index, "qkv", h, qkv)
         qk = qkv[:, : (heads + kvh) * hd].view(n, heads + kvh, hd)
         if layer.q_norm is not None and layer.k_norm is not None:
             qk = torch.cat(
@@ -338,19 +334,19 @@ class DecoderRunner:
         )
         out = layer.o(attn)
         if lora is not None:
-            out = out + lora.delta(index, "o", attn)
+            lora.add(index, "o", attn, out)
         if layer.ln_attn_out is not None:
             out = self._norm(out, layer.ln_attn_out)
         x = x + out
         h = self._norm(x, layer.ln_mlp_in)
         gate_up = layer.gate_up(h)
         if lora is not None:
-            gate_up = gate_up + lora.delta(index, "gate_up", h)
+            lora.add(index, "gate_up", h, gate_up)
         gate, up = gate_up.chunk(2, dim=-1)
         inner = self.act(gate) * up
         out = layer.down(inner)
         if lora is not None:
-            out = out + lora.delta(index, "down", inner)
+            lora.add(index, "down", inner, out)
         if layer.ln_mlp_out is not None:
             out = self._norm(out, layer.ln_mlp_out)
         return x + out
