@@ -89,7 +89,12 @@ class GarblingProxy:
             if _has_text(line):
                 texts += 1
                 if texts == after:
-                    await answer.write(b"\n" + GARBAGE)
+                    # End the K-th event and let it go out alone: a consumer drops the
+                    # valid events of a read that also holds the garbage, and the break
+                    # must fall exactly after the K-th delta.
+                    await answer.write(b"\n")
+                    await asyncio.sleep(0.05)
+                    await answer.write(GARBAGE)
                     self.garbled += 1
 
 
