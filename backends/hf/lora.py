@@ -38,7 +38,6 @@ from typing import Any
 
 import torch
 
-PARTS = ("qkv", "o", "gate_up", "down")
 _KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(.+)\.lora_([AB])(?:\.[^.]+)?\.weight$")
 
 
