@@ -38,6 +38,8 @@ from typing import Any
 
 import torch
 
+from backends.hf.linears import Linear, make_linear
+
 _KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(.+)\.lora_([AB])(?:\.[^.]+)?\.weight$")
 
 
@@ -141,10 +143,11 @@ class LoraBank:
         device: torch.device,
     ) -> None:
         self.names = tuple(a.name for a in adapters)
+        self.dtype, self.device = dtype, device
         self.slots = len(adapters)
         self.rank = max((a.rank for a in adapters), default=1)
         self._check_targets(layers, adapters)
-        self.weights: list[dict[str, tuple[torch.Tensor, tuple[torch.Tensor, ...]]]] = []
+        self.weights: list[dict[str, _Stacks]] = []
         for index, layer in enumerate(layers):
             parts = projection_parts(layer)
             in_features = {
@@ -156,19 +159,14 @@ class LoraBank:
             stacked = {}
             for part, subs in parts.items():
                 a_all, b_parts = self._stack(index, subs, in_features[part], adapters)
-                stacked[part] = (
-                    a_all.to(device, dtype),
-                    tuple(b.to(device, dtype) for b in b_parts),
+                stacked[part] = _Stacks.of(
+                    a_all.to(device, dtype), [b.to(device, dtype) for b in b_parts], self.rank
                 )
             self.weights.append(stacked)
 
     @property
     def nbytes(self) -> int:
-        return sum(
-            a.nbytes + sum(b.nbytes for b in bs)
-            for layer in self.weights
-            for a, bs in layer.values()
-        )
+        return sum(stacks.nbytes for layer in self.weights for stacks in layer.values())
 
     def _check_targets(self, layers: list[Any], adapters: list[AdapterWeights]) -> None:
         known = {module for subs in projection_parts(layers[0]).values() for module, _ in subs}
@@ -229,10 +227,10 @@ class LoraStep:
         self._decode = len(decode_slots)
         self._mask: torch.Tensor | None = None
         if max(decode_slots, default=-1) >= 0:
-            a_all = bank.weights[0]["o"][0]
-            rows = torch.tensor(decode_slots, dtype=torch.long, device=a_all.device)
+            dtype, device = bank.dtype, bank.device
+            rows = torch.tensor(decode_slots, dtype=torch.long, device=device)
             owned = torch.nn.functional.one_hot(rows + 1, bank.slots + 1)[:, 1:]
-            self._mask = owned.to(a_all.dtype).repeat_interleave(bank.rank, dim=1)
+            self._mask = owned.to(dtype).repeat_interleave(bank.rank, dim=1)
         self._segments: list[tuple[int, int, int]] = []
         start = self._decode
         for length, slot in chunks:
@@ -243,24 +241,65 @@ class LoraStep:
     def add(self, layer: int, part: str, x: torch.Tensor, y: torch.Tensor) -> None:
         """Add the adapters' share of projection ``part`` of ``layer`` (input ``x``) into
         its output ``y``, in place."""
-        a_all, b_parts = self._bank.weights[layer][part]
+        stacks = self._bank.weights[layer][part]
         if self._mask is not None:
             d = self._decode
-            down = x[:d] @ a_all.T
-            if len(b_parts) == 1:
-                y[:d] += (down * self._mask) @ b_parts[0].T
+            down = stacks.a_all(x[:d])
+            if len(stacks.b_all) == 1:
+                y[:d] += stacks.b_all[0](down * self._mask)
             else:
-                blocks = down.view(d, len(b_parts), -1) * self._mask[:, None, :]
-                y[:d] += torch.cat([blocks[:, j] @ b.T for j, b in enumerate(b_parts)], dim=-1)
-        slots, r = self._bank.slots, self._bank.rank
+                blocks = down.view(d, len(stacks.b_all), -1) * self._mask[:, None, :]
+                y[:d] += torch.cat([b(blocks[:, j]) for j, b in enumerate(stacks.b_all)], dim=-1)
         for start, end, slot in self._segments:
             xs, offset = x[start:end], 0
-            for j, b in enumerate(b_parts):
-                row = (j * slots + slot) * r
-                down = xs @ a_all[row : row + r].T
-                rows = b.shape[0]
-                y[start:end, offset : offset + rows] += down @ b[:, slot * r : (slot + 1) * r].T
+            for a, b in stacks.per_slot[slot]:
+                rows = b.out_features
+                y[start:end, offset : offset + rows] += b(a(xs))
                 offset += rows
+
+
+@dataclass(frozen=True, slots=True)
+class _Stacks:
+    """One fused projection's adapters as projections (prepacked like the base weights:
+    a bf16 matmul on a transposed view takes a generic path several times slower):
+    ``a_all`` every adapter's ``A`` for every part, ``b_all`` per part every adapter's
+    ``B``, and ``per_slot[s]`` adapter ``s``'s own ``(A, B)`` per part."""
+
+    a_all: Linear
+    b_all: tuple[Linear, ...]
+    per_slot: tuple[tuple[tuple[Linear, _PartB], ...], ...]
+    nbytes: int
+
+    @classmethod
+    def of(cls, a_all: torch.Tensor, b_parts: list[torch.Tensor], rank: int) -> _Stacks:
+        slots = b_parts[0].shape[1] // rank
+        per_slot = []
+        for s in range(slots):
+            parts = []
+            for j, b in enumerate(b_parts):
+                row = (j * slots + s) * rank
+                a = make_linear(a_all[row : row + rank].contiguous(), None, "none")
+                own_b = b[:, s * rank : (s + 1) * rank].contiguous()
+                parts.append((a, _PartB(make_linear(own_b, None, "none"), b.shape[0])))
+            per_slot.append(tuple(parts))
+        stacks = (a_all, *b_parts)
+        return cls(
+            make_linear(a_all, None, "none"),
+            tuple(make_linear(b, None, "none") for b in b_parts),
+            tuple(per_slot),
+            2 * sum(t.numel() * t.element_size() for t in stacks),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _PartB:
+    """A part's ``B`` and its output width."""
+
+    linear: Linear
+    out_features: int
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
 
 
 def _in(module: Any, split: str, fused: str) -> int:
