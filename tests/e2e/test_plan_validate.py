@@ -170,9 +170,7 @@ def _check(
     return check, foreign.cores
 
 
-def test_validate_predicts_the_measured_p95(
-    server: RunningServer, calibration: Path, tmp_path: Path
-) -> None:
+def test_validate_predicts_the_measured_p95(server: RunningServer, tmp_path: Path) -> None:
     """``--validate``'s replay at 25 % and 40 % of capacity: the E2E p95 the model predicts
     for the replayed requests within 30 % of the measured one at both, and the Poisson
     prediction within a factor 2.
@@ -181,8 +179,9 @@ def test_validate_predicts_the_measured_p95(
     Poisson arrivals they do not, so the engine is busier than the share says; at 50 % a
     10 % change of the machine's speed between calibration and replay moved the p95 by
     more than 30 % (docs/plan.md). Each rate is predicted from a calibration made just
-    before it (the module's for the first): a machine's speed drifts, and the prediction
-    should see the replay's."""
+    before it: a machine's speed drifts (the module's calibration, made before the
+    cold-start tests, once ran 15 % faster than the replay and the 25 % check missed by 8
+    points), and the prediction should see the replay's."""
     profile = tmp_path / "profile.yaml"
     doc = {
         "slo": {"e2e_p95_ms": 60000},
@@ -192,7 +191,7 @@ def test_validate_predicts_the_measured_p95(
     profile.write_text(yaml.safe_dump(doc))
     model = load_profile(profile).models[MODEL]
     for share in (0.25, 0.4):
-        fresh = calibration if share == 0.25 else _calibrate(server, tmp_path / f"cal-{share}")
+        fresh = _calibrate(server, tmp_path / f"cal-{share}")
         check, foreign = _check(server, fresh, model, share, seed=1)
         error, poisson = check.replayed_e2e_error, check.e2e_error
         assert error is not None and poisson is not None
