@@ -13,7 +13,7 @@ from starlette.responses import Response
 from gateway.console.gauges import NO_ENGINE_FIGURES
 from gateway.edge.state import AppState
 from gateway.errors import RouteNotFound, Unauthorized
-from gateway.frontdoor.keys import NamedAdapter
+from gateway.frontdoor.keys import Client, NamedAdapter
 from gateway.registry import ModelNotFound, ModelStatus
 
 router = APIRouter()
@@ -56,16 +56,11 @@ async def metrics(request: Request) -> Response:
 async def list_models(request: Request) -> Response:
     state = _state(request)
     client = state.frontdoor.keys.identify(request.scope)  # only the key's models
-    data = []
-    for status in state.registry.list_models():
-        whole = client.may_use(status)  # the base model grants its adapters too
-        if whole:
-            data.append(_model_card(status, state.started_at))
-        data.extend(
-            card
-            for card in _adapter_cards(status, state.started_at)
-            if whole or client.may_use(NamedAdapter(card["id"], tuple(card["llmso"]["aliases"])))
-        )
+    data = [
+        card
+        for status in state.registry.list_models()
+        for card in _visible_cards(status, state.started_at, client)
+    ]
     return _json({"object": "list", "data": data})
 
 
@@ -74,13 +69,8 @@ async def get_model(model_id: str, request: Request) -> Response:
     state = _state(request)
     client = state.frontdoor.keys.identify(request.scope)
     for status in state.registry.list_models():
-        whole = client.may_use(status)
-        if whole and (model_id == status.name or model_id in status.aliases):
-            return _json(_model_card(status, state.started_at))
-        for card in _adapter_cards(status, state.started_at):
-            aliases = tuple(card["llmso"]["aliases"])
-            named = model_id == card["id"] or model_id in aliases
-            if named and (whole or client.may_use(NamedAdapter(card["id"], aliases))):
+        for card in _visible_cards(status, state.started_at, client):
+            if model_id == card["id"] or model_id in card["llmso"]["aliases"]:
                 return _json(card)
     raise ModelNotFound(f"The model '{model_id}' does not exist", param="model")
 
@@ -100,20 +90,18 @@ def _model_card(status: ModelStatus, started_at: int) -> dict[str, Any]:
     }
 
 
-def _adapter_cards(status: ModelStatus, started_at: int) -> list[dict[str, Any]]:
-    """A card per LoRA adapter: its own name, ``parent`` the base model (as vLLM lists
-    them)."""
+def _visible_cards(status: ModelStatus, started_at: int, client: Client) -> list[dict[str, Any]]:
+    """The cards of ``status`` the key may see: the model's, and a card per LoRA adapter
+    it may use (its own name, ``parent`` the base model, as vLLM lists them)."""
     base = _model_card(status, started_at)
-    return [
-        {
-            **base,
-            "id": name,
-            "parent": status.name,
-            "root": status.name,
-            "llmso": {**base["llmso"], "aliases": list(aliases), "adapter_of": status.name},
-        }
-        for name, aliases in status.adapters
-    ]
+    cards = [base] if client.may_use(status) else []
+    for name, aliases in status.adapters:
+        if client.may_use_adapter(status, NamedAdapter(name, aliases)):
+            llmso = {**base["llmso"], "aliases": list(aliases), "adapter_of": status.name}
+            cards.append(
+                {**base, "id": name, "parent": status.name, "root": status.name, "llmso": llmso}
+            )
+    return cards
 
 
 # --------------------------------------------------------------------------- admin

@@ -105,9 +105,9 @@ class FrontDoor:
                 if model.name == name:
                     return client.may_use(model)
                 for adapter in getattr(model, "adapters", ()):
-                    if adapter.name == name:  # its own entry, or its base model's
+                    if adapter.name == name:
                         own = NamedAdapter(adapter.name, adapter.aliases)
-                        return client.may_use(model) or client.may_use(own)
+                        return client.may_use_adapter(model, own)
             return False
 
         return may_use
@@ -228,10 +228,7 @@ class Pass:
             decision = self._door.registry.route(requested)
         except ApiError:
             raise not_found(requested) from None
-        adapter = decision.adapter
-        allowed_candidates(
-            requested, decision.candidates if adapter is None else (adapter,), may_use
-        )
+        allowed_candidates(requested, decision.key_checks, may_use)
 
     async def send(self, message: Message) -> None:
         if self.started:  # the per-frame path of a stream: nothing to add

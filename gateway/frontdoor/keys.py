@@ -73,6 +73,11 @@ class Client:
                 return True
         return False
 
+    def may_use_adapter(self, base: Named, adapter: NamedAdapter) -> bool:
+        """An adapter is the key's when its allow-list names it, or names its base model
+        (which grants all of the base's adapters)."""
+        return self.may_use(base) or self.may_use(adapter)
+
 
 OPEN_DOOR = Client(ANONYMOUS, KeyLimits())
 

@@ -81,6 +81,12 @@ class RouteDecision:
     adapter: str | None = None
     """The LoRA adapter named (reason ``adapter``): served by its base model alone."""
 
+    @property
+    def key_checks(self) -> tuple[str, ...]:
+        """The names a client key's allow-list is checked against: the adapter, or each
+        candidate model."""
+        return self.candidates if self.adapter is None else (self.adapter,)
+
 
 @dataclass(frozen=True, slots=True)
 class ConfigDiff:

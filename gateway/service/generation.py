@@ -120,15 +120,11 @@ class CompletionService:
 
     async def open(self, request: GenerationRequest, record: RequestRecord) -> Generation:
         decision = self._registry.route(request.model)
-        candidates = decision.candidates
+        allowed = allowed_candidates(request.model, decision.key_checks, record.may_use)
+        candidates = allowed if decision.adapter is None else decision.candidates
         if decision.adapter is not None:
             request = replace(request, adapter=decision.adapter)
             record.adapter = decision.adapter
-            # A key's allow-list names the adapter, or its base model (which grants all
-            # of its adapters).
-            allowed_candidates(request.model, (decision.adapter,), record.may_use)
-        else:
-            candidates = allowed_candidates(request.model, candidates, record.may_use)
         for position, name in enumerate(candidates):
             try:
                 return await self._open_on(name, request, record)
