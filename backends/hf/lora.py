@@ -110,24 +110,29 @@ def projection_parts(layer: Any) -> dict[str, list[tuple[str, int]]]:
     """Per fused projection of a decoder layer, the module paths it joins (PEFT's names
     for them) and each one's output rows, in the fused matrix's order."""
     attn, mlp = layer.self_attn, layer.mlp
-
-    def rows(module: Any) -> int:
-        return int(module.weight.shape[0])
-
-    if hasattr(attn, "qkv_proj"):
-        qkv = [("self_attn.qkv_proj", rows(attn.qkv_proj))]
-    else:
-        qkv = [(f"self_attn.{p}", rows(getattr(attn, p))) for p in ("q_proj", "k_proj", "v_proj")]
-    if hasattr(mlp, "gate_up_proj"):
-        gate_up = [("mlp.gate_up_proj", rows(mlp.gate_up_proj))]
-    else:
-        gate_up = [(f"mlp.{p}", rows(getattr(mlp, p))) for p in ("gate_proj", "up_proj")]
+    qkv = (
+        ["self_attn.qkv_proj"]
+        if hasattr(attn, "qkv_proj")
+        else [f"self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj")]
+    )
+    gate_up = (
+        ["mlp.gate_up_proj"]
+        if hasattr(mlp, "gate_up_proj")
+        else [f"mlp.{p}" for p in ("gate_proj", "up_proj")]
+    )
+    paths = {"qkv": qkv, "o": ["self_attn.o_proj"], "gate_up": gate_up, "down": ["mlp.down_proj"]}
     return {
-        "qkv": qkv,
-        "o": [("self_attn.o_proj", rows(attn.o_proj))],
-        "gate_up": gate_up,
-        "down": [("mlp.down_proj", rows(mlp.down_proj))],
+        part: [(path, int(_weight(layer, path).shape[0])) for path in modules]
+        for part, modules in paths.items()
     }
+
+
+def _weight(layer: Any, path: str) -> torch.Tensor:
+    """The weight of the module at ``path`` (``self_attn.q_proj``) of ``layer``."""
+    module = layer
+    for name in path.split("."):
+        module = getattr(module, name)
+    return module.weight  # type: ignore[no-any-return]
 
 
 class LoraBank:
@@ -149,16 +154,10 @@ class LoraBank:
         self._check_targets(layers, adapters)
         self.weights: list[dict[str, _Stacks]] = []
         for index, layer in enumerate(layers):
-            parts = projection_parts(layer)
-            in_features = {
-                "qkv": _in(layer.self_attn, "q_proj", "qkv_proj"),
-                "o": int(layer.self_attn.o_proj.weight.shape[1]),
-                "gate_up": _in(layer.mlp, "gate_proj", "gate_up_proj"),
-                "down": int(layer.mlp.down_proj.weight.shape[1]),
-            }
             stacked = {}
-            for part, subs in parts.items():
-                a_all, b_parts = self._stack(index, subs, in_features[part], adapters)
+            for part, subs in projection_parts(layer).items():
+                width = int(_weight(layer, subs[0][0]).shape[1])  # the parts share the input
+                a_all, b_parts = self._stack(index, subs, width, adapters)
                 stacked[part] = _Stacks.of(
                     a_all.to(device, dtype), [b.to(device, dtype) for b in b_parts], self.rank
                 )
@@ -252,8 +251,7 @@ class LoraStep:
                 y[:d] += torch.cat([b(blocks[:, j]) for j, b in enumerate(stacks.b_all)], dim=-1)
         for start, end, slot in self._segments:
             xs, offset = x[start:end], 0
-            for a, b in stacks.per_slot[slot]:
-                rows = b.out_features
+            for a, b, rows in stacks.per_slot[slot]:
                 y[start:end, offset : offset + rows] += b(a(xs))
                 offset += rows
 
@@ -263,11 +261,11 @@ class _Stacks:
     """One fused projection's adapters as projections (prepacked like the base weights:
     a bf16 matmul on a transposed view takes a generic path several times slower):
     ``a_all`` every adapter's ``A`` for every part, ``b_all`` per part every adapter's
-    ``B``, and ``per_slot[s]`` adapter ``s``'s own ``(A, B)`` per part."""
+    ``B``, and ``per_slot[s]`` adapter ``s``'s own ``(A, B, output rows)`` per part."""
 
     a_all: Linear
     b_all: tuple[Linear, ...]
-    per_slot: tuple[tuple[tuple[Linear, _PartB], ...], ...]
+    per_slot: tuple[tuple[tuple[Linear, Linear, int], ...], ...]
     nbytes: int
 
     @classmethod
@@ -280,7 +278,7 @@ class _Stacks:
                 row = (j * slots + s) * rank
                 a = make_linear(a_all[row : row + rank].contiguous(), None, "none")
                 own_b = b[:, s * rank : (s + 1) * rank].contiguous()
-                parts.append((a, _PartB(make_linear(own_b, None, "none"), b.shape[0])))
+                parts.append((a, make_linear(own_b, None, "none"), int(b.shape[0])))
             per_slot.append(tuple(parts))
         stacks = (a_all, *b_parts)
         return cls(
@@ -289,19 +287,3 @@ class _Stacks:
             tuple(per_slot),
             2 * sum(t.numel() * t.element_size() for t in stacks),
         )
-
-
-@dataclass(frozen=True, slots=True)
-class _PartB:
-    """A part's ``B`` and its output width."""
-
-    linear: Linear
-    out_features: int
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(x)
-
-
-def _in(module: Any, split: str, fused: str) -> int:
-    part = getattr(module, fused, None) or getattr(module, split)
-    return int(part.weight.shape[1])

@@ -128,12 +128,12 @@ class ContinuousScheduler:
         chunks, owners, finishing = self._plan_prefill(out)
         if not decode and not chunks:
             return
-        tokens, positions = [c.next_input for c in decode], [c.length for c in decode]
-        if self._adapter_slots:
-            adapters = [c.request.adapter for c in decode]
-            logits = self._runner.forward(tokens, positions, chunks, decode_adapters=adapters)
-        else:
-            logits = self._runner.forward(tokens, positions, chunks)
+        logits = self._runner.forward(
+            [c.next_input for c in decode],
+            [c.length for c in decode],
+            chunks,
+            decode_adapters=[c.request.adapter for c in decode],
+        )
         for choice in decode:
             choice.length += 1
         last_rows = self._score_prompts(logits, len(decode), chunks, owners)

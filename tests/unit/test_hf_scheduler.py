@@ -58,7 +58,11 @@ class FakeRunner:
         return hash(tuple(history)) % (VOCAB - 1) + 1
 
     def forward(
-        self, decode_tokens: list[int], decode_positions: list[int], prefills: list[PrefillChunk]
+        self,
+        decode_tokens: list[int],
+        decode_positions: list[int],
+        prefills: list[PrefillChunk],
+        decode_adapters: list[int] | None = None,
     ) -> torch.Tensor:
         preds = [
             self._write(slot, pos, [tok])
