@@ -3,6 +3,8 @@
 Created once per app inside ``BackendMetrics`` and shared by every backend, so two models
 never register the same family twice. The ``replica`` label is a configured base URL,
 so its values are bounded by the config; ``reason`` and ``outcome`` are fixed sets.
+There is no adapter label: adapter names come from the config and the admin API, and
+the log line of each load names the adapter.
 """
 
 from __future__ import annotations
@@ -71,6 +73,13 @@ class ReplicaMetrics:
             "Prompt tokens sent again to continue broken streams: the gateway's cost, "
             "not billed to the client.",
             ("model",),
+            registry=registry,
+        )
+        self.adapter_loads = LoopCounter(
+            "llmso_adapter_loads_total",
+            "LoRA adapter loads this gateway asked of one replica, by outcome (ok, "
+            "rejected or the error code).",
+            (*labels, "outcome"),
             registry=registry,
         )
         self.ejections = LoopCounter(

@@ -4,8 +4,9 @@
 ``CircuitBreaker`` fed by real requests: ``breaker_failures`` consecutive 5xx/timeouts/
 connection failures eject it for ``breaker_cooldown`` seconds, after which requests may
 try it again), this gateway's in-flight count, the engine's own gauges read from its
-metrics page, and whether a hot reload took it out of the config (``draining``: no new
-requests; those in flight finish).
+metrics page, the LoRA adapters it holds (``adapters``: listed by the engine, or loaded
+by this gateway; see ``backends.replicas.adapters``), and whether a hot reload took it
+out of the config (``draining``: no new requests; those in flight finish).
 
 Ownership: the event loop of the backend whose ``ReplicaSet`` built it. The transport
 (an HTTP session, a gRPC channel) stays with that backend.
@@ -44,6 +45,9 @@ class Replica:
         self.load = EngineLoad()
         self.has_metrics = metrics_url is not None
         self.draining = False
+        self.adapters: frozenset[str] = frozenset()
+        """The LoRA adapters this replica serves, as last listed or loaded."""
+        self._adapter_epoch = 0  # bumped by every change the gateway makes itself
         self._idle = asyncio.Event()
         self._idle.set()
         self._metrics = metrics
@@ -111,6 +115,30 @@ class Replica:
         self._running_gauge.set(load.running)
         self._kv_gauge.set(load.kv_usage)
 
+    @property
+    def adapter_epoch(self) -> int:
+        return self._adapter_epoch
+
+    def hold_adapter(self, name: str) -> None:
+        """This gateway loaded ``name`` here."""
+        self.adapters |= {name}
+        self._adapter_epoch += 1
+
+    def drop_adapter(self, name: str) -> None:
+        """This gateway unloaded ``name`` here."""
+        self.adapters -= {name}
+        self._adapter_epoch += 1
+
+    def record_adapters(self, listed: frozenset[str], epoch: int) -> None:
+        """The engine's own list, read while the epoch was ``epoch``. A list read before
+        a load or unload of ours finished may predate it, so it is dropped; the next
+        read tells."""
+        if epoch == self._adapter_epoch:
+            self.adapters = listed
+
+    def count_adapter_load(self, error: BackendError | None) -> None:
+        self._child(self._metrics.adapter_loads, _outcome(error)).inc()
+
     def refresh_up(self, now: float) -> None:
         # Called after every attempt: the gauge is written only when it changes.
         up = 1 if self.health.up and not self.ejected(now) and not self.draining else 0
@@ -129,6 +157,7 @@ class Replica:
             "queue_depth": self.load.waiting,
             "running": self.load.running,
             "kv_cache_usage": self.load.kv_usage,
+            "adapters": sorted(self.adapters),
         }
 
     def forget_metrics(self) -> None:
@@ -138,9 +167,11 @@ class Replica:
         gauges: tuple[Any, ...] = (metrics.inflight, metrics.up, metrics.waiting, metrics.running)
         for family in (*gauges, metrics.kv_usage, metrics.ejections):
             _remove(family, self._labels)
+        labelled = {
+            str(id(f)): f for f in (metrics.requests, metrics.routes, metrics.adapter_loads)
+        }
         for key in self._children:
-            family = metrics.requests if key[0] == str(id(metrics.requests)) else metrics.routes
-            _remove(family, (*self._labels, *key[1:]))
+            _remove(labelled[key[0]], (*self._labels, *key[1:]))
         self._children.clear()
 
     def _child(self, family: Any, *values: str) -> Any:

@@ -3,13 +3,17 @@
 ``ReplicaSet`` owns the ``Replica`` objects of one backend and its balance policy, probes
 and scrapes them in the background, picks one per attempt, and applies a hot-reloaded
 replica list in place (``update``). It knows nothing of the transport: the backend passes
-the probe (an HTTP GET, a gRPC health call) and an aiohttp session for metrics pages.
+the probe (an HTTP GET, a gRPC health call), an aiohttp session for metrics pages and,
+for a model with LoRA adapters, the ``Adapters`` that list and load them (each round of
+probes also reads each replica's adapters).
 
 Ownership: everything here belongs to the event loop of the backend that built it.
 
 A replica is eligible when it is not ejected and not draining; among those, the ones
 passing health probes are preferred, and only when none does are the others tried
 (probes lag behind the data path, and a single upstream must behave as it always did).
+A request for an adapter narrows the eligible replicas to those that hold it, or to the
+one named to load it (``Adapters.prefer``), and the policy chooses among them.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 import aiohttp
 
 from backends.base import GenerationRequest, UpstreamUnavailable
+from backends.replicas.adapters import Adapters
 from backends.replicas.balance import Choice, Policy, affinity_key, build_policy
 from backends.replicas.metrics import ReplicaMetrics
 from backends.replicas.replica import Replica
@@ -47,8 +52,10 @@ class ReplicaSet:
         metrics: ReplicaMetrics,
         *,
         scrape_model: str | None = None,
+        adapters: Adapters | None = None,
     ) -> None:
         self._metrics = metrics
+        self.adapters = adapters
         self._scrape_model = scrape_model
         self.replicas: list[Replica] = []
         self._config = config
@@ -94,20 +101,10 @@ class ReplicaSet:
         eligible = self.candidates(exclude, now) or self.candidates((), now)
         if not eligible:
             raise self.unavailable(now)
+        preferred = self._prefer(request, eligible)
+        choice = self._choose(request, preferred or eligible)
+        reason = "retry" if attempt else "adapter" if preferred else choice.reason
         replicas = self.replicas
-        if len(eligible) == 1:
-            choice = Choice(replicas.index(eligible[0]), "only")
-        else:
-            key = (
-                affinity_key(request, self._config.prefix_chars)
-                if self._policy.name == "prefix" and request is not None
-                else ""
-            )
-            positions = [replicas.index(r) for r in eligible]
-            choice = self._policy.choose(
-                positions, [r.inflight for r in replicas], [r.score() for r in replicas], key
-            )
-        reason = "retry" if attempt else choice.reason
         replica = replicas[choice.index]
         replica.acquire(self._policy.name, reason)
         if len(replicas) > 1:
@@ -118,6 +115,28 @@ class ReplicaSet:
                 reason, replica.inflight,
             )  # fmt: skip
         return replica
+
+    def _prefer(
+        self, request: GenerationRequest | None, eligible: list[Replica]
+    ) -> list[Replica] | None:
+        adapter = request.adapter if request is not None else None
+        if adapter is None or self.adapters is None:
+            return None
+        return self.adapters.prefer(adapter, eligible)
+
+    def _choose(self, request: GenerationRequest | None, eligible: list[Replica]) -> Choice:
+        replicas = self.replicas
+        if len(eligible) == 1:
+            return Choice(replicas.index(eligible[0]), "only")
+        key = (
+            affinity_key(request, self._config.prefix_chars)
+            if self._policy.name == "prefix" and request is not None
+            else ""
+        )
+        positions = [replicas.index(r) for r in eligible]
+        return self._policy.choose(
+            positions, [r.inflight for r in replicas], [r.score() for r in replicas], key
+        )
 
     def snapshot(self) -> list[dict[str, object]]:
         now = time.monotonic()
@@ -191,6 +210,8 @@ class ReplicaSet:
         self._probe = None
         for task in tasks:
             await cancel(task)
+        if self.adapters is not None:
+            await self.adapters.stop()
 
     def _running(self) -> bool:
         return self._probe_task is not None
@@ -201,13 +222,19 @@ class ReplicaSet:
         if probe is None:
             return False
         replicas = list(self.replicas)
-        results = await asyncio.gather(*(probe(r) for r in replicas))
+        results, _ = await asyncio.gather(
+            asyncio.gather(*(probe(r) for r in replicas)), self._list_adapters(replicas)
+        )
         now = time.monotonic()
         for replica, ok in zip(replicas, results, strict=True):
             replica.record_probe(ok, now)
         if self._after_probe is not None:
             self._after_probe()
         return any(results)
+
+    async def _list_adapters(self, replicas: list[Replica]) -> None:
+        if self.adapters is not None:
+            await self.adapters.refresh(replicas)
 
     async def _probe_forever(self) -> None:
         while True:
@@ -221,7 +248,9 @@ class ReplicaSet:
             return
 
         async def once() -> None:
-            results = await asyncio.gather(*(probe(r) for r in replicas))
+            results, _ = await asyncio.gather(
+                asyncio.gather(*(probe(r) for r in replicas)), self._list_adapters(replicas)
+            )
             now = time.monotonic()
             for replica, ok in zip(replicas, results, strict=True):
                 replica.record_probe(ok, now)
