@@ -22,6 +22,11 @@ upstream's counts (or our own count, see ``stream``) and the seconds spent waiti
 the upstream. A stream that breaks after that resumes on another replica where the
 model's ``failover`` is ``mid_stream`` (``resume``). Closing the iterator early closes
 the connection to the replica serving it, and that engine aborts.
+
+LoRA adapters (``adapters``; ``AdapterHost``): a request for one is sent with the
+adapter's name as ``model``, to a replica that serves it; where none does, the adapter
+is loaded first on the least-loaded replica (``backends.replicas.adapters``, the vLLM
+calls in ``adapters.py``).
 """
 
 from __future__ import annotations
@@ -36,12 +41,15 @@ import aiohttp
 import orjson
 
 from backends.base import (
+    AdapterSpec,
     BackendCrashed,
     BackendError,
     BackendEvent,
     Feature,
     GenerationRequest,
+    InvalidRequest,
     ModelInfo,
+    ModelNotFound,
     NotReady,
     Started,
     UpstreamTimeout,
@@ -49,6 +57,7 @@ from backends.base import (
 )
 from backends.embeddings import EmbeddingRequest, EmbeddingResult
 from backends.hop_metrics import BackendMetrics
+from backends.openai_proxy.adapters import UpstreamAdapters
 from backends.openai_proxy.embeddings import (
     EMBEDDINGS_PATH,
     embeddings_body,
@@ -71,6 +80,7 @@ from backends.openai_proxy.resume import Resume, Resumer, SeamMismatch
 from backends.openai_proxy.scored import scored_body, scored_events
 from backends.openai_proxy.slots import SlotGate
 from backends.openai_proxy.stream import ChunkTranslator
+from backends.replicas.adapters import Adapters
 from backends.replicas.attempts import GiveUp, first_success
 from backends.replicas.replica import Replica
 from backends.replicas.replica_set import ReplicaSet
@@ -93,7 +103,16 @@ class OpenAIProxyBackend:
             labels=labels,
         )
         self._up_gauge = metrics.upstream_up.labels(*labels)
-        self._replicas = ReplicaSet(config, _endpoints(config), metrics.replicas)
+        self._added: dict[str, str | None] = {}  # adapters added at run time, by name
+        ops = UpstreamAdapters(
+            lambda: self._session,
+            list_seconds=2 * config.connect_timeout,
+            load_seconds=config.first_token_timeout,
+        )
+        self._adapters = Adapters(config.name, ops, self._catalog(), config.load_adapters)
+        self._replicas = ReplicaSet(
+            config, _endpoints(config), metrics.replicas, adapters=self._adapters
+        )
         self._resumer = Resumer(config, self._profile, metrics.replicas)
         self._slots = SlotGate(config)
         self._session: aiohttp.ClientSession | None = None
@@ -176,10 +195,51 @@ class OpenAIProxyBackend:
         """The model id sent upstream: configured, or learnt by the first probe."""
         return self._prober.model
 
+    def _model_for(self, request: GenerationRequest) -> str:
+        """The ``model`` sent upstream for ``request``: its adapter's name (an engine
+        serves each adapter as a model of its own), else the base model's id."""
+        return request.adapter or self._upstream_model
+
+    def _check_adapter(self, request: GenerationRequest) -> None:
+        if request.adapter is not None and not self._adapters.known(request.adapter):
+            raise InvalidRequest(
+                f"model {self._config.name!r} has no adapter {request.adapter!r}",
+                param="model",
+            )
+
+    async def _adapter_ready(self, replica: Replica, request: GenerationRequest) -> None:
+        if request.adapter is not None:
+            await self._adapters.ready(replica, request.adapter)
+
     def reconfigure(self, config: OpenAIModelConfig) -> None:
-        """Hot reload of the replica list or balance fields only (``REPLICA_FIELDS``)."""
+        """Hot reload of the replica list, balance fields and adapters; adapters added at
+        run time stay (a configured one of the same name wins)."""
         self._config = config
         self._replicas.update(config, _endpoints(config))
+        self._adapters.update(self._catalog(), config.load_adapters)
+
+    def _catalog(self) -> dict[str, str | None]:
+        """Every adapter served: name -> the path the upstream loads it from."""
+        configured = {adapter.name: adapter.source for adapter in self._config.adapters}
+        return {**self._added, **configured}
+
+    async def add_adapter(self, adapter: AdapterSpec) -> None:
+        """Serve ``adapter`` from now on; it is loaded on first use where no replica
+        lists it (the path is the upstream's, so it cannot be checked here)."""
+        self._added[adapter.name] = adapter.source
+        self._adapters.add(adapter.name, adapter.source)
+
+    async def remove_adapter(self, name: str) -> None:
+        """Stop serving ``name`` and unload it from the replicas that list it (vLLM's
+        unload drops the name; requests already running keep their adapter). Raises
+        ``ModelNotFound`` for a name not served."""
+        if not self._adapters.known(name):
+            raise ModelNotFound(
+                f"model {self._config.name!r} has no adapter {name!r}", param="model"
+            )
+        self._added.pop(name, None)
+        self._adapters.forget(name)
+        await self._adapters.unload(name, self._replicas.replicas)
 
     def replica_status(self) -> list[dict[str, object]]:
         return self._replicas.snapshot()
@@ -198,6 +258,7 @@ class OpenAIProxyBackend:
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
         queued_at = time.time()
+        self._check_adapter(request)
         session = self._admit()
         await self._slots.take()
         try:
@@ -205,7 +266,7 @@ class OpenAIProxyBackend:
                 raise BackendCrashed("backend stopped")
             path, body = build_body(
                 request,
-                self._upstream_model,
+                self._model_for(request),
                 self._profile,
                 default_max_tokens=self._config.default_max_tokens,
             )
@@ -265,6 +326,7 @@ class OpenAIProxyBackend:
         data = scored_body(orjson.loads(body), request)
 
         async def attempt(replica: Replica) -> Any:
+            await self._adapter_ready(replica, request)
             try:
                 return await post_json(session, split_base_url(replica.url)[1] + path, data)
             except BackendError as error:
@@ -342,6 +404,7 @@ class OpenAIProxyBackend:
         failed_waits: list[float] = []
 
         async def attempt(replica: Replica) -> tuple[UpstreamStream, float, list[BackendEvent]]:
+            await self._adapter_ready(replica, request)
             url = split_base_url(replica.url)[1] + path
             started_at = time.time()
             translator = ChunkTranslator(chat=chat, n=request.sampling.n)
@@ -407,7 +470,7 @@ class OpenAIProxyBackend:
         # A continuation that disagreed at the seam came from a healthy replica.
         exclude = () if isinstance(error, SeamMismatch) else (broken.url,)
         while True:
-            path, body = await resumer.continuation(request, resume, self._upstream_model)
+            path, body = await resumer.continuation(request, resume, self._model_for(request))
             retries = resumer.retries_left(resume)
             resume.points.append(resume.tokens)
             try:
