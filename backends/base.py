@@ -396,6 +396,28 @@ class ModelInfo:
     features: frozenset[Feature] = TEXT_GENERATION
 
 
+@dataclass(frozen=True, slots=True)
+class AdapterSpec:
+    """A LoRA adapter registered at run time (``POST /admin/models/{base}/adapters``)."""
+
+    name: str
+    source: str | None
+    """hf: a PEFT folder or ``package:<dist>``; openai: the upstream's ``lora_path``."""
+    aliases: tuple[str, ...] = ()
+
+
+@runtime_checkable
+class AdapterHost(Protocol):
+    """A backend whose adapters change while it runs. ``add_adapter`` returns once the
+    adapter can serve (hf: read and checked; openai: recorded, loaded on first use) and
+    raises ``InvalidRequest`` naming ``source`` when it cannot; ``remove_adapter`` lets
+    requests in flight finish on it and raises ``ModelNotFound`` for an unknown name."""
+
+    async def add_adapter(self, adapter: AdapterSpec) -> None: ...
+
+    async def remove_adapter(self, name: str) -> None: ...
+
+
 @runtime_checkable
 class Backend(Protocol):
     """One loaded model behind one backend.
@@ -420,6 +442,8 @@ class Backend(Protocol):
 
 __all__ = [
     "TEXT_GENERATION",
+    "AdapterHost",
+    "AdapterSpec",
     "ApiError",
     "Backend",
     "BackendCrashed",

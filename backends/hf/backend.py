@@ -22,11 +22,12 @@ import functools
 import logging
 import queue
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 from backends.base import (
     TEXT_GENERATION,
+    AdapterSpec,
     BackendError,
     BackendEvent,
     Feature,
@@ -38,13 +39,14 @@ from backends.base import (
     Started,
     Usage,
 )
+from backends.hf.adapters import AdapterPool
 from backends.hf.detokenizer import TokenTable
 from backends.hf.engine import Engine, EngineLimits, StepPolicy, Submission
 from backends.hf.families import Unsupported
 from backends.hf.grammar import GrammarBook, check_budget, grammar_spec
 from backends.hf.loader import LoadedModel, ModelLoadError, load, threads_for
-from backends.hf.lora import AdapterError, LoraBank, read_adapter
-from backends.hf.model_source import ModelSourceError, adapter_folder, gguf_behind
+from backends.hf.lora import LoraBank, bank_bytes
+from backends.hf.model_source import gguf_behind
 from backends.hf.module_runner import ModuleRunner
 from backends.hf.outputs import Item, StepOutputs
 from backends.hf.own_thread import run_in_own_thread
@@ -96,7 +98,8 @@ class HFBackend:
         on_crash: Callable[[str], None] | None = None,
     ) -> None:
         self._config = config
-        self._adapter_names = frozenset(adapter.name for adapter in config.adapters)
+        self._pool: AdapterPool | None = None  # LoRA adapters (set at load when enabled)
+        self._decoder: DecoderRunner | None = None  # the packed runner, whose bank swaps
         self._observer = observer
         self._on_crash = on_crash
         self._loaded: LoadedModel | None = None
@@ -182,7 +185,9 @@ class HFBackend:
                 )
 
             return loaded, static_policy
-        runner = _runner(config, loaded)
+        if config.lora:
+            self._pool = self._adapter_pool(loaded)
+        runner = _runner(config, loaded, self._pool)
         self.runner_path = runner.path
         log.info(
             "%s: %s; decode attention via %s (long spans: %s); timed at load, ms per 3 calls: %s",
@@ -195,12 +200,15 @@ class HFBackend:
                 for shape, runs in runner.attention.decode_timings.items()
             },
         )
-        adapter_slots: dict[str, int] = {}
-        if isinstance(runner, DecoderRunner) and runner.lora is not None:
-            adapter_slots = {name: slot for slot, name in enumerate(runner.lora.names)}
-            loaded = dataclasses.replace(
-                loaded, memory_bytes=loaded.memory_bytes + runner.lora.nbytes
+        place: Callable[[str], tuple[int, int]] | None = None
+        if isinstance(runner, DecoderRunner) and self._pool is not None:
+            self._decoder = runner
+            place = functools.partial(_place, runner)
+            # The budget counts the largest bank max_loras allows, not today's.
+            lora_bytes = bank_bytes(
+                self._pool.layers, config.max_loras, config.max_lora_rank, loaded.dtype
             )
+            loaded = dataclasses.replace(loaded, memory_bytes=loaded.memory_bytes + lora_bytes)
         prefix = None
         if config.prefix_caching:
             prefix = PrefixCache(runner.cache, max_tokens=config.prefix_cache_tokens)
@@ -218,10 +226,47 @@ class HFBackend:
                 observer=self._observer,
                 one_at_a_time=mode == "sequential",
                 prefix_cache=prefix,
-                adapter_slots=adapter_slots,
+                adapter_place=place,
             )
 
         return loaded, continuous_policy
+
+    def _adapter_pool(self, loaded: LoadedModel) -> AdapterPool:
+        config = self._config
+        param = next(loaded.model.parameters())
+        return AdapterPool(
+            config.name,
+            list(loaded.model.model.layers),
+            {adapter.name: adapter.source for adapter in config.adapters},
+            max_loras=config.max_loras,
+            max_rank=config.max_lora_rank,
+            dtype=param.dtype,
+            device=param.device,
+            install=self._install_bank,
+        )
+
+    def _install_bank(self, bank: LoraBank | None) -> None:
+        """Move the runner onto ``bank`` on the engine thread, between steps."""
+        engine, runner = self._engine, self._decoder
+        if engine is not None and runner is not None:
+            engine.between_steps.put(functools.partial(setattr, runner, "lora", bank))
+
+    async def add_adapter(self, adapter: AdapterSpec) -> None:
+        pool = self._lora_pool()
+        if adapter.source is None:
+            raise InvalidRequest(f"adapter {adapter.name!r} needs a source", param="source")
+        await pool.add(adapter.name, adapter.source)
+
+    async def remove_adapter(self, name: str) -> None:
+        await self._lora_pool().remove(name)
+
+    def _lora_pool(self) -> AdapterPool:
+        if self._pool is None or self._decoder is None:
+            raise InvalidRequest(
+                f"model {self._config.name!r} serves no LoRA adapters (set enable_lora)",
+                param="model",
+            )
+        return self._pool
 
     async def stop(self) -> None:
         engine, self._engine = self._engine, None
@@ -272,10 +317,30 @@ class HFBackend:
             raise NotReady(f"model {request.model!r} is not loaded", retry_after=1.0)
         if self._not_started >= shed_limit(self._config.max_queue, request.priority):
             raise Overloaded("too many requests waiting for this model", retry_after=1.0)
-        if request.adapter is not None and request.adapter not in self._adapter_names:
+        adapter = request.adapter
+        if adapter is None:
+            async with contextlib.aclosing(self._submit(engine, request)) as events:
+                async for item in events:
+                    yield item
+            return
+        if self._pool is None:
             raise InvalidRequest(
-                f"model {request.model!r} has no adapter {request.adapter!r}", param="model"
+                f"model {request.model!r} has no adapter {adapter!r}", param="model"
             )
+        pool = self._pool
+        await pool.acquire(adapter)  # pinned resident until the request ends
+        try:
+            # Closed before the pin goes: its abort reaches the engine before any bank
+            # that reuses the slot.
+            async with contextlib.aclosing(self._submit(engine, request)) as events:
+                async for item in events:
+                    yield item
+        finally:
+            pool.release(adapter)
+
+    async def _submit(
+        self, engine: Engine, request: GenerationRequest
+    ) -> AsyncGenerator[BackendEvent, None]:
         sink = _Sink()
         queued_at = request.arrival_time or time.time()
         grammar = None
@@ -341,14 +406,16 @@ def _dispatch(out: StepOutputs) -> None:
         sink.queue.put_nowait(item)
 
 
-def _runner(config: HFModelConfig, loaded: LoadedModel) -> DecoderRunner | ModuleRunner:
+def _runner(
+    config: HFModelConfig, loaded: LoadedModel, adapters: AdapterPool | None
+) -> DecoderRunner | ModuleRunner:
     """The packed runner when it covers the model's family, else transformers' own
     modules over the slot cache; a model neither computes exactly is refused."""
     import torch
 
     fast = unsupported_reason(loaded.model)
     plan = quant_plan(config)
-    if fast is not None and config.adapters:
+    if fast is not None and adapters is not None:
         raise ModelLoadError(
             f"{config.name}: adapters need the packed runner, which does not cover this "
             f"model: {fast}"
@@ -366,7 +433,7 @@ def _runner(config: HFModelConfig, loaded: LoadedModel) -> DecoderRunner | Modul
     with torch.inference_mode():
         try:
             make: Callable[..., DecoderRunner | ModuleRunner] = (
-                functools.partial(DecoderRunner, quantization=plan, lora=_lora_bank(config, loaded))
+                functools.partial(DecoderRunner, quantization=plan, lora=_first_bank(adapters))
                 if fast is None
                 else ModuleRunner
             )
@@ -387,29 +454,22 @@ def _runner(config: HFModelConfig, loaded: LoadedModel) -> DecoderRunner | Modul
             ) from exc
 
 
-def _lora_bank(config: HFModelConfig, loaded: LoadedModel) -> LoraBank | None:
-    """The configured adapters, read and stacked for the packed runner (None: none)."""
-    if not config.adapters:
+def _first_bank(adapters: AdapterPool | None) -> LoraBank | None:
+    """The bank the runner starts with: the configured adapters (None: none)."""
+    if adapters is None:
         return None
-    adapters = []
-    for adapter in config.adapters:
-        try:
-            weights = read_adapter(adapter.name, adapter_folder(adapter.source))
-        except (AdapterError, ModelSourceError) as exc:
-            raise ModelLoadError(f"{config.name}: {exc}") from exc
-        if weights.rank > config.max_lora_rank:
-            raise ModelLoadError(
-                f"{config.name}: adapter {adapter.name!r} has rank {weights.rank}, above "
-                f"max_lora_rank ({config.max_lora_rank})"
-            )
-        adapters.append(weights)
-    param = next(loaded.model.parameters())
     try:
-        return LoraBank(
-            list(loaded.model.model.layers), adapters, dtype=param.dtype, device=param.device
-        )
-    except AdapterError as exc:
-        raise ModelLoadError(f"{config.name}: {exc}") from exc
+        return adapters.preload()
+    except InvalidRequest as exc:
+        raise ModelLoadError(str(exc)) from exc
+
+
+def _place(runner: DecoderRunner, adapter: str) -> tuple[int, int]:
+    """A pinned adapter's slot and load key in the runner's bank (engine thread)."""
+    bank = runner.lora
+    if bank is None:  # a pinned adapter is resident: unreachable
+        raise KeyError(adapter)
+    return bank.place(adapter)
 
 
 def quant_plan(config: HFModelConfig) -> QuantPlan:

@@ -117,6 +117,9 @@ class Engine:
     ) -> None:
         self.inbox: queue.Queue[Submission | _Stop] = queue.Queue(maxsize=max_queue + 1)
         self.aborts: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # Changes to the runner (a new LoRA bank) made by other threads, applied here
+        # between steps in the order posted: before any submission posted after them.
+        self.between_steps: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._tok = tokenizer
         self._eos = eos_ids
         self._limits = limits
@@ -164,6 +167,7 @@ class Engine:
             out: StepOutputs = []
             self._intake(policy, out, block=not policy.has_work())
             self._apply_aborts(policy)
+            self._apply_between_steps()
             if policy.has_work() and not self._stopping.is_set():
                 self._step(policy, out)
                 self._forget_finished(policy)
@@ -287,6 +291,14 @@ class Engine:
                 self._observer.on_abort()
         if aborted:  # the engine may go idle now: no step would report the drop
             policy.report_load()
+
+    def _apply_between_steps(self) -> None:
+        while True:
+            try:
+                change = self.between_steps.get_nowait()
+            except queue.Empty:
+                return
+            change()
 
     def _forget_finished(self, policy: StepPolicy) -> None:
         if len(self._by_sink) > len(policy.open_requests()):

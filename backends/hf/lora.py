@@ -23,8 +23,9 @@ refused at load with the reason: DoRA, per-module rank or alpha patterns, ``bias
 training, extra trained modules (``modules_to_save``: embeddings, LM head), or a target
 outside the projections.
 
-Owner: built once at load by the runner's owner, read-only afterwards; ``LoraStep`` is
-one step's, on the engine thread.
+Owner: a bank is built off the engine thread (``backends.hf.adapters.AdapterPool``) and
+read-only afterwards; the engine thread swaps the runner onto a new one between steps.
+``LoraStep`` is one step's, on the engine thread.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -136,32 +138,45 @@ def _weight(layer: Any, path: str) -> torch.Tensor:
 
 
 class LoraBank:
-    """Every adapter's stacked ``A`` and ``B`` per layer and fused projection. Slot ``s``
-    is ``adapters[s]``."""
+    """The resident adapters' stacked ``A`` and ``B`` per layer and fused projection.
+    Slot ``s`` holds ``slots[s]`` (None: empty, all zeros). ``keys[s]`` names that slot's
+    load, unique for the engine's life: the prefix cache keys on it, so a slot that
+    another adapter takes later never reuses the KV the old one computed."""
 
     def __init__(
         self,
         layers: list[Any],
-        adapters: list[AdapterWeights],
+        slots: Sequence[AdapterWeights | None],
         *,
         dtype: torch.dtype,
         device: torch.device,
+        keys: Sequence[int] | None = None,
     ) -> None:
-        self.names = tuple(a.name for a in adapters)
+        present = [a for a in slots if a is not None]
+        if not present:
+            raise AdapterError("a LoRA bank needs at least one adapter")
+        self.names = tuple(a.name for a in present)
+        self.keys = tuple(keys) if keys is not None else tuple(range(len(slots)))
+        self.slot_of = {a.name: s for s, a in enumerate(slots) if a is not None}
         self.dtype, self.device = dtype, device
-        self.slots = len(adapters)
-        self.rank = max((a.rank for a in adapters), default=1)
-        self._check_targets(layers, adapters)
+        self.slots = len(slots)
+        self.rank = max(a.rank for a in present)
+        self._check_targets(layers, present)
         self.weights: list[dict[str, _Stacks]] = []
         for index, layer in enumerate(layers):
             stacked = {}
             for part, subs in projection_parts(layer).items():
                 width = int(_weight(layer, subs[0][0]).shape[1])  # the parts share the input
-                a_all, b_parts = self._stack(index, subs, width, adapters)
+                a_all, b_parts = self._stack(index, subs, width, slots)
                 stacked[part] = _Stacks.of(
                     a_all.to(device, dtype), [b.to(device, dtype) for b in b_parts], self.rank
                 )
             self.weights.append(stacked)
+
+    def place(self, name: str) -> tuple[int, int]:
+        """Adapter ``name``'s slot and its load's key (``KeyError``: not resident)."""
+        slot = self.slot_of[name]
+        return slot, self.keys[slot]
 
     @property
     def nbytes(self) -> int:
@@ -178,7 +193,11 @@ class LoraBank:
                 )
 
     def _stack(
-        self, layer: int, subs: list[tuple[str, int]], width: int, adapters: list[AdapterWeights]
+        self,
+        layer: int,
+        subs: list[tuple[str, int]],
+        width: int,
+        adapters: Sequence[AdapterWeights | None],
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """``A`` of every (part, adapter) as rows ``(j*S + s)*R ...`` of one matrix, and
         per part ``j`` its ``[rows_j, S*R]`` of scaled ``B`` (zeros where an adapter does
@@ -187,6 +206,8 @@ class LoraBank:
         a_all = torch.zeros(len(subs) * slots * r, width, dtype=torch.float32)
         b_parts = [torch.zeros(rows, slots * r, dtype=torch.float32) for _, rows in subs]
         for s, adapter in enumerate(adapters):
+            if adapter is None:
+                continue
             for j, (module, rows) in enumerate(subs):
                 pair = adapter.weights.get((layer, module))
                 if pair is None:
@@ -210,6 +231,19 @@ class LoraBank:
         if max(decode_slots, default=-1) < 0 and all(slot < 0 for _, slot in chunks):
             return None
         return LoraStep(self, decode_slots, chunks)
+
+
+def bank_bytes(layers: list[Any], slots: int, rank: int, dtype: torch.dtype) -> int:
+    """The most a bank of ``slots`` adapters of rank ``rank`` holds (the registry's memory
+    budget counts this, not what happens to be resident): per fused projection every
+    slot's ``A`` and ``B``, twice (the stacks and each slot's own copies)."""
+    size = torch.empty((), dtype=dtype).element_size()
+    total = 0
+    for layer in layers:
+        for subs in projection_parts(layer).values():
+            width = int(_weight(layer, subs[0][0]).shape[1])
+            total += (len(subs) * width + sum(rows for _, rows in subs)) * slots * rank
+    return 2 * total * size
 
 
 class LoraStep:

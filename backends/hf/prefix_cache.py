@@ -39,7 +39,8 @@ another adapter."""
 
 
 def _root(adapter: int) -> int:
-    """The root parent for prompts served with adapter slot ``adapter`` (-1: none)."""
+    """The root parent for prompts served with the adapter load keyed ``adapter`` (-1:
+    none; see ``LoraBank.keys``)."""
     return _ROOT if adapter < 0 else -2 - adapter
 
 

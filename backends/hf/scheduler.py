@@ -27,6 +27,7 @@ time.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -75,10 +76,12 @@ class ContinuousScheduler:
         one_at_a_time: bool = False,
         prefill_chunk: int = PREFILL_CHUNK,
         prefix_cache: PrefixCache | None = None,
-        adapter_slots: dict[str, int] | None = None,
+        adapter_place: Callable[[str], tuple[int, int]] | None = None,
     ) -> None:
         self._runner = runner
-        self._adapter_slots = adapter_slots or {}
+        # An adapter's slot and load key in the runner's current bank, read at admission:
+        # a pinned adapter (see AdapterPool) keeps its slot across bank swaps.
+        self._adapter_place = adapter_place
         self._cache = runner.cache
         self._table = table
         self._max_seqs = max_num_seqs
@@ -236,8 +239,8 @@ class ContinuousScheduler:
             owners.append(state)
         while self.waiting and budget > 0 and self._can_admit(self.waiting[0]):
             state = self.waiting.popleft()
-            if state.request.adapter is not None:
-                state.adapter = self._adapter_slots[state.request.adapter]
+            if state.request.adapter is not None and self._adapter_place is not None:
+                state.adapter, state.adapter_key = self._adapter_place(state.request.adapter)
             self.prefill_slot[id(state)] = self._free_slot()
             self.prefilling.append(state)
             self._reuse_prefix(state)
@@ -253,7 +256,7 @@ class ContinuousScheduler:
             return
         if state.request.prompt_logprobs is None:
             state.prefilled = self._prefix.restore(
-                state.prompt_ids, self.prefill_slot[id(state)], state.adapter
+                state.prompt_ids, self.prefill_slot[id(state)], state.adapter_key
             )
         if self._observer is not None:
             self._observer.on_prefix_cache(len(state.prompt_ids), state.prefilled)
@@ -312,7 +315,7 @@ class ContinuousScheduler:
         is free again unless the caller moves the keys on."""
         source = self.prefill_slot.pop(id(state))
         if self._prefix is not None:
-            self._prefix.insert(state.prompt_ids, source, state.adapter)
+            self._prefix.insert(state.prompt_ids, source, state.adapter_key)
         return source
 
     def _end_unsampled(self, state: RequestState, out: StepOutputs) -> None:

@@ -68,6 +68,7 @@ class RequestState:
     aborted: bool = False
     grammar: Constraint | None = None  # the compiled grammar, or None for free text
     adapter: int = -1  # its LoRA adapter's slot in the runner's bank; -1: the base model
+    adapter_key: int = -1  # that slot's load (unique; the prefix cache keys on it)
     # The prompt's tokens scored so far, when the request asked (sent once it is whole).
     prompt_scores: list[PromptToken] = field(default_factory=list)
 

@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 
 from backends.base import (
     TEXT_GENERATION,
+    AdapterSpec,
     BackendError,
     BackendEvent,
     Feature,
@@ -35,9 +36,11 @@ from backends.base import (
 from backends.embeddings import EmbeddingRequest, EmbeddingResult
 from backends.hop_metrics import BackendMetrics
 from backends.process.connection import End, WorkerProcess
-from config.schema import HFModelConfig
+from config.schema import AdapterConfig, HFModelConfig
 
 log = logging.getLogger(__name__)
+# Registering an adapter reads its folder and stacks it into a bank once, in the worker.
+_ADAPTER_CALL_S = 120.0
 
 DEFAULT_FACTORY = "backends.factory:in_process_hf"
 FACTORY_ENV = "LLMSO_WORKER_BACKEND"
@@ -66,6 +69,7 @@ class ProcessBackend:
         ready_timeout: float = 5.0,
     ) -> None:
         self._config = config
+        self._added: dict[str, AdapterSpec] = {}  # adapters registered at run time
         self._observer = metrics.observer(config.name)
         self._on_crash = on_crash
         self._factory = backend_factory or os.environ.get(FACTORY_ENV) or DEFAULT_FACTORY
@@ -94,7 +98,7 @@ class ProcessBackend:
             worker = WorkerProcess(self._config.name, self._observer, self._worker_lost)
             self._worker = worker
             try:
-                await worker.spawn(self._config, self._factory, self._env)
+                await worker.spawn(self._spawn_config(), self._factory, self._env)
                 self._info = await worker.wait_ready(self._config.load_timeout)
             except BaseException:
                 self._worker = None
@@ -117,6 +121,36 @@ class ProcessBackend:
             return await worker.call("ready", self._ready_timeout) is True
         except (TimeoutError, BackendError):
             return False
+
+    async def add_adapter(self, adapter: AdapterSpec) -> None:
+        await self._call("add_adapter", adapter)
+        self._added[adapter.name] = adapter
+
+    async def remove_adapter(self, name: str) -> None:
+        await self._call("remove_adapter", name)
+        self._added.pop(name, None)
+
+    async def _call(self, name: str, arg: object) -> None:
+        worker = self._worker
+        if worker is None or not worker.is_ready:
+            raise NotReady(f"model {self._config.name!r} is not loaded", retry_after=1.0)
+        try:
+            await worker.call(name, _ADAPTER_CALL_S, arg)
+        except TimeoutError:
+            raise NotReady(
+                f"model {self._config.name!r}: the worker did not answer {name}", retry_after=1.0
+            ) from None
+
+    def _spawn_config(self) -> HFModelConfig:
+        """The config a worker starts with: adapters registered at run time included, so
+        a respawned worker serves them too."""
+        if not self._added:
+            return self._config
+        extra = tuple(
+            AdapterConfig(name=a.name, source=a.source or "", aliases=a.aliases)
+            for a in self._added.values()
+        )
+        return self._config.model_copy(update={"adapters": self._config.adapters + extra})
 
     def info(self) -> ModelInfo:
         worker = self._worker

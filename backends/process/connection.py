@@ -252,18 +252,22 @@ class WorkerProcess:
             if self._embeds.pop(key, None) is not None and not done and self.alive:
                 self._send((p.CANCEL, key))
 
-    async def call(self, name: str, limit_s: float) -> object:
-        """A small RPC into the worker; raises ``TimeoutError`` or ``BackendCrashed``."""
+    async def call(self, name: str, limit_s: float, arg: object = None) -> object:
+        """A small RPC into the worker; raises ``TimeoutError``, ``BackendCrashed`` or
+        the ``BackendError`` the worker's backend raised."""
         if not self.alive:
             raise BackendCrashed(f"model {self.name!r}: worker is not running")
         call_id = next(self._keys)
         future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self._calls[call_id] = future
-        self._send((p.CALL, call_id, name))
+        self._send((p.CALL, call_id, name, arg))
         try:
-            return await asyncio.wait_for(future, limit_s)
+            value = await asyncio.wait_for(future, limit_s)
         finally:
             self._calls.pop(call_id, None)
+        if isinstance(value, p.ErrorPayload):
+            raise p.decode_error(value)
+        return value
 
     # ------------------------------------------------------------------ internals
 

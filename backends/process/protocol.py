@@ -12,7 +12,7 @@ parent -> worker
     ``(GENERATE, key, request)``      start one request; ``key`` is a parent-chosen int
     ``(EMBED, key, request)``         one ``EmbeddingRequest``; ``key`` as for GENERATE
     ``(CANCEL, key)``                 the client left: abort the request (or embedding)
-    ``(CALL, call_id, name)``         a small RPC (``name`` in ``CALLS``)
+    ``(CALL, call_id, name, arg)``    a small RPC (``name`` in ``CALLS``)
     ``(STOP,)``                       stop the engine and exit
 
 worker -> parent
@@ -22,7 +22,7 @@ worker -> parent
     ``(END, key)``                    request ``key`` finished normally
     ``(EMBEDDED, key, result)``       the ``EmbeddingResult`` of embedding ``key``
     ``(ERROR, key, ErrorPayload)``    request or embedding ``key`` failed with a ``BackendError``
-    ``(REPLY, call_id, value)``       answer to a ``CALL``
+    ``(REPLY, call_id, value)``       answer to a ``CALL`` (an ``ErrorPayload`` when it raised)
     ``(OBSERVE, method, args)``       one ``WorkerObserver`` call to replay in the parent
     ``(CRASHED, reason)``             the engine died on its own; the worker exits next
 """
@@ -64,7 +64,7 @@ REPLY = "reply"
 OBSERVE = "obs"
 CRASHED = "crashed"
 
-CALLS = frozenset({"ready"})
+CALLS = frozenset({"ready", "add_adapter", "remove_adapter"})
 OBSERVER_METHODS = frozenset(
     {"on_step", "on_load", "on_abort", "on_preempt", "on_prefix_cache", "on_step_error"}
 )

@@ -31,10 +31,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from backends.base import (
+    AdapterHost,
+    AdapterSpec,
     Backend,
     BackendError,
     BackendEvent,
     GenerationRequest,
+    InvalidRequest,
     NotReady,
     UnsupportedFeature,
 )
@@ -257,8 +260,8 @@ class Worker:
             if running is not None:
                 running.cancel()
         elif tag == p.CALL:
-            _, call_id, name = message
-            call = asyncio.create_task(self._answer(call_id, name), name=f"call-{name}")
+            _, call_id, name, arg = message
+            call = asyncio.create_task(self._answer(call_id, name, arg), name=f"call-{name}")
             self._calls.add(call)
             call.add_done_callback(self._calls.discard)
         elif tag == p.STOP:
@@ -266,10 +269,20 @@ class Worker:
         else:
             log.error("unknown message %r", tag)
 
-    async def _answer(self, call_id: int, name: str) -> None:
+    async def _answer(self, call_id: int, name: str, arg: object) -> None:
         value: object = None
-        if name == "ready":
-            value = self._started and self._backend is not None and await self._backend.ready()
+        backend = self._backend
+        try:
+            if name == "ready":
+                value = self._started and backend is not None and await backend.ready()
+            elif not isinstance(backend, AdapterHost):
+                raise InvalidRequest("this model serves no LoRA adapters", param="model")
+            elif name == "add_adapter" and isinstance(arg, AdapterSpec):
+                await backend.add_adapter(arg)
+            elif name == "remove_adapter" and isinstance(arg, str):
+                await backend.remove_adapter(arg)
+        except BackendError as exc:
+            value = p.encode_error(exc)
         self._outbox.put((p.REPLY, call_id, value))
 
     async def _serve(self, key: int, request: GenerationRequest) -> None:

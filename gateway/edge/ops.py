@@ -19,7 +19,7 @@ from gateway.registry import ModelNotFound, ModelStatus
 router = APIRouter()
 
 
-def _json(payload: Any, status: int = 200) -> Response:
+def json_response(payload: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
 
 
@@ -30,7 +30,7 @@ def _state(request: Request) -> AppState:
 
 @router.get("/health")
 async def health() -> Response:
-    return _json({"status": "ok"})
+    return json_response({"status": "ok"})
 
 
 @router.get("/ready")
@@ -40,9 +40,9 @@ async def ready(request: Request) -> Response:
     models = {status.name: status.state for status in registry.list_models()}
     draining = state.drain.draining  # SIGTERM: leave the load balancer (gateway.edge.drain)
     if registry.is_ready() and not draining:
-        return _json({"status": "ready", "models": models})
+        return json_response({"status": "ready", "models": models})
     status = "draining" if draining else "not_ready"
-    response = _json({"status": status, "models": models}, status=503)
+    response = json_response({"status": status, "models": models}, status=503)
     response.headers["Retry-After"] = "1"
     return response
 
@@ -61,7 +61,7 @@ async def list_models(request: Request) -> Response:
         for status in state.registry.list_models()
         for card in _visible_cards(status, state.started_at, client)
     ]
-    return _json({"object": "list", "data": data})
+    return json_response({"object": "list", "data": data})
 
 
 @router.get("/v1/models/{model_id:path}")
@@ -71,7 +71,7 @@ async def get_model(model_id: str, request: Request) -> Response:
     for status in state.registry.list_models():
         for card in _visible_cards(status, state.started_at, client):
             if model_id == card["id"] or model_id in card["llmso"]["aliases"]:
-                return _json(card)
+                return json_response(card)
     raise ModelNotFound(f"The model '{model_id}' does not exist", param="model")
 
 
@@ -122,7 +122,7 @@ def require_admin(request: Request, *, read_only: bool = False) -> AppState:
     return state
 
 
-def _status_dict(status: ModelStatus) -> dict[str, Any]:
+def status_dict(status: ModelStatus) -> dict[str, Any]:
     return {
         "name": status.name,
         "backend": status.backend,
@@ -149,25 +149,25 @@ async def admin_models(request: Request) -> Response:
     state = require_admin(request, read_only=True)
     engines = state.console.gauges.current()
     models = [
-        {**_status_dict(status), **engines.get(status.name, NO_ENGINE_FIGURES)}
+        {**status_dict(status), **engines.get(status.name, NO_ENGINE_FIGURES)}
         for status in state.registry.list_models()
     ]
-    return _json({"models": models, "mutations": bool(state.admin_key)})
+    return json_response({"models": models, "mutations": bool(state.admin_key)})
 
 
 @router.post("/admin/models/{name}/load")
 async def admin_load(name: str, request: Request) -> Response:
     state = require_admin(request)
-    return _json(_status_dict(await state.registry.load(name)))
+    return json_response(status_dict(await state.registry.load(name)))
 
 
 @router.post("/admin/models/{name}/unload")
 async def admin_unload(name: str, request: Request) -> Response:
     state = require_admin(request)
-    return _json(_status_dict(await state.registry.unload(name)))
+    return json_response(status_dict(await state.registry.unload(name)))
 
 
 @router.post("/admin/models/{name}/drain")
 async def admin_drain(name: str, request: Request) -> Response:
     state = require_admin(request)
-    return _json(_status_dict(state.registry.drain(name)))
+    return json_response(status_dict(state.registry.drain(name)))

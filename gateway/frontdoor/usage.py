@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from gateway.edge.ops import _json, require_admin
+from gateway.edge.ops import json_response, require_admin
 from gateway.frontdoor.door import openai_duration
 from gateway.frontdoor.keys import Client
 from gateway.frontdoor.limits import Verdict, Window, seconds_to_midnight
@@ -45,7 +45,7 @@ async def admin_usage(request: Request) -> Response:
                 **_shared_state(client, verdict),
             }
         )
-    return _json(
+    return json_response(
         {
             "auth_required": door.keys.required,
             "store": {"kind": door.store.kind, "up": door.store.up},

@@ -189,6 +189,8 @@ class RequestRecord:
             series.disconnects.inc()
         if self.closed_by_budget:
             series.closed_by_budget.inc()
+        if self.adapter is not None:
+            metrics.adapter_finished(self.model, self.adapter, self.status, self.output_tokens)
 
     def log_fields(self) -> dict[str, object]:
         return {

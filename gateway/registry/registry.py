@@ -20,10 +20,12 @@ import asyncio
 import logging
 import time
 
-from backends.errors import ModelNotFound, NotReady, Overloaded
+from backends.base import AdapterHost, AdapterSpec
+from backends.errors import InvalidRequest, ModelNotFound, NotReady, Overloaded
 from backends.factory import MemoryEstimate, memory_estimate
 from config.schema import AppConfig
 from gateway.registry import routing
+from gateway.registry.adapters import with_adapter, without_adapter
 from gateway.registry.diff import diff_configs
 from gateway.registry.entry import Backoff, Entry, Instance
 from gateway.registry.inplace import replica_status
@@ -78,6 +80,7 @@ class ModelRegistry:
         self._drain_timeout = drain_timeout
         self._index = routing.build_index(config.models)
         self._adapters = routing.build_adapter_index(config.models)
+        self._adapter_changes = asyncio.Lock()  # one run-time adapter change at a time
         self._sweeper: asyncio.Task[None] | None = None
 
     @property
@@ -181,6 +184,61 @@ class ModelRegistry:
         await self._life.unload_entry(entry, "manual")
         return self._status(entry)
 
+    async def add_adapter(self, base: str, adapter: AdapterSpec) -> ModelStatus:
+        """Register a LoRA adapter of ``base`` at run time (loading ``base`` first): the
+        backend checks it (``InvalidRequest`` naming ``source``) and routing knows its
+        names once this returns. Names stay unique across models, aliases and adapters."""
+        async with self._adapter_changes:
+            entry = self._lookup(base)
+            taken = [n for n in (adapter.name, *adapter.aliases) if n in self._names_in_use()]
+            if taken:
+                raise InvalidRequest(f"the name {taken[0]!r} is already in use", param="name")
+            config = with_adapter(entry.config, adapter)  # refuses backends without adapters
+            await self.load(entry.name)
+            instance = entry.instance
+            if instance is None or not isinstance(instance.backend, AdapterHost):
+                raise InvalidRequest(f"model {entry.name!r} serves no LoRA adapters", param="model")
+            await instance.backend.add_adapter(adapter)
+            entry.config = config
+            self._reindex_adapters()
+            log.info("adapter %s of %s registered (%s)", adapter.name, entry.name, adapter.source)
+            return self._status(entry)
+
+    async def remove_adapter(self, base: str, name: str) -> ModelStatus:
+        """Unregister adapter ``name`` of ``base``: no new request routes to it at once;
+        those in flight finish on it."""
+        async with self._adapter_changes:
+            entry = self._lookup(base)
+            config = without_adapter(entry.config, name)
+            entry.config = config
+            self._reindex_adapters()
+            instance = entry.instance
+            if instance is not None and isinstance(instance.backend, AdapterHost):
+                await instance.backend.remove_adapter(name)
+            log.info("adapter %s of %s unregistered", name, entry.name)
+            return self._status(entry)
+
+    def adapter_base(self, name: str) -> str:
+        """The base model of adapter ``name`` (or alias); ``ModelNotFound`` otherwise."""
+        found = self._adapters.get(name)
+        if found is None:
+            raise ModelNotFound(f"no LoRA adapter is named {name!r}", param="lora_name")
+        return found[0]
+
+    def lora_models(self) -> list[str]:
+        """The models that take run-time adapters (hf with LoRA on, openai)."""
+        return [
+            entry.name
+            for entry in self._life.entries()
+            if getattr(entry.config, "lora", False) or entry.config.backend == "openai"
+        ]
+
+    def _names_in_use(self) -> set[str]:
+        return {*self._index, *self._adapters}
+
+    def _reindex_adapters(self) -> None:
+        self._adapters = routing.build_adapter_index(e.config for e in self._life.entries())
+
     def drain(self, name: str) -> ModelStatus:
         """Start draining a serving model and return at once: new requests are refused,
         in-flight ones finish, then the backend stops. Any other state is left as it is."""
@@ -195,8 +253,9 @@ class ModelRegistry:
         before the reload finish on the backend they started on."""
         diff = diff_configs(self._life.config, new)
         self._index = routing.build_index(new.models)
-        self._adapters = routing.build_adapter_index(new.models)
         self._life.apply(diff, new)
+        # Run-time adapters stay with models the reload left alone (see adapters.py).
+        self._reindex_adapters()
         if diff.server_changed:
             log.warning("config reload: the server section changed; it applies on restart")
         log.info(

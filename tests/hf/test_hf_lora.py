@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from backends.base import AdapterSpec, InvalidRequest
 from backends.hf.backend import HFBackend
 from backends.hf.loader import ModelLoadError
 from bench.lora import random_adapter
@@ -282,5 +283,144 @@ async def test_adapters_under_process_isolation(tmp_path: Path) -> None:
         )
         base = (await collect(backend.generate(completion(prompt, TOKENS)))).text()
         assert base == tiny.reference(folder, prompt, TOKENS)
+        # Registered at run time, in the worker.
+        other = make_adapter(folder, tmp_path / "b", ALL, rank=2, seed=19)
+        await backend.add_adapter(AdapterSpec("b", str(other)))
+        request = replace(completion(prompt, TOKENS), adapter="b")
+        assert (await collect(backend.generate(request))).text() == merged_reference(
+            folder, other, prompt
+        )
+        with pytest.raises(InvalidRequest):
+            await backend.add_adapter(AdapterSpec("c", str(tmp_path)))
     finally:
         await backend.stop()
+
+
+async def test_more_adapters_than_slots_load_on_demand_and_evict_the_least_recent(
+    tmp_path: Path,
+) -> None:
+    """Three adapters, two slots: a request for one that is not resident loads it in
+    place of the least recently used, every answer stays the merged model's, and a load
+    that finds both slots serving running requests is refused (429), not queued."""
+    from backends.base import Overloaded
+
+    folder = tiny.build("llama", tmp_path / "llama")
+    adapters = {
+        name: make_adapter(folder, tmp_path / name, ALL, rank=rank, seed=seed)
+        for name, rank, seed in (("a", 4, 21), ("b", 2, 22), ("c", 8, 23))
+    }
+    prompt = PROMPTS[0]
+    expected = {name: merged_reference(folder, path, prompt) for name, path in adapters.items()}
+    assert len(set(expected.values())) == 3
+    backend = HFBackend(adapters_config(folder, adapters, max_loras=2))
+    await backend.start()
+    pool = backend._pool
+    assert pool is not None
+    try:
+        assert pool.resident() == ("a", "b")
+
+        async def run(adapter: str, tokens: int = TOKENS) -> str:
+            request = replace(completion(prompt, tokens), adapter=adapter)
+            return (await collect(backend.generate(request))).text()
+
+        for name in ("c", "a", "b", "c", "c", "a"):
+            assert await run(name) == expected[name]
+        # c evicted a (least recent), a evicted b, b evicted c, c evicted a, a evicted b
+        assert (pool.loads, pool.evictions) == (5, 5)
+        assert pool.resident() == ("c", "a")
+
+        # Two streams hold both slots: the third adapter cannot load now.
+        streams = [
+            backend.generate(replace(completion(prompt, 400), adapter=name)) for name in "ca"
+        ]
+        for stream in streams:
+            await anext(stream)
+        with pytest.raises(Overloaded, match="max_loras"):
+            await run("b")
+        for stream in streams:
+            await stream.aclose()  # type: ignore[attr-defined]
+        assert await run("b") == expected["b"]
+    finally:
+        await backend.stop()
+
+
+async def test_adapters_registered_at_run_time_through_the_admin_api(tmp_path: Path) -> None:
+    """A model with ``enable_lora`` and no adapters: ``POST /admin/models/{base}/adapters``
+    registers one (listed with its parent, answering as PEFT's merged model), a broken
+    folder or a taken name is a 400 naming the field, ``DELETE`` unregisters it (its name
+    is then unknown), and vLLM's ``/v1/load_lora_adapter`` / ``unload`` shapes do the same
+    behind the admin key."""
+    import httpx
+
+    from config.schema import AppConfig
+    from gateway.app import build_app
+
+    folder = tiny.build("llama", tmp_path / "llama")
+    adapter = make_adapter(folder, tmp_path / "a", ALL, rank=4, seed=31)
+    prompt = PROMPTS[1]
+    model = {
+        "name": "tiny", "backend": "hf", "source": str(folder), "dtype": "float32",
+        "device": "cpu", "threads": 1, "enable_lora": True, "max_lora_rank": 8,
+    }  # fmt: skip
+    app = build_app(AppConfig.model_validate({"models": [model]}), admin_key="adm-0123456789")
+    lifespan = app.lifespan()
+    await lifespan.__aenter__()
+    try:
+        await app.state.registry.start()
+        admin = {"authorization": "Bearer adm-0123456789"}
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://t", headers=admin
+        ) as http:
+
+            async def complete(name: str) -> httpx.Response:
+                body = {"model": name, "prompt": prompt, "max_tokens": TOKENS, "temperature": 0}
+                return await http.post("/v1/completions", json=body)
+
+            register = {"name": "tiny-a", "source": str(adapter), "aliases": ["a"]}
+            wrong = {"authorization": "Bearer not-the-admin-key"}
+            refused = await http.post("/admin/models/tiny/adapters", json=register, headers=wrong)
+            assert refused.status_code == 401
+            added = await http.post("/admin/models/tiny/adapters", json=register)
+            assert added.status_code == 200, added.text
+            assert added.json()["adapters"] == [{"name": "tiny-a", "aliases": ["a"]}]
+            cards = (await http.get("/v1/models")).json()["data"]
+            assert [(c["id"], c.get("parent")) for c in cards] == [
+                ("tiny", None),
+                ("tiny-a", "tiny"),
+            ]
+            answer = await complete("a")
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["model"] == "tiny-a"
+            assert answer.json()["choices"][0]["text"] == merged_reference(folder, adapter, prompt)
+            metrics = (await http.get("/metrics")).text
+            assert 'llmso_adapter_requests_total{adapter="tiny-a",model="tiny",status="ok"}' in (
+                metrics
+            )
+
+            for body, param in (
+                ({"name": "tiny-b", "source": str(tmp_path)}, "source"),  # not a PEFT folder
+                ({"name": "tiny", "source": str(adapter)}, "name"),  # the base's own name
+                ({"name": "x", "source": str(adapter), "rank": 2}, "rank"),  # unknown field
+            ):
+                bad = await http.post("/admin/models/tiny/adapters", json=body)
+                assert bad.status_code == 400, bad.text
+                assert bad.json()["error"]["param"] == param
+
+            assert (await http.delete("/admin/models/tiny/adapters/tiny-a")).status_code == 200
+            assert (await complete("tiny-a")).status_code == 404
+            gone = await http.delete("/admin/models/tiny/adapters/tiny-a")
+            assert gone.status_code == 404
+
+            load = {"lora_name": "tiny-v", "lora_path": str(adapter)}
+            loaded = await http.post("/v1/load_lora_adapter", json=load)
+            assert loaded.status_code == 200, loaded.text
+            assert (await complete("tiny-v")).json()["choices"][0]["text"] == (
+                answer.json()["choices"][0]["text"]
+            )
+            unload = await http.post("/v1/unload_lora_adapter", json={"lora_name": "tiny-v"})
+            assert unload.status_code == 200, unload.text
+            assert (await complete("tiny-v")).status_code == 404
+            base = await complete("tiny")
+            assert base.json()["choices"][0]["text"] == tiny.reference(folder, prompt, TOKENS)
+    finally:
+        await lifespan.__aexit__(None, None, None)

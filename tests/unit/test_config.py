@@ -44,6 +44,16 @@ def test_example_configs_parse(path: Path, monkeypatch: pytest.MonkeyPatch) -> N
             "used by 'a' and 'a'",
         ),
         ("models:\n  - {name: a, backend: hf, source: x, fallback: [b]}\n", "fallback 'b'"),
+        (
+            "models:\n  - {name: a, backend: triton, url: 'h:1', triton_model: m,\n"
+            "     adapters: [{name: b}]}\n",
+            "models.0.triton.adapters: Extra inputs are not permitted",
+        ),
+        (
+            "models:\n  - {name: a, backend: hf, source: x, scheduling: static, "
+            "enable_lora: true}\n",
+            "adapters need scheduling: continuous",
+        ),
         ("[1, 2", "not valid YAML"),
         ("- just a list", "top level must be a mapping"),
     ],
