@@ -65,6 +65,7 @@ class AdapterPool:
         self._install = install
         self._resident: OrderedDict[str, _Resident] = OrderedDict()  # oldest use first
         self._loads: dict[str, asyncio.Task[None]] = {}  # single flight per adapter
+        self._waiting: dict[str, int] = {}  # callers awaiting each load
         self._swap = asyncio.Lock()  # one bank built at a time
         self._keys = itertools.count()
         self.loads = 0
@@ -97,22 +98,31 @@ class AdapterPool:
         """Pin ``name`` resident for one request (``release`` it), loading it first when
         it is not. Raises ``InvalidRequest`` for an unknown or unreadable adapter and
         ``Overloaded`` when every slot serves running requests."""
-        while True:
-            resident = self._resident.get(name)
-            if resident is not None:
-                resident.pins += 1
-                self._resident.move_to_end(name)
-                return
-            if name not in self._sources:
-                raise InvalidRequest(
-                    f"model {self._model!r} has no adapter {name!r}", param="model"
-                )
-            task = self._loads.get(name)
-            if task is None:
-                task = self._loads[name] = asyncio.create_task(self._load(name))
-                task.add_done_callback(lambda _: self._loads.pop(name, None))
+        resident = self._resident.get(name)
+        if resident is not None:
+            resident.pins += 1
+            self._resident.move_to_end(name)
+            return
+        if name not in self._sources:
+            raise InvalidRequest(f"model {self._model!r} has no adapter {name!r}", param="model")
+        task = self._loads.get(name)
+        if task is None:
+            task = self._loads[name] = asyncio.create_task(self._load(name))
+            task.add_done_callback(lambda _: self._loads.pop(name, None))
+        # The load pins the adapter for every caller waiting on it as it installs the
+        # bank: pinning after this await instead would let another load evict it first.
+        self._waiting[name] = self._waiting.get(name, 0) + 1
+        try:
             # Shielded: a client that leaves must not cancel a load others wait on.
             await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.done() and not task.cancelled() and task.exception() is None:
+                self.release(name)  # pinned on our behalf, but we are gone
+            raise
+        finally:
+            left = self._waiting.pop(name) - 1
+            if left:
+                self._waiting[name] = left
 
     def release(self, name: str) -> None:
         resident = self._resident.get(name)
@@ -147,13 +157,14 @@ class AdapterPool:
         weights = await asyncio.to_thread(self._read, name, self._sources[name])
         async with self._swap:
             slot = self._free_slot()
-            self._resident[name] = _Resident(weights, slot, next(self._keys), pins=0)
+            self._resident[name] = _Resident(weights, slot, next(self._keys))
             try:
                 bank = await asyncio.to_thread(self._build)
             except BaseException:
                 del self._resident[name]
                 raise
             self._install(bank)
+            self._resident[name].pins = self._waiting.get(name, 0)  # see acquire
             self.loads += 1
             log.info(
                 "%s: adapter %s loaded into slot %d (resident: %s)",
