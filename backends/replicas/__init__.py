@@ -9,5 +9,6 @@ Transport-independent parts only:
 - ``replica_set``  ``ReplicaSet``: the choice per attempt, background probes and
                    scrapes, in-place updates on hot reload
 - ``attempts``     the retry walk: another replica before the first byte, then backoff
+- ``adapters``     which replica holds which LoRA adapter; one load where none does
 - ``metrics``      the per-replica Prometheus families
 """
