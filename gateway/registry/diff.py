@@ -34,6 +34,8 @@ REPLICA_FIELDS = frozenset(
         "metrics_scrape_interval",
         "prefix_chars",
         "prefix_load_factor",
+        "adapters",  # openai: routing to the upstream's adapters changes in place
+        "load_adapters",
     }
 )
 

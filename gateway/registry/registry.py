@@ -81,6 +81,8 @@ class ModelRegistry:
         self._index = routing.build_index(config.models)
         self._adapters = routing.build_adapter_index(config.models)
         self._adapter_changes = asyncio.Lock()  # one run-time adapter change at a time
+        # Adapters registered at run time, per base model (kept across hot reloads).
+        self._added: dict[str, dict[str, AdapterSpec]] = {}
         self._sweeper: asyncio.Task[None] | None = None
 
     @property
@@ -200,6 +202,7 @@ class ModelRegistry:
                 raise InvalidRequest(f"model {entry.name!r} serves no LoRA adapters", param="model")
             await instance.backend.add_adapter(adapter)
             entry.config = config
+            self._added.setdefault(entry.name, {})[adapter.name] = adapter
             self._reindex_adapters()
             log.info("adapter %s of %s registered (%s)", adapter.name, entry.name, adapter.source)
             return self._status(entry)
@@ -211,6 +214,7 @@ class ModelRegistry:
             entry = self._lookup(base)
             config = without_adapter(entry.config, name)
             entry.config = config
+            self._added.get(entry.name, {}).pop(name, None)
             self._reindex_adapters()
             instance = entry.instance
             if instance is not None and isinstance(instance.backend, AdapterHost):
@@ -236,6 +240,21 @@ class ModelRegistry:
     def _names_in_use(self) -> set[str]:
         return {*self._index, *self._adapters}
 
+    def _keep_added_adapters(self, diff: ConfigDiff) -> None:
+        """After a reload, adapters registered at run time stay with the models whose
+        backend kept running (unchanged, or changed in place: an openai model's new
+        replicas or adapters); a model that restarts or left starts from the file."""
+        for name in (*diff.reloaded, *diff.removed):
+            self._added.pop(name, None)
+        for name, added in self._added.items():
+            entry = self._life.entry(name)
+            if entry is None:
+                continue
+            listed = {a.name for a in getattr(entry.config, "adapters", ())}
+            for adapter in added.values():
+                if adapter.name not in listed:
+                    entry.config = with_adapter(entry.config, adapter)
+
     def _reindex_adapters(self) -> None:
         self._adapters = routing.build_adapter_index(e.config for e in self._life.entries())
 
@@ -254,7 +273,7 @@ class ModelRegistry:
         diff = diff_configs(self._life.config, new)
         self._index = routing.build_index(new.models)
         self._life.apply(diff, new)
-        # Run-time adapters stay with models the reload left alone (see adapters.py).
+        self._keep_added_adapters(diff)
         self._reindex_adapters()
         if diff.server_changed:
             log.warning("config reload: the server section changed; it applies on restart")

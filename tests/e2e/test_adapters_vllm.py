@@ -29,6 +29,8 @@ MODEL = "smollm2-lora"
 PROMPT = "The capital of France is"
 LORA_FLAGS = ("--enable-lora", "--max-loras", "2", "--max-lora-rank", "16")
 LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+ADMIN_KEY = "adm-lora-0123456789"
+ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +74,7 @@ def server(engines: list[RunningServer], adapters: dict[str, Path]) -> Iterator[
         "first_token_timeout": 120.0,
         "adapters": [{"name": name, "source": str(path)} for name, path in adapters.items()],
     }
-    with gateway({"models": [model]}) as running:
+    with gateway({"models": [model]}, env={"LLMSO_ADMIN_KEY": ADMIN_KEY}) as running:
         yield running
 
 
@@ -124,7 +126,8 @@ def test_a_listed_adapter_lands_on_its_replica(
     assert (
         _sum(page, "llmso_replica_routes_total", replica=f"{second.url}/v1", reason="adapter") == 0
     )
-    listed = httpx.get(server.url + "/admin/models", timeout=10).json()["models"][0]["replicas"]
+    models = httpx.get(server.url + "/admin/models", headers=ADMIN, timeout=10).json()["models"]
+    listed = models[0]["replicas"]
     assert [r["adapters"] for r in listed] == [["a1"], []]
 
 
@@ -151,3 +154,26 @@ def test_adapters_change_the_answer_and_the_base_still_answers(server: RunningSe
     base, first, second = (_complete(server, model) for model in (MODEL, "a1", "a2"))
     assert base.strip()
     assert base not in (first, second)
+
+
+def test_an_adapter_registered_at_run_time_loads_where_needed_and_unloads(
+    server: RunningServer, engines: list[RunningServer], adapters: dict[str, Path]
+) -> None:
+    """vLLM's own route shape on the gateway registers ``a3`` (admin key); its first
+    request loads it on one replica; unregistering it unloads it there and its name
+    stops routing."""
+    loads = _sum(_gateway_metrics(server), "llmso_adapter_loads_total")
+    body = {"lora_name": "a3", "lora_path": str(adapters["a2"])}
+    added = httpx.post(server.url + "/v1/load_lora_adapter", json=body, headers=ADMIN, timeout=30)
+    assert added.status_code == 200, added.text
+    assert _complete(server, "a3").strip()
+    assert _sum(_gateway_metrics(server), "llmso_adapter_loads_total") == loads + 1
+    assert sum("a3" in _listed(engine) for engine in engines) == 1
+    removed = httpx.delete(
+        server.url + f"/admin/models/{MODEL}/adapters/a3", headers=ADMIN, timeout=30
+    )
+    assert removed.status_code == 200, removed.text
+    assert not any("a3" in _listed(engine) for engine in engines)
+    request = {"model": "a3", "prompt": PROMPT, "max_tokens": 2}
+    gone = httpx.post(server.url + "/v1/completions", json=request, timeout=30)
+    assert gone.status_code == 404, gone.text

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backends.base import (
+    AdapterSpec,
     BackendCrashed,
     BackendEvent,
     Finished,
@@ -48,6 +49,7 @@ class ScriptedBackend:
         self.stopped = False
         self.stopped_at: float | None = None
         self._dead = asyncio.Event()
+        self.adapters: dict[str, AdapterSpec] = {}  # registered at run time
 
     async def start(self) -> None:
         self.plan.starts += 1
@@ -72,6 +74,12 @@ class ScriptedBackend:
             owned_by="tests",
             extra={"pid": str(self.pid)},
         )
+
+    async def add_adapter(self, adapter: AdapterSpec) -> None:
+        self.adapters[adapter.name] = adapter
+
+    async def remove_adapter(self, name: str) -> None:
+        del self.adapters[name]
 
     def crash(self, reason: str = "worker killed by SIGKILL") -> None:
         self._dead.set()

@@ -114,3 +114,44 @@ async def test_back_to_back_reloads_leave_one_backend(
     async with registry.lease("swap") as lease:
         assert lease.backend is live[0]
         assert lease.config.base_url.endswith(":13/v1")  # type: ignore[union-attr]
+
+
+async def test_adapters_registered_at_run_time_stay_with_models_that_keep_running(
+    setup: tuple[ModelRegistry, FakeFactory, CollectorRegistry],
+) -> None:
+    """An adapter registered at run time routes to its base at once; a hot reload keeps
+    it where the base model's backend keeps running (changed in place) and drops it
+    where the base restarts on the file's config; names stay unique."""
+    from backends.base import AdapterSpec
+    from backends.errors import InvalidRequest
+
+    registry, factory, _ = setup
+    await registry.add_adapter("keep", AdapterSpec("keep-sql", "/srv/sql", ("sql",)))
+    await registry.add_adapter("swap", AdapterSpec("swap-poet", None))
+    assert factory.last("keep").adapters["keep-sql"].source == "/srv/sql"
+    decision = registry.route("sql")
+    assert (decision.candidates, decision.adapter) == (("keep",), "keep-sql")
+    with pytest.raises(InvalidRequest, match="already in use"):
+        await registry.add_adapter("swap", AdapterSpec("keep", None))
+    with pytest.raises(InvalidRequest, match="already in use"):
+        await registry.add_adapter("swap", AdapterSpec("other", None, ("sql",)))
+
+    new = app_config(
+        fake_model("keep", preload=True, priority=4),  # in place: the backend stays
+        fake_model("swap", preload=True, upstream_model="other"),  # restarts
+        fake_model("drop", preload=True),
+    )
+    diff = await registry.apply_config(new)
+    assert (diff.reloaded, diff.updated) == (("swap",), ("keep",))
+    assert registry.route("keep-sql").adapter == "keep-sql"
+    [keep] = [s for s in registry.list_models() if s.name == "keep"]
+    assert keep.adapters == (("keep-sql", ("sql",)),)
+    with pytest.raises(ModelNotFound):
+        registry.route("swap-poet")
+
+    await registry.remove_adapter("keep", "keep-sql")
+    assert "keep-sql" not in factory.last("keep").adapters
+    with pytest.raises(ModelNotFound):
+        registry.route("sql")
+    with pytest.raises(ModelNotFound):
+        await registry.remove_adapter("keep", "keep-sql")
