@@ -437,8 +437,42 @@ def _per_round(rounds: list[dict[str, Any]]) -> str:
     return " / ".join(f"{r['tok_per_s']:.1f}" for r in rounds)
 
 
+def step_bytes(folder: Path, adapters: int, rank: int) -> dict[str, int]:
+    """Weight bytes a decode step reads (bf16): the base model's projections and LM head,
+    and every resident adapter's ``A`` and ``B`` on all seven projections (a step whose
+    rows name every adapter reads all of them once, as the engine's stacks do)."""
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    hidden, inter = int(config["hidden_size"]), int(config["intermediate_size"])
+    heads, kv = int(config["num_attention_heads"]), int(config["num_key_value_heads"])
+    head_dim = int(config.get("head_dim") or hidden // heads)
+    layers, vocab = int(config["num_hidden_layers"]), int(config["vocab_size"])
+    # (inputs, outputs) of each projection of a layer
+    shapes = [
+        (hidden, heads * head_dim),
+        (hidden, kv * head_dim),
+        (hidden, kv * head_dim),
+        (heads * head_dim, hidden),
+        (hidden, inter),
+        (hidden, inter),
+        (inter, hidden),
+    ]
+    base = layers * sum(i * o for i, o in shapes) + vocab * hidden
+    lora = layers * adapters * rank * sum(i + o for i, o in shapes)
+    return {"base": 2 * base, "adapters": 2 * lora}
+
+
+def _bound_line(bytes_: dict[str, int]) -> str:
+    base, lora = bytes_["base"], bytes_["adapters"]
+    return (
+        f"Bytes a decode step reads: {base / 1e6:.0f} MB of base weights (projections and LM "
+        f"head, bf16) and {lora / 1e6:.0f} MB of adapters when its rows name all of them; "
+        f"a step bound by reading weights would run at {base / (base + lora):.2f}x."
+    )
+
+
 def _in_process_lines(args: argparse.Namespace, result: dict[str, Any]) -> list[str]:
     med = result["median_tok_per_s"]
+    bound = [_bound_line(result["step_bytes"]), ""] if "step_bytes" in result else []
     return [
         "## In process: the hf engine",
         "",
@@ -453,6 +487,7 @@ def _in_process_lines(args: argparse.Namespace, result: dict[str, Any]) -> list[
         "",
         f"**mixed / base: {result['mixed_over_base']:.2f}x** (goal >= 0.8x).",
         "",
+        *bound,
         f"Runner: {result['runner']}",
         "",
     ]
@@ -555,6 +590,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="llmso-lora-") as scratch:
         adapters = make_adapters(base, Path(scratch), args.adapters, args.rank)
         result = asyncio.run(measure(args, adapters))
+        result["step_bytes"] = step_bytes(Path(base), args.adapters, args.rank)
         if not args.no_vllm:
             served = asyncio.run(measure_served(args, adapters, base, Path(scratch), ROOT))
     meta["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
