@@ -1,0 +1,118 @@
+"""The structured-output dialects agent libraries send, each made by the library's own
+call: instructor's modes, langchain's ``with_structured_output`` methods, the official
+SDK's ``parse``, and ``json_object`` with a ``schema`` (llama.cpp's convention). A case
+passes when the library returns its validated object without an exception; ``outcome``
+says which did and why another did not, for the engine e2e modules to compare."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
+
+import openai
+from pydantic import BaseModel
+
+from tests.tools.tool_cases import City
+
+ASK_CITY = "Name a city and its population."
+
+
+class Weather(BaseModel):
+    city: str
+    unit: Literal["c", "f"]
+
+
+class Search(BaseModel):
+    query: str
+
+
+def _client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
+
+
+def _instructor(mode_name: str) -> Callable[[str, str, int], object]:
+    def case(url: str, model: str, max_tokens: int) -> object:
+        import instructor
+
+        mode = getattr(instructor.Mode, mode_name)
+        patched = instructor.from_openai(_client(url), mode=mode)
+        if mode_name == "PARALLEL_TOOLS":
+            calls = patched.chat.completions.create(
+                model=model,
+                response_model=Iterable[Weather | Search],  # type: ignore[arg-type,type-abstract]
+                messages=[{"role": "user", "content": "What is the weather in Oslo and Paris?"}],
+                max_tokens=max_tokens,
+                temperature=0,
+                max_retries=0,
+            )
+            return list(calls)
+        return patched.chat.completions.create(
+            model=model,
+            response_model=City,
+            messages=[{"role": "user", "content": ASK_CITY}],
+            max_tokens=max_tokens,
+            temperature=0,
+            max_retries=0,
+        )
+
+    return case
+
+
+def _langchain(method: str) -> Callable[[str, str, int], object]:
+    def case(url: str, model: str, max_tokens: int) -> object:
+        from langchain_openai import ChatOpenAI
+
+        llm = ChatOpenAI(
+            model=model,
+            base_url=url,
+            api_key="unused",  # type: ignore[arg-type]
+            max_tokens=max_tokens,  # type: ignore[call-arg]
+            temperature=0,
+            max_retries=0,
+        )
+        ask = f"{ASK_CITY} Answer in JSON with the keys name and population."
+        structured: Any = llm.with_structured_output(City, method=method)  # type: ignore[arg-type]
+        return structured.invoke(ask)
+
+    return case
+
+
+def _sdk_parse(url: str, model: str, max_tokens: int) -> object:
+    completion = _client(url).chat.completions.parse(
+        model=model,
+        messages=[{"role": "user", "content": ASK_CITY}],
+        response_format=City,
+        max_tokens=max_tokens,
+        temperature=0,
+    )
+    return completion.choices[0].message.parsed
+
+
+def _json_object_with_schema(url: str, model: str, max_tokens: int) -> object:
+    llama_cpp_style: Any = {"type": "json_object", "schema": City.model_json_schema()}
+    completion = _client(url).chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": ASK_CITY}],
+        response_format=llama_cpp_style,
+        max_tokens=max_tokens,
+        temperature=0,
+    )
+    return City.model_validate_json(completion.choices[0].message.content or "")
+
+
+CASES: dict[str, Callable[[str, str, int], object]] = {
+    **{f"instructor {m}": _instructor(m) for m in ("TOOLS", "JSON_SCHEMA", "JSON", "MD_JSON")},
+    "instructor PARALLEL_TOOLS": _instructor("PARALLEL_TOOLS"),
+    **{f"langchain {m}": _langchain(m) for m in ("function_calling", "json_schema", "json_mode")},
+    "sdk parse": _sdk_parse,
+    "json_object + schema": _json_object_with_schema,
+}
+
+
+def outcome(case: str, url: str, model: str, max_tokens: int) -> str:
+    """``pass``, or ``fail: <exception class>: <start of its message>``."""
+    try:
+        result = CASES[case](url, model, max_tokens)
+    except Exception as exc:  # the library's own error is the finding
+        return f"fail: {type(exc).__name__}: {str(exc)[:160]}"
+    return "pass" if result else "fail: empty result"
