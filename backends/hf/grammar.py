@@ -121,8 +121,14 @@ class GrammarBook:
 
     def _build(self, kind: str, payload: str) -> xgr.CompiledGrammar:
         if kind == "json_object":
+            # Any object: the model writes it as it would unconstrained (clients such as
+            # instructor's JSON mode show it an indented schema), whitespace bounded per
+            # run so it cannot pad forever.
             return self._compiler.compile_json_schema(
-                payload, any_whitespace=False, strict_mode=False
+                payload,
+                any_whitespace=True,
+                max_whitespace_cnt=_JSON_OBJECT_WHITESPACE,
+                strict_mode=False,
             )
         if kind == "json_schema":
             return self._compiler.compile_json_schema(payload, any_whitespace=False)
@@ -130,6 +136,9 @@ class GrammarBook:
 
     def __len__(self) -> int:
         return len(self._cache)
+
+
+_JSON_OBJECT_WHITESPACE = 8  # a newline and indentation three levels deep
 
 
 def check_budget(constraint: Constraint, request: GenerationRequest) -> None:
