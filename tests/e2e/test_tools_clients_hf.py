@@ -21,7 +21,7 @@ import httpx
 import openai
 import pytest
 
-from tests.tools.client_matrix import CASES, outcome
+from tests.tools.client_matrix import CASES, MODEL_LIMITED, outcome
 from tests.tools.schemas import validate
 from tests.tools.servers import RunningServer, gateway
 from tests.tools.tool_cases import WEATHER, City, parse_city, round_trip, stream_forced_call
@@ -65,14 +65,6 @@ def test_stream_helper_rebuilds_a_forced_call_then_round_trip(client: openai.Ope
     arguments = json.loads(message.tool_calls[0].function.arguments)
     assert message.tool_calls[0].id.startswith("call_") and isinstance(arguments["city"], str)
     round_trip(client, MODEL, message)
-
-
-# Every dialect in the matrix but three that leave the answer to the 135M model, which
-# fails them on vLLM-CPU too (tests/e2e/test_engine_vllm.py): PARALLEL_TOOLS asks with
-# tool_choice "auto" and the model answers in text; MD_JSON sends no response_format and
-# the model copies the schema's bounds into its object; langchain's json_mode gives no
-# schema and the model writes the population as a string ("100,000,000").
-MODEL_LIMITED = {"instructor PARALLEL_TOOLS", "instructor MD_JSON", "langchain json_mode"}
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c not in MODEL_LIMITED])

@@ -12,6 +12,7 @@ import pytest
 
 from tests.contract.messages_suite import MessagesSuite
 from tests.contract.sdk_suite import EngineSuite
+from tests.tools.client_matrix import CASES, MODEL_LIMITED, outcome
 from tests.tools.servers import RunningServer, gateway
 from tests.tools.tool_cases import parse_city, stream_forced_call
 from tests.tools.triton_server import TritonServer, triton_missing
@@ -59,6 +60,16 @@ def server(triton: TritonServer) -> Iterator[RunningServer]:
 @pytest.fixture(scope="module")
 def client(server: RunningServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_client_dialects_through_triton(server: RunningServer, case: str) -> None:
+    """The dialect matrix through the triton backend: what passes on the hf engine passes
+    here too (the same model under the same xgrammar constraints)."""
+    result = outcome(case, server.url + "/v1", MODEL, 128)
+    print(f"{case}: through triton {result}")  # the matrix, in the log
+    if case not in MODEL_LIMITED:
+        assert result == "pass"
 
 
 class TestTritonGateway(EngineSuite, MessagesSuite):

