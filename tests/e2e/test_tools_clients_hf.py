@@ -4,9 +4,9 @@ full round trip with a ``tool`` message), the dialect matrix of ``tests.tools.cl
 (instructor TOOLS, JSON_SCHEMA, JSON; langchain's function_calling and
 json_schema; ``json_object`` with a ``schema``), langchain-openai (``bind_tools``), the
 OpenAI Agents SDK running a function tool, pydantic-ai (``output_type`` with and without
-a tool) and smolagents' ``ToolCallingAgent``. Constrained decoding makes every shape hold
-even for a 135M model; we assert shapes (valid JSON, schema-valid arguments, the right
-tool), never wording.
+a tool) and smolagents' ``ToolCallingAgent`` (both also in the matrix). Constrained
+decoding makes every shape hold even for a 135M model; we assert shapes (valid JSON,
+schema-valid arguments, the right tool), never wording.
 """
 
 from __future__ import annotations
@@ -165,37 +165,6 @@ def test_pydantic_ai_output_type_with_and_without_a_tool(
     result = with_tool.run_sync("What is the population of Paris? Use the tool.")
     assert isinstance(result.output, City)
     assert all(isinstance(city, str) for city in looked_up)
-
-
-def test_smolagents_tool_calling_agent_runs_its_tool(
-    server: RunningServer, request: pytest.FixtureRequest
-) -> None:
-    _shipped_dtype_only(request)
-    from smolagents import OpenAIServerModel, ToolCallingAgent, tool
-
-    cities: list[str] = []
-
-    @tool
-    def get_weather(city: str) -> str:
-        """Current weather for a city.
-
-        Args:
-            city: the city's name.
-        """
-        cities.append(city)
-        return "sunny"
-
-    model = OpenAIServerModel(
-        model_id=MODEL,
-        api_base=server.url + "/v1",
-        api_key="unused",
-        max_tokens=64,
-        temperature=0,
-    )
-    agent = ToolCallingAgent(tools=[get_weather], model=model, max_steps=2)
-    answer = agent.run("What is the weather in Oslo?")
-    assert cities and all(isinstance(city, str) for city in cities)
-    assert isinstance(answer, str) and answer
 
 
 def test_raw_tool_call_chunks_match_openai(server: RunningServer) -> None:

@@ -1,7 +1,8 @@
 """The structured-output dialects agent libraries send, each made by the library's own
 call: instructor's modes, langchain's ``with_structured_output`` methods, the official
-SDK's ``parse``, ``json_object`` with a ``schema`` (llama.cpp's convention), and the
-Agents SDK's ``output_type`` over chat completions and over Responses. A case
+SDK's ``parse``, ``json_object`` with a ``schema`` (llama.cpp's convention), the
+Agents SDK's and pydantic-ai's ``output_type`` (the former over chat completions and
+over Responses), and smolagents' ``ToolCallingAgent``. A case
 passes when the library returns its validated object without an exception; ``outcome``
 says which did and why another did not, for the engine e2e modules to compare."""
 
@@ -136,6 +137,45 @@ def _agents(api: str) -> Callable[[str, str, int], object]:
     return case
 
 
+def _pydantic_ai(url: str, model: str, max_tokens: int) -> object:
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+    from pydantic_ai.settings import ModelSettings
+
+    chat = OpenAIChatModel(model, provider=OpenAIProvider(base_url=url, api_key="unused"))
+    settings = ModelSettings(max_tokens=max_tokens, temperature=0)
+    agent = Agent(chat, output_type=City, model_settings=settings)
+    return agent.run_sync(ASK_CITY).output
+
+
+def _smolagents(url: str, model: str, max_tokens: int) -> object:
+    """smolagents' ``ToolCallingAgent``: passes when the agent called its tool with a
+    string and returned an answer."""
+    from smolagents import OpenAIServerModel, ToolCallingAgent, tool
+
+    cities: list[str] = []
+
+    @tool  # type: ignore[untyped-decorator]
+    def get_weather(city: str) -> str:
+        """Current weather for a city.
+
+        Args:
+            city: the city's name.
+        """
+        cities.append(city)
+        return "sunny"
+
+    server = OpenAIServerModel(
+        model_id=model, api_base=url, api_key="unused", max_tokens=max_tokens, temperature=0
+    )
+    agent = ToolCallingAgent(tools=[get_weather], model=server, max_steps=2)
+    answer = agent.run("What is the weather in Oslo?")
+    if not cities or not all(isinstance(city, str) for city in cities):
+        raise AssertionError(f"the agent never called its tool (answer {answer!r})")
+    return answer
+
+
 CASES: dict[str, Callable[[str, str, int], object]] = {
     **{f"instructor {m}": _instructor(m) for m in ("TOOLS", "JSON_SCHEMA", "JSON", "MD_JSON")},
     "instructor PARALLEL_TOOLS": _instructor("PARALLEL_TOOLS"),
@@ -144,6 +184,8 @@ CASES: dict[str, Callable[[str, str, int], object]] = {
     "json_object + schema": _json_object_with_schema,
     "agents output_type (chat)": _agents("chat"),
     "agents output_type (responses)": _agents("responses"),
+    "pydantic-ai output_type": _pydantic_ai,
+    "smolagents ToolCallingAgent": _smolagents,
 }
 
 
