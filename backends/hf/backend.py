@@ -318,17 +318,12 @@ class HFBackend:
         if self._not_started >= shed_limit(self._config.max_queue, request.priority):
             raise Overloaded("too many requests waiting for this model", retry_after=1.0)
         adapter = request.adapter
-        if adapter is None:
-            async with contextlib.aclosing(self._submit(engine, request)) as events:
-                async for item in events:
-                    yield item
-            return
-        if self._pool is None:
-            raise InvalidRequest(
-                f"model {request.model!r} has no adapter {adapter!r}", param="model"
-            )
-        pool = self._pool
-        await pool.acquire(adapter)  # pinned resident until the request ends
+        if adapter is not None:
+            if self._pool is None:
+                raise InvalidRequest(
+                    f"model {request.model!r} has no adapter {adapter!r}", param="model"
+                )
+            await self._pool.acquire(adapter)  # pinned resident until the request ends
         try:
             # Closed before the pin goes: its abort reaches the engine before any bank
             # that reuses the slot.
@@ -336,7 +331,8 @@ class HFBackend:
                 async for item in events:
                     yield item
         finally:
-            pool.release(adapter)
+            if adapter is not None and self._pool is not None:
+                self._pool.release(adapter)
 
     async def _submit(
         self, engine: Engine, request: GenerationRequest

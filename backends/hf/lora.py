@@ -178,10 +178,6 @@ class LoraBank:
         slot = self.slot_of[name]
         return slot, self.keys[slot]
 
-    @property
-    def nbytes(self) -> int:
-        return sum(stacks.nbytes for layer in self.weights for stacks in layer.values())
-
     def _check_targets(self, layers: list[Any], adapters: list[AdapterWeights]) -> None:
         known = {module for subs in projection_parts(layers[0]).values() for module, _ in subs}
         for adapter in adapters:
@@ -300,7 +296,6 @@ class _Stacks:
     a_all: Linear
     b_all: tuple[Linear, ...]
     per_slot: tuple[tuple[tuple[Linear, Linear, int], ...], ...]
-    nbytes: int
 
     @classmethod
     def of(cls, a_all: torch.Tensor, b_parts: list[torch.Tensor], rank: int) -> _Stacks:
@@ -314,10 +309,8 @@ class _Stacks:
                 own_b = b[:, s * rank : (s + 1) * rank].contiguous()
                 parts.append((a, make_linear(own_b, None, "none"), int(b.shape[0])))
             per_slot.append(tuple(parts))
-        stacks = (a_all, *b_parts)
         return cls(
             make_linear(a_all, None, "none"),
             tuple(make_linear(b, None, "none") for b in b_parts),
             tuple(per_slot),
-            2 * sum(t.numel() * t.element_size() for t in stacks),
         )
