@@ -17,6 +17,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
+import orjson
 from pydantic import BaseModel, ValidationError
 
 from backends.base import BackendEvent, GenerationRequest, InvalidRequest
@@ -118,3 +119,13 @@ def parse_wire(model: type[_ModelT], body: Any) -> _ModelT:
         return model.model_validate(body)
     except ValidationError as exc:
         raise from_validation_error(exc) from None
+
+
+def parse_json(model: type[_ModelT], raw: bytes) -> _ModelT:
+    """Decode a JSON request body and validate it as ``model`` (``parse_wire``); a body
+    that is not JSON is a 400 too."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    return parse_wire(model, body)

@@ -16,7 +16,7 @@ from starlette.datastructures import UploadFile
 from starlette.responses import Response
 
 from backends.base import InvalidRequest
-from gateway.api.base import parse_wire
+from gateway.api.base import parse_json
 from gateway.batch.objects import BATCH_ENDPOINTS, COMPLETION_WINDOW, Batch, NotFound, new_id
 from gateway.batch.runner import BatchRunner
 
@@ -160,11 +160,7 @@ async def _render(runner: BatchRunner, batch: Batch) -> dict[str, Any]:
 @router.post("/v1/batches", openapi_extra=_CREATE_DOC, summary="Create a batch")
 async def create_batch(request: Request) -> Response:
     owner = _owner(request)
-    try:
-        body = orjson.loads(await request.body())
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
-    wire = parse_wire(BatchCreateWire, body)
+    wire = parse_json(BatchCreateWire, await request.body())
     if wire.endpoint not in BATCH_ENDPOINTS:
         served = ", ".join(BATCH_ENDPOINTS)
         raise InvalidRequest(f"endpoint must be one of {served}", param="endpoint")

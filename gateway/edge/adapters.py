@@ -4,16 +4,13 @@ vLLM. All behind the admin key; the registry does the work (``add_adapter``)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import orjson
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import PlainTextResponse, Response
 
 from backends.base import AdapterSpec
 from backends.errors import InvalidRequest
-from gateway.api.base import parse_wire
+from gateway.api.base import parse_json
 from gateway.edge.ops import json_response, require_admin, status_dict
 
 router = APIRouter()
@@ -44,18 +41,10 @@ class _UnloadBody(BaseModel):
     lora_name: str = Field(min_length=1)
 
 
-async def _json(request: Request) -> Any:
-
-    try:
-        return orjson.loads(await request.body())
-    except orjson.JSONDecodeError:
-        raise InvalidRequest("request body must be JSON") from None
-
-
 @router.post("/admin/models/{base}/adapters")
 async def add_adapter(base: str, request: Request) -> Response:
     state = require_admin(request)
-    body = parse_wire(_AdapterBody, await _json(request))
+    body = parse_json(_AdapterBody, await request.body())
     spec = AdapterSpec(body.name, body.source, body.aliases)
     return json_response(status_dict(await state.registry.add_adapter(base, spec)))
 
@@ -69,7 +58,7 @@ async def remove_adapter(base: str, name: str, request: Request) -> Response:
 @router.post("/v1/load_lora_adapter")
 async def load_lora_adapter(request: Request) -> Response:
     state = require_admin(request)
-    body = parse_wire(_LoadBody, await _json(request))
+    body = parse_json(_LoadBody, await request.body())
     base = body.base_model_name or _only_lora_model(state.registry.lora_models())
     await state.registry.add_adapter(base, AdapterSpec(body.lora_name, body.lora_path))
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
@@ -78,7 +67,7 @@ async def load_lora_adapter(request: Request) -> Response:
 @router.post("/v1/unload_lora_adapter")
 async def unload_lora_adapter(request: Request) -> Response:
     state = require_admin(request)
-    body = parse_wire(_UnloadBody, await _json(request))
+    body = parse_json(_UnloadBody, await request.body())
     base = state.registry.adapter_base(body.lora_name)
     await state.registry.remove_adapter(base, body.lora_name)
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
