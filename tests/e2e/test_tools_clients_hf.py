@@ -1,8 +1,8 @@
 """Tools and structured outputs with real clients against `llmso serve` on the hf default
 model (SmolLM2-135M): the official SDK (``parse``, the ``stream`` helper with tools, a
 full round trip with a ``tool`` message), the dialect matrix of ``tests.tools.client_matrix``
-(instructor TOOLS, JSON_SCHEMA, JSON; langchain's function_calling and
-json_schema; ``json_object`` with a ``schema``), langchain-openai (``bind_tools``), the
+(instructor TOOLS, JSON_SCHEMA, JSON; langchain's function_calling, json_schema
+and json_mode; ``json_object`` with a ``schema``), langchain-openai (``bind_tools``), the
 OpenAI Agents SDK running a function tool, pydantic-ai (``output_type`` with and without
 a tool) and smolagents' ``ToolCallingAgent`` (both also in the matrix). Constrained
 decoding makes every shape hold even for a 135M model; we assert shapes (valid JSON,
