@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import shutil
 import sys
 import tempfile
@@ -44,12 +43,13 @@ from bench.compare import run_compare
 from bench.quant_serve import GROUP, step_weight_bytes
 from bench.read_probe import ReadProbe, decode_step_bytes, probe_read_bandwidth
 from bench.report import RunRecord
-from bench.suites import hf_system, models_suite
+from bench.suites import models_suite
 
 log = logging.getLogger(__name__)
 
 SYSTEMS = ("llmso-hf-continuous", "vllm-cpu")
-QUANTIZED = ("int8", "int4")
+_PLANS = {"int8": uniform("int8", GROUP), "int4": uniform("int4", GROUP)}
+QUANTIZED = tuple(_PLANS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,12 +171,8 @@ def write_shaped(shape: Shape, folder: Path, tokenizer_folder: Path) -> Path:
 
 def _quantized_saving(folder: Path, system: str) -> int:
     """Bytes a step of ``system`` reads less than bf16 (0 unless it is ``llmso-hf-int*``)."""
-    setting = system.removeprefix("llmso-hf-")
-    if setting == "int8":
-        plan = uniform("int8", GROUP)
-    elif setting == "int4":
-        plan = uniform("int4", GROUP)
-    else:
+    plan = _PLANS.get(system.removeprefix("llmso-hf-"))
+    if plan is None:
         return 0
     return step_weight_bytes(folder, NONE) - step_weight_bytes(folder, plan)
 
@@ -252,24 +248,12 @@ def _run_shape(args: argparse.Namespace, shape: Shape, root: Path) -> int:
         include_vllm=not args.no_vllm,
         source=str(folder),
         title=shape.title,
+        quantizations=args.quantization,
     )
-    keep = set(SYSTEMS)
-    systems = [s for s in spec.systems if s.label in keep]
-    systems[1:1] = [
-        hf_system(
-            root,
-            f"llmso-hf-{setting}",
-            "continuous",
-            dtype="bfloat16",
-            max_seqs=64,
-            threads=len(os.sched_getaffinity(0)),
-            prefix_caching=False,
-            source=str(folder),
-            quantization=setting,
-        )
-        for setting in args.quantization
-    ]
-    spec = spec.model_copy(update={"systems": tuple(systems), "baseline": None})
+    keep = {*SYSTEMS, *(f"llmso-hf-{setting}" for setting in args.quantization)}
+    spec = spec.model_copy(
+        update={"systems": tuple(s for s in spec.systems if s.label in keep), "baseline": None}
+    )
     work = Path(tempfile.mkdtemp(prefix=f"llmso-shapes-{shape.name}-"))
     log.info("%s: model %s, scratch %s", shape.name, folder, work)
     meta = {"command": " ".join(["python -m bench.shapes", *sys.argv[1:]])}

