@@ -198,26 +198,16 @@ def models_suite(
     threads = len(os.sched_getaffinity(0))
     gateway_threads = hf_threads or threads  # --hf-threads: the gateway alone
     python = str(root / ".venv/bin/python")
+    # Each hf mode with dense weights, then the continuous engine at each quantization.
+    hf_runs = [(mode, mode, "none") for mode in HF_MODES]
+    hf_runs += [(setting, "continuous", setting) for setting in quantizations]
     # Prefix caching off on both sides: the same prompts repeat across levels (the
     # prefix suite measures the cache).
     systems = [
         hf_system(
             root,
-            f"llmso-hf-{mode}",
+            f"llmso-hf-{name}",
             mode,
-            dtype=dtype,
-            max_seqs=max_seqs,
-            threads=gateway_threads,
-            prefix_caching=False,
-            source=source,
-        )
-        for mode in HF_MODES
-    ]
-    systems += [
-        hf_system(
-            root,
-            f"llmso-hf-{setting}",
-            "continuous",
             dtype=dtype,
             max_seqs=max_seqs,
             threads=gateway_threads,
@@ -225,7 +215,7 @@ def models_suite(
             source=source,
             quantization=setting,
         )
-        for setting in quantizations
+        for name, mode, setting in hf_runs
     ]
     vllm_venv = root / ".venv-vllm"
     if include_vllm:
