@@ -55,9 +55,9 @@ _END_TOKENS = ("0", "1", "2")
 ``ignore_eos``."""
 
 
-def llamacpp_system(venv: Path, gguf: Path, threads: int) -> SystemSpec:
+def llamacpp_system(venv: Path, gguf: Path, threads: int, label: str = "llamacpp") -> SystemSpec:
     return SystemSpec(
-        label="llamacpp",
+        label=label,
         command=(
             str(venv / "bin/python"),
             "-m",

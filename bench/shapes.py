@@ -31,18 +31,23 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from backends.hf.quantization import NONE, uniform
 from bench.compare import run_compare
-from bench.quant_serve import GROUP, step_weight_bytes
+from bench.llamacpp_gguf import ggufs
+from bench.machine import venv_package_version
+from bench.quant_serve import GROUP, llamacpp_system, step_weight_bytes
 from bench.read_probe import ReadProbe, decode_step_bytes, probe_read_bandwidth
 from bench.report import RunRecord
+from bench.spec import CompareSpec
 from bench.suites import models_suite
 
 log = logging.getLogger(__name__)
@@ -169,28 +174,43 @@ def write_shaped(shape: Shape, folder: Path, tokenizer_folder: Path) -> Path:
     return folder
 
 
-def _quantized_saving(folder: Path, system: str) -> int:
-    """Bytes a step of ``system`` reads less than bf16 (0 unless it is ``llmso-hf-int*``)."""
+def _quantized_saving(folder: Path, system: str, files: Mapping[str, Path] | None = None) -> int:
+    """Bytes a step of ``system`` reads less than bf16: an ``llmso-hf-int*`` setting's, or
+    a llama.cpp system's (``files``: its GGUF by label, read whole each step as quant_serve
+    counts it); 0 for the bf16 systems."""
     plan = _PLANS.get(system.removeprefix("llmso-hf-"))
-    if plan is None:
+    gguf = (files or {}).get(system)
+    if plan is None and gguf is None:
         return 0
-    return step_weight_bytes(folder, NONE) - step_weight_bytes(folder, plan)
+    dense = step_weight_bytes(folder, NONE)
+    if gguf is not None:
+        return dense - gguf.stat().st_size
+    assert plan is not None
+    return dense - step_weight_bytes(folder, plan)
 
 
 def bandwidth_rows(
-    records: list[RunRecord], folder: Path, dtype: str, probes: tuple[ReadProbe, ...]
+    records: list[RunRecord],
+    folder: Path,
+    dtype: str,
+    probes: tuple[ReadProbe, ...],
+    files: Mapping[str, Path] | None = None,
 ) -> list[dict[str, Any]]:
     """Per system at c = 1: bytes read per decode step, time per output token, GB/s."""
     best = max(probe.gb_per_s for probe in probes)
+    # Every system gets the same prompts; llama.cpp's server streams no usage, so its
+    # context is the others' mean prompt length.
+    reported = [r.summary for r in records if r.concurrency == 1 and r.summary.prompt_tokens]
+    shared = sum((s.prompt_tokens or 0) / s.ok for s in reported) / max(len(reported), 1)
     rows = []
     for record in records:
         summary = record.summary
         if record.concurrency != 1 or not summary.ok or summary.tpot_ms.p50 is None:
             continue
-        prompt = (summary.prompt_tokens or 0) / summary.ok
+        prompt = (summary.prompt_tokens or 0) / summary.ok if summary.prompt_tokens else shared
         context = prompt + summary.output_tokens / summary.ok / 2
         step = decode_step_bytes(folder, dtype, context_tokens=context)
-        weights = step.weights - _quantized_saving(folder, record.system)
+        weights = step.weights - _quantized_saving(folder, record.system, files)
         gbs = (weights + step.kv) / (summary.tpot_ms.p50 / 1000) / 1e9
         rows.append(
             {
@@ -254,18 +274,55 @@ def _run_shape(args: argparse.Namespace, shape: Shape, root: Path) -> int:
     spec = spec.model_copy(
         update={"systems": tuple(s for s in spec.systems if s.label in keep), "baseline": None}
     )
+    files = _llamacpp_files(args, folder)
+    spec = _with_llamacpp(spec, args, files)
     work = Path(tempfile.mkdtemp(prefix=f"llmso-shapes-{shape.name}-"))
     log.info("%s: model %s, scratch %s", shape.name, folder, work)
     meta = {"command": " ".join(["python -m bench.shapes", *sys.argv[1:]])}
     records = asyncio.run(run_compare(spec, out, work, meta))
     after = probe_read_bandwidth(threads)
     probes = (before, after)
-    rows = bandwidth_rows(records, folder, "bfloat16", probes)
+    rows = bandwidth_rows(records, folder, "bfloat16", probes, files)
     (out / "bandwidth.json").write_text(
         json.dumps({"rows": rows, "probes": [asdict(p) for p in probes]}, indent=1) + "\n"
     )
     (out / "bandwidth.md").write_text(_markdown(shape, rows, probes))
     return 0 if records else 1
+
+
+def _llamacpp_files(args: argparse.Namespace, folder: Path) -> dict[str, Path]:
+    """The GGUF each llama.cpp system serves, by system label."""
+    if not args.llamacpp:
+        return {}
+    made = ggufs(
+        folder, Path(args.gguf_convert_venv), Path(args.llamacpp_venv), args.llamacpp, "smollm"
+    )
+    return {f"llamacpp-{ftype}": path for ftype, path in made.items()}
+
+
+def _with_llamacpp(
+    spec: CompareSpec, args: argparse.Namespace, files: dict[str, Path]
+) -> CompareSpec:
+    """``spec`` plus llama.cpp's server on each of ``files`` (one request at a time)."""
+    if not files:
+        return spec
+    venv = Path(args.llamacpp_venv)
+    threads = len(os.sched_getaffinity(0))
+    systems = [llamacpp_system(venv, path, threads, label) for label, path in files.items()]
+    version = venv_package_version(venv, "llama-cpp-python", "llama_cpp_python")
+    note = (
+        f"llama.cpp: llama-cpp-python {version or '?'} from {venv}, n_threads {threads}, one "
+        "request at a time, repeat_penalty 1.0, end tokens banned (logit_bias) for a full "
+        "max_tokens; GGUFs made by llama.cpp's convert_hf_to_gguf.py (bf16) and "
+        f"llama_model_quantize ({', '.join(args.llamacpp)})"
+    )
+    return spec.model_copy(
+        update={"systems": (*spec.systems, *systems), "notes": (*spec.notes, note)}
+    )
+
+
+def _ftypes(text: str) -> tuple[str, ...]:
+    return tuple(part.lower() for part in text.split(",") if part)
 
 
 def _settings(text: str) -> tuple[str, ...]:
@@ -296,6 +353,14 @@ def main(argv: list[str] | None = None) -> int:
         default=(),
         help=f"comma-separated weight-only settings to add ({', '.join(QUANTIZED)})",
     )
+    parser.add_argument(
+        "--llamacpp",
+        type=_ftypes,
+        default=(),
+        help="llama.cpp file types to serve beside (q8_0,q4_1,...: GGUFs made from the model)",
+    )
+    parser.add_argument("--llamacpp-venv", default=".venv-llamacpp-native")
+    parser.add_argument("--gguf-convert-venv", default=".venv-gguf-convert")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     Path(args.models_dir).mkdir(parents=True, exist_ok=True)

