@@ -5,13 +5,24 @@ A user who wants llama.cpp on a Hugging Face checkpoint runs llama.cpp's
 llama-cpp-python source release as the server (``make gguf-convert``) and the server
 venv's ``llama_model_quantize``. Files are cached beside the model folder
 (``<folder>.<ftype>.gguf``) and made once.
+
+    python -m bench.llamacpp_gguf --check <folder> [<folder> ...] --out <file.json>
+        [--ftypes bf16,q8_0] [--llamacpp-venv .venv-llamacpp-native]
+
+checks that a GGUF made here is the same model: llama.cpp's logits over a short prompt
+against transformers' (fp32) on the folder, per position (argmax agreement, correlation).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import logging
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +53,19 @@ params.nthread = 0
 if llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), ctypes.byref(params)):
     raise SystemExit("llama_model_quantize failed")
 """
+
+
+# Runs in the llama.cpp venv: the logits of every position of argv[2]'s token ids.
+_LOGITS = """
+import json, sys
+import numpy as np
+import llama_cpp
+ids = json.loads(sys.argv[2])
+model = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=256, logits_all=True, verbose=False)
+model.eval(ids)
+np.save(sys.argv[3], np.array(model.scores[: len(ids)], dtype=np.float32))
+"""
+_CHECK_TEXT = "The quick brown fox jumps over the lazy dog. It was a sunny day"
 
 
 def gguf_path(folder: Path, ftype: str) -> Path:
@@ -88,3 +112,55 @@ def ggufs(
         ftype: bf16 if ftype == "bf16" else quantize(llamacpp_venv, bf16, folder, ftype)
         for ftype in ftypes
     }
+
+
+def check(folder: Path, llamacpp_venv: Path, ftypes: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Per file type: llama.cpp's logits on ``_CHECK_TEXT`` against transformers' (fp32)."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    ids = list(AutoTokenizer.from_pretrained(folder)(_CHECK_TEXT)["input_ids"])
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    with torch.inference_mode():
+        reference = model(torch.tensor([ids])).logits[0].numpy()
+    rows = []
+    for ftype in ftypes:
+        with tempfile.TemporaryDirectory() as scratch:
+            out = Path(scratch) / "logits.npy"
+            cmd = [str(llamacpp_venv / "bin/python"), "-c", _LOGITS, str(gguf_path(folder, ftype))]
+            subprocess.run([*cmd, json.dumps(ids), str(out)], check=True, timeout=_TIMEOUT_S)
+            logits = np.load(out)
+        rows.append(
+            {
+                "model": folder.name,
+                "ftype": ftype,
+                "positions": len(ids),
+                "argmax_agreement": float((logits.argmax(-1) == reference.argmax(-1)).mean()),
+                "correlation": float(np.corrcoef(logits.ravel(), reference.ravel())[0, 1]),
+                "max_abs_diff": float(np.abs(logits - reference).max()),
+                "reference_std": float(reference.std()),
+            }
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", nargs="+", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--ftypes", type=lambda t: tuple(t.split(",")), default=("bf16", "q8_0"))
+    parser.add_argument("--llamacpp-venv", type=Path, default=Path(".venv-llamacpp-native"))
+    args = parser.parse_args(argv)
+    rows = [row for folder in args.check for row in check(folder, args.llamacpp_venv, args.ftypes)]
+    command = " ".join(["python -m bench.llamacpp_gguf", *sys.argv[1:]])
+    args.out.write_text(
+        json.dumps({"command": command, "text": _CHECK_TEXT, "rows": rows}, indent=1) + "\n"
+    )
+    for row in rows:
+        print(json.dumps(row))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
