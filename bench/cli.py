@@ -38,7 +38,8 @@ T = TypeVar("T")
 log = logging.getLogger("bench")
 
 
-def _int_list(text: str) -> tuple[int, ...]:
+def positive_ints(text: str) -> tuple[int, ...]:
+    """An argparse type: ``1,4,16``."""
     values = tuple(int(v) for v in text.split(",") if v.strip())
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError("expected positive integers like 1,4,16")
@@ -60,7 +61,9 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--api", choices=("chat", "completions"), default="chat")
     p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True)
     load = p.add_mutually_exclusive_group()
-    load.add_argument("--concurrency", type=_int_list, default=None, help="Closed loop: 1,4,16.")
+    load.add_argument(
+        "--concurrency", type=positive_ints, default=None, help="Closed loop: 1,4,16."
+    )
     load.add_argument("--rate", type=_float_list, default=None, help="Open loop, requests/s.")
     p.add_argument("--num-requests", type=int, default=None, help="Per level (default max(8, 2c)).")
     p.add_argument("--duration", type=float, default=None, help="Seconds per level (cap).")
@@ -97,7 +100,7 @@ def _add_suite(sub: Any) -> None:
     p.add_argument("--root", type=Path, default=Path.cwd(), help="Repository root.")
     p.add_argument("--model-path", default=None, help="Model folder (all but overhead).")
     p.add_argument("--quick", action="store_true", help="Tiny smoke run.")
-    p.add_argument("--concurrency", type=_int_list, default=None)
+    p.add_argument("--concurrency", type=positive_ints, default=None)
     p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
     p.add_argument("--no-vllm", action="store_true", help="Leave vLLM out of the models suite.")
     p.add_argument("--systems", default=None, help="Only these labels, comma-separated.")

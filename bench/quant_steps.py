@@ -29,14 +29,11 @@ from backends.hf.backend import quant_plan
 from backends.hf.loader import load
 from backends.hf.runner import DecoderRunner
 from backends.hf.slot_attention import PrefillChunk
+from bench.cli import positive_ints
 from bench.machine import machine_info
 from bench.quant_accuracy import step_times
 from bench.shapes import SHAPES, write_shaped
 from config.schema import HFModelConfig
-
-
-def _int_list(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in text.split(",") if part)
 
 
 def prefill_ms(runner: DecoderRunner, tokens: int, slot: int) -> float:
@@ -121,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models-dir", type=Path, default=Path(".models/shaped"))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--settings", type=lambda t: tuple(t.split(",")), default=("none", "int4"))
-    parser.add_argument("--rows", type=_int_list, default=(1, 4, 16, 64))
-    parser.add_argument("--prefill", type=_int_list, default=(128, 512))
+    parser.add_argument("--rows", type=positive_ints, default=(1, 4, 16, 64))
+    parser.add_argument("--prefill", type=positive_ints, default=(128, 512))
     args = parser.parse_args(argv)
     if (args.model is None) == (args.shape is None) or (args.shape and not args.tokenizer_from):
         parser.error("give --model, or --shape with --tokenizer-from")

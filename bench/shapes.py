@@ -46,10 +46,16 @@ from pathlib import Path
 from typing import Any
 
 from backends.hf.quantization import NONE, uniform
+from bench.cli import positive_ints
 from bench.compare import run_compare
 from bench.llamacpp_gguf import ggufs
-from bench.machine import venv_package_version
-from bench.quant_serve import GROUP, llamacpp_system, step_weight_bytes
+from bench.quant_serve import (
+    GROUP,
+    decode_context,
+    llamacpp_note,
+    llamacpp_system,
+    step_weight_bytes,
+)
 from bench.read_probe import ReadProbe, decode_step_bytes, probe_read_bandwidth
 from bench.report import RunRecord
 from bench.spec import CompareSpec
@@ -183,15 +189,13 @@ def _quantized_saving(folder: Path, system: str, files: Mapping[str, Path] | Non
     """Bytes a step of ``system`` reads less than bf16: an ``llmso-hf-int*`` setting's, or
     a llama.cpp system's (``files``: its GGUF by label, read whole each step as quant_serve
     counts it); 0 for the bf16 systems."""
-    plan = _PLANS.get(system.removeprefix("llmso-hf-"))
     gguf = (files or {}).get(system)
-    if plan is None and gguf is None:
-        return 0
-    dense = step_weight_bytes(folder, NONE)
     if gguf is not None:
-        return dense - gguf.stat().st_size
-    assert plan is not None
-    return dense - step_weight_bytes(folder, plan)
+        return step_weight_bytes(folder, NONE) - gguf.stat().st_size
+    plan = _PLANS.get(system.removeprefix("llmso-hf-"))
+    if plan is None:
+        return 0
+    return step_weight_bytes(folder, NONE) - step_weight_bytes(folder, plan)
 
 
 def bandwidth_rows(
@@ -203,17 +207,12 @@ def bandwidth_rows(
 ) -> list[dict[str, Any]]:
     """Per system at c = 1: bytes read per decode step, time per output token, GB/s."""
     best = max(probe.gb_per_s for probe in probes)
-    # Every system gets the same prompts; llama.cpp's server streams no usage, so its
-    # context is the others' mean prompt length.
-    reported = [r.summary for r in records if r.concurrency == 1 and r.summary.prompt_tokens]
-    shared = sum((s.prompt_tokens or 0) / s.ok for s in reported) / max(len(reported), 1)
     rows = []
     for record in records:
         summary = record.summary
         if record.concurrency != 1 or not summary.ok or summary.tpot_ms.p50 is None:
             continue
-        prompt = (summary.prompt_tokens or 0) / summary.ok if summary.prompt_tokens else shared
-        context = prompt + summary.output_tokens / summary.ok / 2
+        context = decode_context(record, records)
         step = decode_step_bytes(folder, dtype, context_tokens=context)
         weights = step.weights - _quantized_saving(folder, record.system, files)
         gbs = (weights + step.kv) / (summary.tpot_ms.p50 / 1000) / 1e9
@@ -314,12 +313,9 @@ def _with_llamacpp(
     venv = Path(args.llamacpp_venv)
     threads = len(os.sched_getaffinity(0))
     systems = [llamacpp_system(venv, path, threads, label) for label, path in files.items()]
-    version = venv_package_version(venv, "llama-cpp-python", "llama_cpp_python")
     note = (
-        f"llama.cpp: llama-cpp-python {version or '?'} from {venv}, n_threads {threads}, one "
-        "request at a time, repeat_penalty 1.0, end tokens banned (logit_bias) for a full "
-        "max_tokens; GGUFs made by llama.cpp's convert_hf_to_gguf.py (bf16) and "
-        f"llama_model_quantize ({', '.join(args.llamacpp)})"
+        f"{llamacpp_note(venv, threads)}; GGUFs made by llama.cpp's convert_hf_to_gguf.py "
+        f"(bf16) and llama_model_quantize ({', '.join(args.llamacpp)})"
     )
     return spec.model_copy(
         update={"systems": (*spec.systems, *systems), "notes": (*spec.notes, note)}
@@ -338,15 +334,11 @@ def _settings(text: str) -> tuple[str, ...]:
     return settings
 
 
-def _int_list(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in text.split(",") if part)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="docs/benchmarks/shapes")
     parser.add_argument("--shapes", default=",".join(SHAPES))
-    parser.add_argument("--concurrency", type=_int_list, default=(1, 4, 16))
+    parser.add_argument("--concurrency", type=positive_ints, default=(1, 4, 16))
     parser.add_argument("--models-dir", default=".models/shaped")
     parser.add_argument("--tokenizer-from", required=True, help="the packaged SmolLM2 folder")
     parser.add_argument("--threads", type=int, default=None, help="probe threads (all CPUs)")
