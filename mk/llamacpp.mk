@@ -42,7 +42,7 @@ $(LLAMACPP_NATIVE_VENV)/.stamp: mk/llamacpp.mk
 # its own (it needs sentencepiece, which the product does not). torch and transformers
 # are the product's pins.
 GGUF_CONVERT_VENV := .venv-gguf-convert
-GGUF_CONVERT_PINS := $(shell grep -E '^(torch|transformers|numpy)[=<]' requirements.txt) \
+GGUF_CONVERT_PINS = $(shell grep -E '^(torch|transformers|numpy)[=<]' requirements.txt) \
 	sentencepiece==0.2.3 protobuf==7.36.2 safetensors==0.8.0 PyYAML==6.0.4
 LLAMACPP_SDIST := llama_cpp_python-$(LLAMACPP_VERSION)
 .PHONY: gguf-convert
