@@ -21,6 +21,7 @@ from backends.base import ApiError
 from backends.factory import BackendFactory, create_backend
 from backends.hop_metrics import BackendMetrics
 from config.schema import AppConfig
+from gateway.access.admission import Admission
 from gateway.api.chat import ChatEndpoint
 from gateway.api.completions import CompletionsEndpoint
 from gateway.api.embeddings import EmbeddingsEndpoint
@@ -33,15 +34,13 @@ from gateway.batch.files import FileStore
 from gateway.batch.runner import BatchRunner
 from gateway.batch.store import BatchState
 from gateway.console import Console
-from gateway.console.routes import build_router as console_router
 from gateway.edge import adapters as adapter_routes
-from gateway.edge import ops
+from gateway.edge import console_routes, ops
 from gateway.edge.asgi import GatewayASGI
+from gateway.edge.door import FrontDoor
 from gateway.edge.openapi import document
 from gateway.edge.state import AppState
 from gateway.errors import handle_backend_error, handle_http_exception, handle_unexpected
-from gateway.frontdoor import usage
-from gateway.frontdoor.door import FrontDoor
 from gateway.observe.metrics import GatewayMetrics
 from gateway.registry import ConfigWatcher, ModelRegistry, RegistryMetrics
 from gateway.service.embeddings import EmbeddingService
@@ -74,7 +73,7 @@ def build_app(
     registry = ModelRegistry(config, RegistryMetrics(prometheus), factory)
     gateway_metrics = GatewayMetrics(prometheus)
     service = CompletionService(registry, gateway_metrics, backend_metrics)
-    frontdoor = FrontDoor(config, registry, gateway_metrics, prometheus, bind_host=bind_host)
+    admission = Admission(config, registry, gateway_metrics, prometheus)
     state = AppState(
         config=config,
         prometheus=prometheus,
@@ -89,9 +88,10 @@ def build_app(
         started_at=int(time.time()),
         console=Console(backend_metrics),
         tracing=_tracing(config, span_exporter),
-        frontdoor=frontdoor,
+        admission=admission,
+        door=FrontDoor(config.server, admission, bind_host=bind_host),
     )
-    frontdoor.finish_sinks.append(state.console.activity.add)
+    admission.finish_sinks.append(state.console.activity.add)
     # The public endpoints (gateway.api): one line each.
     endpoints = (
         ChatEndpoint(service),
@@ -107,7 +107,7 @@ def build_app(
         state=batch_state,
         files=FileStore(config.batch.directory, batch_state, config.batch.max_file_bytes),
         endpoints={endpoint.path: endpoint for endpoint in endpoints},
-        door=frontdoor,
+        admission=admission,
         registry=registry,
     )
 
@@ -117,7 +117,7 @@ def build_app(
         # Preloads run in the background: /health answers at once, /ready once they are up.
         await registry.start(wait=False)
         if watch_config and config.source_path is not None:
-            watcher = ConfigWatcher(registry, config.source_path, on_reload=frontdoor.reconfigure)
+            watcher = ConfigWatcher(registry, config.source_path, on_reload=admission.reconfigure)
             watcher.start()
         batch_runner.start()
         log.info("llmso ready: %d model(s) configured", len(config.models))
@@ -132,7 +132,7 @@ def build_app(
             if state.tracing is not None:
                 # Flushes what is still queued; off the loop, export may block.
                 await asyncio.to_thread(state.tracing.shutdown)
-            await frontdoor.close()
+            await admission.close()
 
     app = FastAPI(
         title="llmso",
@@ -145,8 +145,7 @@ def build_app(
     app.state.batch_runner = batch_runner
     app.include_router(ops.router)
     app.include_router(adapter_routes.router)
-    app.include_router(usage.router)
-    app.include_router(console_router(ui=config.server.ui))
+    app.include_router(console_routes.build_router(ui=config.server.ui))
     app.include_router(responses_api.router)
     app.include_router(batch_routes.router)
     app.add_exception_handler(ApiError, handle_backend_error)

@@ -44,6 +44,14 @@ class Unauthorized(ApiError):
     code = "invalid_api_key"
 
 
+class HostNotAllowed(ApiError):
+    """The ``Host`` header names a host this gateway does not serve (DNS rebinding)."""
+
+    status = 403
+    error_type = "permission_error"
+    code = "host_not_allowed"
+
+
 class RouteNotFound(ApiError):
     status = 404
     error_type = "invalid_request_error"
@@ -54,6 +62,20 @@ class MethodNotAllowed(ApiError):
     status = 405
     error_type = "invalid_request_error"
     code = "method_not_allowed"
+
+
+class RequestTimeout(ApiError):
+    """The request body did not arrive within ``server.body_timeout``."""
+
+    status = 408
+    error_type = "invalid_request_error"
+    code = "request_timeout"
+
+
+class UnsupportedMediaType(ApiError):
+    status = 415
+    error_type = "invalid_request_error"
+    code = "unsupported_media_type"
 
 
 class InternalError(ApiError):

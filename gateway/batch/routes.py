@@ -65,8 +65,9 @@ def _runner(request: Request) -> BatchRunner:
 
 
 def _owner(request: Request) -> str:
-    """The calling key's name (401 without a valid key where keys are required)."""
-    return str(request.app.state.llmso.frontdoor.keys.identify(request.scope).name)
+    """The calling key's name (401 without a valid key where keys are required), as the
+    front door (``gateway.edge.door``, reached through the app's state) identifies it."""
+    return str(request.app.state.llmso.door.identify(request.scope).name)
 
 
 def _json(payload: Any) -> Response:

@@ -2,8 +2,8 @@
 one, and runs its lines through the online endpoints.
 
 Each line is served as an online request of the key that created the batch: the same
-``Endpoint.prepare``, the front door's admission (limits, quotas, usage, the key's
-metrics), the one service call and the same response body, with its own
+``Endpoint.prepare``, the same admission (``gateway.access``: limits, quotas, usage, the
+key's metrics), the one service call and the same response body, with its own
 ``RequestRecord`` (request log line with ``endpoint`` and ``batch_id``, metrics). Batch
 lines run at ``BATCH_PRIORITY``, below every client key's priority, so a backend that
 orders its queue (hf) serves online requests first and sheds batch lines first; at most
@@ -37,14 +37,14 @@ import orjson
 
 from backends.base import ApiError, GenerationRequest, InvalidRequest
 from config.schema import BatchConfig
+from gateway.access.admission import Admission
+from gateway.access.keys import Client
 from gateway.api.base import Endpoint
 from gateway.batch.files import FileStore
 from gateway.batch.lines import Line, parse_lines
 from gateway.batch.objects import Batch, LineError, NotFound, Status, new_id
 from gateway.batch.store import BatchState, LeaseLost
 from gateway.errors import InternalError, Unauthorized, error_payload
-from gateway.frontdoor.door import FrontDoor
-from gateway.frontdoor.keys import Client
 from gateway.observe.ids import fresh_hex
 from gateway.observe.record import RequestRecord
 from gateway.registry import ModelRegistry
@@ -68,14 +68,14 @@ class BatchRunner:
         state: BatchState,
         files: FileStore,
         endpoints: Mapping[str, Endpoint],
-        door: FrontDoor,
+        admission: Admission,
         registry: ModelRegistry,
     ) -> None:
         self._config = config
         self.state = state
         self.files = files
         self._endpoints = endpoints
-        self._door = door
+        self._admission = admission
         self._registry = registry
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{fresh_hex(4)}"
         self._slots = asyncio.Semaphore(config.max_concurrency)
@@ -166,7 +166,7 @@ class BatchRunner:
             cut = batch.reruns - before
             log.warning("batch %s: %d line(s) cut short by a crash run again", batch.id, cut)
         done = await self.state.finished_lines(batch.id)
-        client = self._door.client_named(batch.owner)
+        client = self._admission.client_named(batch.owner)
         async with asyncio.TaskGroup() as group:
             for line in lines:
                 if line.index in done:
@@ -219,15 +219,15 @@ class BatchRunner:
                 gone = Unauthorized("The API key that created this batch is no longer configured.")
                 await self._store(batch, line, record, gone.status, error_payload(gone))
                 return
-            door = self._door.open_pass(client, record)
+            ticket = self._admission.open(record, client)
             try:
-                status, payload, retry_after = await _call(endpoint, line, record, door.admit)
+                status, payload, retry_after = await _call(endpoint, line, record, ticket.admit)
                 again = status == 429 and time.time() < batch.expires_at
                 if not again:
                     # Stored first, charged after: a crash between never charges twice.
                     await self._store(batch, line, record, status, payload)
             finally:
-                await door.finish()
+                await ticket.finish()
             if not again:
                 return
             await asyncio.sleep(min(MAX_RETRY_WAIT, max(0.1, retry_after or 1.0)))

@@ -1,9 +1,11 @@
-"""The built-in web console (``/ui``) and the JSON views it shares with scripts.
+"""The built-in web console (``/ui``) and the JSON views it shares with scripts: what
+they show.
 
 ``Console`` is what one app owns for them: the recent-requests ring and stats window
-(``Activity``, fed by every finished request) and the engine gauges reader. The routes
-live in ``gateway.console.routes``; the page itself is plain ES modules and CSS under
-``static/``, served from the package (no CDN, no build step).
+(``Activity``, fed by every finished request) and the engine gauges reader. The page
+itself is plain ES modules and CSS under ``static/`` (``page`` reads them), served from
+the package (no CDN, no build step). The routes are the edge's
+(``gateway.edge.console_routes``): the console imports nothing above ``observe``.
 """
 
 from __future__ import annotations

@@ -12,16 +12,15 @@ request is served by a ``gateway.edge.call.EndpointCall`` running its ``Endpoint
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel
 
 from gateway.api.base import Endpoint
-from gateway.edge.call import ASGIApp, EndpointCall, Receive, Scope, Send
+from gateway.edge.asgi_types import ASGIApp, Receive, Scope, Send
+from gateway.edge.call import EndpointCall
 from gateway.edge.state import AppState
-
-Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class GatewayASGI:
@@ -30,13 +29,13 @@ class GatewayASGI:
     def __init__(self, api: ASGIApp, state: AppState, endpoints: Sequence[Endpoint]) -> None:
         self.api = api
         self.state = state
-        self._routes: dict[str, Handler] = {e.path: self._handler(e) for e in endpoints}
+        self._routes: dict[str, ASGIApp] = {e.path: self._handler(e) for e in endpoints}
         # For /openapi.json (gateway.edge.openapi): each route's wire type and summary.
         self.documented: dict[str, tuple[type[BaseModel], str]] = {
             e.path: (e.wire, e.summary) for e in endpoints
         }
 
-    def _handler(self, endpoint: Endpoint) -> Handler:
+    def _handler(self, endpoint: Endpoint) -> ASGIApp:
         state = self.state
 
         async def handle(scope: Scope, receive: Receive, send: Send) -> None:
@@ -57,6 +56,6 @@ class GatewayASGI:
         handler = self._routes.get(scope["path"])
         # The front door: Host, method, Content-Type, key, body deadline, accounting.
         if handler is None:
-            await self.state.frontdoor.serve_other(scope, receive, send, self.api)
+            await self.state.door.serve_other(scope, receive, send, self.api)
         else:
-            await self.state.frontdoor.serve(scope, receive, send, handler)
+            await self.state.door.serve(scope, receive, send, handler)

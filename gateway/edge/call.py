@@ -13,34 +13,29 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncGenerator, Awaitable
 from typing import Any
 
 import orjson
 
 from backends.base import ApiError, GenerationRequest, InvalidRequest
 from gateway.api.base import Endpoint, Prepared
+from gateway.edge.asgi_types import Message, Receive, Scope, Send
+from gateway.edge.door import admit, door_record
 from gateway.edge.sse_batch import ready_batches
 from gateway.edge.state import AppState
 from gateway.edge.transport import DISCONNECT_HOOK, DisconnectHook
+from gateway.edge.web import request_id as _request_id
 from gateway.errors import (
     InternalError,
     RequestTooLarge,
     error_body,
 )
-from gateway.frontdoor.door import admit, door_record
-from gateway.frontdoor.web import request_id as _request_id
 from gateway.observe.record import RequestRecord
 from gateway.observe.timing import timing_header
 from gateway.observe.trace_context import client_trace_headers
 
 log = logging.getLogger(__name__)
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 JSON_HEADER = (b"content-type", b"application/json")
 # On a whole (non-streamed) response whose JSON value or tool call the engine closed

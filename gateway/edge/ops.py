@@ -1,4 +1,5 @@
-"""Operational and catalogue routes: health, readiness, metrics, models, admin."""
+"""Operational and catalogue routes: health, readiness, metrics, models, admin (models,
+per-key usage)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
+from gateway.access.keys import Client, NamedAdapter
+from gateway.access.usage import usage_report
 from gateway.console.gauges import NO_ENGINE_FIGURES
 from gateway.edge.state import AppState
 from gateway.errors import RouteNotFound, Unauthorized
-from gateway.frontdoor.keys import Client, NamedAdapter
 from gateway.registry import ModelNotFound, ModelStatus
 
 router = APIRouter()
@@ -55,7 +57,7 @@ async def metrics(request: Request) -> Response:
 @router.get("/v1/models")
 async def list_models(request: Request) -> Response:
     state = _state(request)
-    client = state.frontdoor.keys.identify(request.scope)  # only the key's models
+    client = state.door.identify(request.scope)  # only the key's models
     data = [
         card
         for status in state.registry.list_models()
@@ -67,7 +69,7 @@ async def list_models(request: Request) -> Response:
 @router.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, request: Request) -> Response:
     state = _state(request)
-    client = state.frontdoor.keys.identify(request.scope)
+    client = state.door.identify(request.scope)
     for status in state.registry.list_models():
         for card in _visible_cards(status, state.started_at, client):
             if model_id == card["id"] or model_id in card["llmso"]["aliases"]:
@@ -171,3 +173,10 @@ async def admin_unload(name: str, request: Request) -> Response:
 async def admin_drain(name: str, request: Request) -> Response:
     state = require_admin(request)
     return json_response(status_dict(state.registry.drain(name)))
+
+
+@router.get("/admin/usage")
+async def admin_usage(request: Request) -> Response:
+    """Per client key, what it used and where it stands (``gateway.access.usage``)."""
+    state = require_admin(request, read_only=True)
+    return json_response(await usage_report(state.admission))

@@ -9,10 +9,11 @@ from prometheus_client import CollectorRegistry
 
 from backends.hop_metrics import BackendMetrics
 from config.schema import AppConfig
+from gateway.access.admission import Admission
 from gateway.api.responses.endpoint import ResponsesEndpoint
 from gateway.console import Console
+from gateway.edge.door import FrontDoor
 from gateway.edge.drain import Drain
-from gateway.frontdoor.door import FrontDoor
 from gateway.observe.metrics import GatewayMetrics
 from gateway.registry import ModelRegistry
 from gateway.service.generation import CompletionService
@@ -35,7 +36,8 @@ class AppState:
     admin_key: str | None
     started_at: int
     console: Console
-    frontdoor: FrontDoor
+    admission: Admission  # client keys, limits, usage
+    door: FrontDoor  # the HTTP checks in front of every request
     drain: Drain = field(default_factory=Drain)
     tracing: Tracing | None = None  # None: tracing off (gateway.observe.tracing is never imported)
 

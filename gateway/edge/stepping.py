@@ -3,7 +3,7 @@
 ``first_step`` tells a caller whether the result was already there (no wait: no timer to
 arm, nothing to hand out first) or gives a ``Resume`` to await for the rest. Used where a
 wait is usually not needed: the body of a request that came with its headers
-(``gateway.frontdoor.web.BodyDeadline``) and the frames a stream has ready at once
+(``gateway.edge.web.BodyDeadline``) and the frames a stream has ready at once
 (``gateway.edge.sse_batch``).
 """
 

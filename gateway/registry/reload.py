@@ -92,7 +92,7 @@ class ConfigWatcher:
                 return None
             diff = await self._registry.apply_config(config)
             if self._on_reload is not None:
-                self._on_reload(config)  # client keys (gateway.frontdoor)
+                self._on_reload(config)  # client keys (gateway.access)
             self.reloads += 1
             log.info("config reload (%s) applied from %s", trigger, self._path)
             return diff

@@ -17,7 +17,7 @@ import numpy as np
 
 from backends.base import BackendError, Started, Usage
 from backends.embeddings import EmbeddingRequest, EmbeddingResult
-from gateway.frontdoor.keys import allowed_candidates
+from gateway.access.keys import allowed_candidates
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.record import RequestRecord
 from gateway.registry import ModelRegistry

@@ -33,8 +33,8 @@ from backends.base import (
     Usage,
 )
 from backends.hop_metrics import BackendMetrics
+from gateway.access.keys import allowed_candidates
 from gateway.errors import error_payload
-from gateway.frontdoor.keys import allowed_candidates
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.record import RequestRecord
 from gateway.observe.timing import timing_header

@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.frontdoor.limits import Ask, KeyLimits, MemoryStore, Settlement
-from gateway.frontdoor.redis_store import RedisStore
+from gateway.access.limits import Ask, KeyLimits, MemoryStore, Settlement
+from gateway.access.redis_store import RedisStore
 from tests.tools.engines import proxy_config, start_fake_upstream
 from tests.tools.redis_server import RedisServer, redis_missing, redis_server
 from tests.tools.servers import RunningServer, gateway

@@ -96,9 +96,9 @@ async def test_stream_cut_short_is_settled_with_what_it_used(make_app: AppFactor
         app.asgi, "/v1/chat/completions", headers, [request, 0.3, {"type": "http.disconnect"}]
     )
     assert status == 200
-    door = app.asgi.state.frontdoor
-    client = door.keys.clients()[0]
-    verdict = await door.store.peek(client.name, client.limits)
+    admission = app.asgi.state.admission
+    client = admission.keys.clients()[0]
+    verdict = await admission.store.peek(client.name, client.limits)
     assert verdict.inflight == 0  # the max_parallel slot was released
     assert verdict.tokens is not None and verdict.tokens.remaining > 900  # ~ prompt + 1 token used
     text = (await app.http.get("/metrics")).text

@@ -17,7 +17,8 @@ import orjson
 import pytest
 
 from bench.fake_upstream import FakeOptions
-from gateway.frontdoor.door import Pass
+from gateway.access.admission import Ticket
+from gateway.edge.door import Pass
 from gateway.observe.record import RequestRecord
 from tests.service.edge_server import gateway_on_edge
 
@@ -64,5 +65,5 @@ async def test_served_requests_leave_no_cycles(port: int, saved_garbage: list[ob
     assert answers[1].startswith(b"HTTP/1.1 200")
     assert answers[2].startswith(b"HTTP/1.1 400")
     gc.collect()
-    left = [type(o).__name__ for o in saved_garbage if isinstance(o, Pass | RequestRecord)]
+    left = [type(o).__name__ for o in saved_garbage if isinstance(o, Pass | Ticket | RequestRecord)]
     assert left == []

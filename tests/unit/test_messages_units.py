@@ -8,11 +8,17 @@ import pytest
 
 from backends.base import Finished, TextDelta, ToolCallDelta, Usage
 from backends.errors import ApiError, InvalidRequest, NotReady, Overloaded, UpstreamTimeout
+from gateway.access.errors import RateLimited
 from gateway.api.messages.render import MessageAssembler
 from gateway.api.messages.translate import messages_request
 from gateway.api.messages.wire import MessagesRequest
-from gateway.errors import RequestTooLarge, Unauthorized, anthropic_payload, error_body
-from gateway.frontdoor.errors import HostNotAllowed, RateLimited
+from gateway.errors import (
+    HostNotAllowed,
+    RequestTooLarge,
+    Unauthorized,
+    anthropic_payload,
+    error_body,
+)
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
-"""Console routes: ``/admin/stats``, ``/admin/requests``, ``/admin/batches`` (JSON, for
-the page and for scripts) and, when ``server.ui`` is on, the page itself under ``/ui``.
+"""The console's routes (``gateway.console``): ``/admin/stats``, ``/admin/requests``,
+``/admin/batches`` (JSON, for the page and for scripts) and, when ``server.ui`` is on, the
+page itself under ``/ui``.
 
 The JSON views are read-only: they need the admin key when one is configured, and are
 open when auth is off (``gateway.edge.ops.require_admin(read_only=True)``). The page's files are
@@ -10,8 +11,6 @@ and cannot load anything from elsewhere.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -23,37 +22,15 @@ from gateway.batch.objects import Batch
 from gateway.batch.runner import BatchRunner
 from gateway.batch.store import Progress
 from gateway.console.activity import RECENT_CAPACITY
+from gateway.console.page import Asset, load_assets
 from gateway.edge.ops import require_admin
 from gateway.edge.state import AppState
 from gateway.errors import RouteNotFound
 
-STATIC_DIR = Path(__file__).parent / "static"
-_TYPES = {
-    ".html": "text/html; charset=utf-8",
-    ".js": "text/javascript; charset=utf-8",
-    ".css": "text/css; charset=utf-8",
-    ".svg": "image/svg+xml",
-}
 _CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Asset:
-    body: bytes
-    content_type: str
-
-
-def load_assets(directory: Path = STATIC_DIR) -> dict[str, Asset]:
-    """Every servable file under ``directory`` by its relative path; nothing else is."""
-    assets: dict[str, Asset] = {}
-    for path in sorted(directory.rglob("*")):
-        kind = _TYPES.get(path.suffix)
-        if path.is_file() and kind is not None:
-            assets[path.relative_to(directory).as_posix()] = Asset(path.read_bytes(), kind)
-    return assets
 
 
 def _json(payload: Any) -> Response:

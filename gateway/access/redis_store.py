@@ -2,14 +2,14 @@
 
 Each admission and each settlement is ONE Lua script run atomically on the server, with
 the server's own clock (``TIME``), so replicas whose clocks disagree still agree on
-every window. The arithmetic is ``gateway.frontdoor.limits``' (GCRA for rpm and tpm, a
+every window. The arithmetic is ``gateway.access.limits``' (GCRA for rpm and tpm, a
 sorted set of expiring leases for max_parallel, a counter per UTC day for the budget).
 Keys share a hash tag per client key (``llmso:{team-a}:rpm``), so a cluster keeps one
 client key's state on one shard.
 
 ``RedisStore`` owns one ``redis.asyncio`` client (a connection pool) for its lifetime;
 calls time out after ``timeout`` seconds and are never retried here (the caller decides
-what a failure means, see ``gateway.frontdoor.guarded``).
+what a failure means, see ``gateway.access.store``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from gateway.frontdoor.limits import Ask, KeyLimits, Settlement, Verdict, gcra_window
+from gateway.access.limits import Ask, KeyLimits, Settlement, Verdict, gcra_window
 
 # KEYS: rpm tat, tpm tat, lease set, day counter prefix.
 # ARGV: rpm, tpm, max_parallel, tokens_per_day (0 = none), cost, lease, lease ttl, peek.

@@ -7,6 +7,9 @@
 - CORS is off unless ``server.cors_origins`` lists the origin.
 - ``BodyDeadline`` bounds the time a request body may take to arrive (slow-loris).
 
+And the headers the front door reads: the request id and the client key presented
+(``presented_key``; ``gateway.access.keys`` decides whose it is).
+
 ``WebGuard`` is immutable, built once per app from ``server:``.
 """
 
@@ -16,16 +19,12 @@ import asyncio
 import ipaddress
 import re
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
 
 from config.schema import ServerConfig
+from gateway.edge.asgi_types import Message, Receive, Scope
 from gateway.edge.stepping import first_step
-from gateway.frontdoor.errors import HostNotAllowed, RequestTimeout, UnsupportedMediaType
+from gateway.errors import HostNotAllowed, RequestTimeout, UnsupportedMediaType
 from gateway.observe.ids import fresh_hex
-
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 _EXPOSED = (
@@ -39,7 +38,7 @@ _ALLOWED_HEADERS = (
 _REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:@/+=-]{1,128}$")
 
 
-def request_id(scope: MutableMapping[str, Any]) -> str:
+def request_id(scope: Scope) -> str:
     """The client's ``X-Request-Id`` when it is a sane token, else a fresh one."""
     for key, value in scope["headers"]:
         if key == b"x-request-id" and _REQUEST_ID.match(value):
@@ -56,10 +55,26 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def header(scope: MutableMapping[str, Any], name: bytes) -> bytes | None:
+def header(scope: Scope, name: bytes) -> bytes | None:
     for key, value in scope["headers"]:
         if key == name:
             return bytes(value)
+    return None
+
+
+def presented_key(scope: Scope) -> bytes | None:
+    """``Authorization: Bearer``, else Azure's ``api-key``, else Anthropic's ``x-api-key``
+    (what the Anthropic SDKs send)."""
+    auth = header(scope, b"authorization")
+    if auth is not None:
+        scheme, _, value = auth.partition(b" ")
+        if scheme.lower() == b"bearer":
+            return value.strip() or None
+        return None
+    for name in (b"api-key", b"x-api-key"):
+        found = header(scope, name)
+        if found is not None:
+            return found.strip() or None
     return None
 
 
@@ -84,7 +99,7 @@ class WebGuard:
         self.cors = bool(self._origins)
         self.body_timeout = server.body_timeout
 
-    def check_host(self, scope: MutableMapping[str, Any]) -> None:
+    def check_host(self, scope: Scope) -> None:
         if self._hosts is None:
             return
         raw = header(scope, b"host")
@@ -96,7 +111,7 @@ class WebGuard:
         )
 
     @staticmethod
-    def check_json(scope: MutableMapping[str, Any]) -> None:
+    def check_json(scope: Scope) -> None:
         raw = header(scope, b"content-type") or b""
         media = raw.split(b";", 1)[0].strip().lower()
         if media != b"application/json":
@@ -104,7 +119,7 @@ class WebGuard:
                 "request body must be application/json (set Content-Type)", param="content-type"
             )
 
-    def allowed_origin(self, scope: MutableMapping[str, Any]) -> bytes | None:
+    def allowed_origin(self, scope: Scope) -> bytes | None:
         """The ``Access-Control-Allow-Origin`` value for this request, if its origin may call."""
         if not self.cors:
             return None
@@ -115,7 +130,7 @@ class WebGuard:
             return origin
         return None
 
-    def is_preflight(self, scope: MutableMapping[str, Any]) -> bool:
+    def is_preflight(self, scope: Scope) -> bool:
         return (
             self.cors
             and scope["method"] == "OPTIONS"

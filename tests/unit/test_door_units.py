@@ -1,14 +1,16 @@
-"""Small pure pieces of the front door: Host parsing, loopback detection, OpenAI's
-reset-duration format, the prompt estimate and the rate-limit headers."""
+"""Small pure pieces of the front door: Host parsing, loopback detection and the
+presented key (``gateway.edge.web``), OpenAI's reset-duration format, the prompt
+estimate (``gateway.access``) and the rate-limit headers (``gateway.edge.door``)."""
 
 from __future__ import annotations
 
 import pytest
 
 from backends.base import ChatMessage, GenerationRequest, RequestKind, SamplingParams
-from gateway.frontdoor.door import estimate_prompt_tokens, openai_duration, rate_limit_headers
-from gateway.frontdoor.limits import Verdict, Window
-from gateway.frontdoor.web import host_name, is_loopback
+from gateway.access.admission import estimate_prompt_tokens
+from gateway.access.limits import Verdict, Window, openai_duration
+from gateway.edge.door import rate_limit_headers
+from gateway.edge.web import host_name, is_loopback, presented_key
 
 
 @pytest.mark.parametrize(
@@ -29,6 +31,23 @@ def test_host_name(raw: bytes, name: str) -> None:
 def test_is_loopback() -> None:
     assert all(is_loopback(h) for h in ("127.0.0.1", "127.1.2.3", "::1", "[::1]", "localhost"))
     assert not any(is_loopback(h) for h in ("0.0.0.0", "10.0.0.1", "::", "example.com"))
+
+
+@pytest.mark.parametrize(
+    ("headers", "key"),
+    [
+        ([(b"authorization", b"Bearer sk-1 ")], b"sk-1"),
+        ([(b"authorization", b"bearer sk-1")], b"sk-1"),
+        ([(b"authorization", b"Basic abc"), (b"x-api-key", b"sk-2")], None),
+        ([(b"authorization", b"Bearer ")], None),
+        ([(b"api-key", b"sk-3"), (b"x-api-key", b"sk-4")], b"sk-3"),
+        ([(b"x-api-key", b"sk-4")], b"sk-4"),
+        ([(b"host", b"t")], None),
+    ],
+)
+def test_presented_key(headers: list[tuple[bytes, bytes]], key: bytes | None) -> None:
+    """Bearer first (another scheme presents nothing), then Azure's, then Anthropic's."""
+    assert presented_key({"headers": headers}) == key
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import pytest
 
 from config.frontdoor import KeyConfig, hash_key
 from config.loader import ConfigError, load_config
-from gateway.frontdoor.limits import (
+from gateway.access.limits import (
     Ask,
     KeyLimits,
     MemoryStore,

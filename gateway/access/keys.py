@@ -1,6 +1,7 @@
 """Client keys: who is calling, and which models they may use.
 
-``KeyRing`` is immutable and built from ``auth:``; a config reload builds a new one and
+``KeyRing`` identifies the caller from the key it presented (the edge reads it from the
+request's headers). It is immutable and built from ``auth:``; a config reload builds a new one and
 swaps it in whole. It keeps only SHA-256 digests: a presented key is hashed once and
 compared with EVERY stored digest by ``hmac.compare_digest`` (no early exit), so the
 time taken says nothing about which key, or how much of one, matched.
@@ -10,14 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from config.frontdoor import PRIORITY_RANK, AuthConfig
+from gateway.access.limits import KeyLimits
 from gateway.errors import Unauthorized
-from gateway.frontdoor.limits import KeyLimits
-from gateway.frontdoor.web import header
 from gateway.registry import ModelNotFound
 from gateway.registry.routing import CAPABILITY_PREFIX
 
@@ -102,11 +102,11 @@ class KeyRing:
     def clients(self) -> list[Client]:
         return [client for _, client in self._entries]
 
-    def identify(self, scope: MutableMapping[str, Any]) -> Client:
-        """The caller of this request; raises 401 when a key is required and not valid."""
+    def identify(self, presented: bytes | None) -> Client:
+        """The caller who presented this key (``None``: none); raises 401 when a key is
+        required and not valid."""
         if not self.required:
             return OPEN_DOOR
-        presented = presented_key(scope)
         if not presented:
             raise Unauthorized(
                 "You didn't provide an API key. Send it as 'Authorization: Bearer <key>' "
@@ -120,22 +120,6 @@ class KeyRing:
         if found is None:
             raise Unauthorized("Incorrect API key provided.")
         return found
-
-
-def presented_key(scope: MutableMapping[str, Any]) -> bytes | None:
-    """``Authorization: Bearer``, else Azure's ``api-key``, else Anthropic's ``x-api-key``
-    (what the Anthropic SDKs send)."""
-    auth = header(scope, b"authorization")
-    if auth is not None:
-        scheme, _, value = auth.partition(b" ")
-        if scheme.lower() == b"bearer":
-            return value.strip() or None
-        return None
-    for name in (b"api-key", b"x-api-key"):
-        found = header(scope, name)
-        if found is not None:
-            return found.strip() or None
-    return None
 
 
 def allowed_candidates(

@@ -11,7 +11,7 @@ lost release (a crashed gateway) cannot hold a slot forever. ``tokens_per_day`` 
 counter named after the UTC day, so it resets at 00:00 UTC by construction.
 
 An admission is all or nothing: a refused request consumes no allowance. The Redis
-store (``gateway.frontdoor.redis_store``) runs the same arithmetic in one Lua script.
+store (``gateway.access.redis_store``) runs the same arithmetic in one Lua script.
 """
 
 from __future__ import annotations
@@ -100,6 +100,16 @@ def gcra_window(tat: float, now: float, limit: int) -> Window:
     used = max(0.0, tat - now)
     remaining = math.floor((WINDOW - used) * limit / WINDOW + _EPS)
     return Window(limit, max(0, min(limit, remaining)), used)
+
+
+def openai_duration(seconds: float) -> str:
+    """A ``Window.reset`` as OpenAI writes it: ``20ms``, ``1.5s``, ``6m0s``."""
+    if seconds < 1.0:
+        return f"{round(seconds * 1000)}ms"
+    minutes, rest = divmod(seconds, 60.0)
+    if minutes:
+        return f"{int(minutes)}m{round(rest)}s"
+    return f"{round(rest, 3):g}s"
 
 
 def utc_day(now: float) -> str:

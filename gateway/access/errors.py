@@ -1,28 +1,9 @@
-"""The front door's refusals: HTTP-only ``ApiError``s, so the one renderer shows them."""
+"""The refusals of admission: over a rate limit, out of daily quota, or the limit store
+down under ``on_store_error: deny``. ``ApiError``s, so the one renderer shows them."""
 
 from __future__ import annotations
 
 from backends.errors import ApiError
-
-
-class UnsupportedMediaType(ApiError):
-    status = 415
-    error_type = "invalid_request_error"
-    code = "unsupported_media_type"
-
-
-class HostNotAllowed(ApiError):
-    """The ``Host`` header names a host this gateway does not serve (DNS rebinding)."""
-
-    status = 403
-    error_type = "permission_error"
-    code = "host_not_allowed"
-
-
-class RequestTimeout(ApiError):
-    status = 408
-    error_type = "invalid_request_error"
-    code = "request_timeout"
 
 
 class _Retryable(ApiError):

@@ -1,4 +1,6 @@
-"""A limit store behind a timeout and a failure policy.
+"""The limit store: ``open_store`` opens the one ``limits.store`` names (this process's
+``MemoryStore``, or Redis shared by every replica), and ``GuardedStore`` puts it behind a
+timeout and a failure policy.
 
 Every call gets ``timeout`` seconds. A failure (an error or a timeout) marks the store
 down for ``retry_interval`` seconds, during which admissions do not even try it, so a
@@ -19,9 +21,9 @@ from collections.abc import Awaitable
 from typing import Protocol, TypeVar
 
 from config.frontdoor import LimitsConfig
-from gateway.frontdoor.errors import StoreUnavailable
-from gateway.frontdoor.limits import Ask, KeyLimits, MemoryStore, Settlement, Verdict
-from gateway.frontdoor.metrics import KeyMetrics
+from gateway.access.errors import StoreUnavailable
+from gateway.access.limits import Ask, KeyLimits, MemoryStore, Settlement, Verdict
+from gateway.access.metrics import KeyMetrics
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +44,7 @@ class Store(Protocol):
 def open_store(config: LimitsConfig) -> Store:
     if config.store == "memory":
         return MemoryStore(lease_ttl=config.lease_ttl)
-    from gateway.frontdoor.redis_store import RedisStore
+    from gateway.access.redis_store import RedisStore
 
     return RedisStore(
         config.store,

@@ -1,4 +1,4 @@
-"""``GET /admin/usage``: per client key, what it used and where it stands.
+"""What each client key used and where it stands: the body of ``GET /admin/usage``.
 
 ``requests`` and ``tokens`` are this process's tallies since it started (per replica,
 like its Prometheus counters); ``today`` and ``state`` come from the limit store, so
@@ -10,25 +10,17 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fastapi import APIRouter, Request
-from starlette.responses import Response
-
-from gateway.edge.ops import json_response, require_admin
-from gateway.frontdoor.door import openai_duration
-from gateway.frontdoor.keys import Client
-from gateway.frontdoor.limits import Verdict, Window, seconds_to_midnight
-
-router = APIRouter()
+from gateway.access.admission import Admission
+from gateway.access.keys import Client
+from gateway.access.limits import Verdict, Window, openai_duration, seconds_to_midnight
 
 
-@router.get("/admin/usage")
-async def admin_usage(request: Request) -> Response:
-    state = require_admin(request, read_only=True)
-    door = state.frontdoor
-    metrics = door.key_metrics
+async def usage_report(admission: Admission) -> dict[str, Any]:
+    metrics = admission.key_metrics
     keys = []
-    for client in door.keys.clients():
-        verdict = await door.store.peek(client.name, client.limits) if client.limited else None
+    for client in admission.keys.clients():
+        limited = client.limited
+        verdict = await admission.store.peek(client.name, client.limits) if limited else None
         keys.append(
             {
                 "name": client.name,
@@ -45,13 +37,11 @@ async def admin_usage(request: Request) -> Response:
                 **_shared_state(client, verdict),
             }
         )
-    return json_response(
-        {
-            "auth_required": door.keys.required,
-            "store": {"kind": door.store.kind, "up": door.store.up},
-            "keys": keys,
-        }
-    )
+    return {
+        "auth_required": admission.keys.required,
+        "store": {"kind": admission.store.kind, "up": admission.store.up},
+        "keys": keys,
+    }
 
 
 def _shared_state(client: Client, verdict: Verdict | None) -> dict[str, Any]:
