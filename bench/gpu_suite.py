@@ -1,7 +1,8 @@
 """The models suite on a CUDA machine: the hf continuous engine vs vLLM (CUDA) vs transformers.
 
-Run by ``make bench-gpu`` (``scripts/bench_gpu.sh`` builds the two CUDA virtualenvs it
-needs: ``.venv-gpu`` for the gateway and the reference, ``.venv-vllm-cuda`` for vLLM).
+``llmso bench suite gpu``, run by ``make bench-gpu`` through ``bench/gpu.sh`` (which builds
+the two CUDA virtualenvs it needs: ``.venv-gpu`` for the gateway and the reference,
+``.venv-vllm-cuda`` for vLLM).
 Unlike the CPU suite, vLLM keeps its CUDA graphs (no ``--enforce-eager``): the peer runs
 as it would be deployed. Prefix caching is off on both sides (the prompts repeat across
 levels); one more level, c = 64.

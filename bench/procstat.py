@@ -70,20 +70,6 @@ def group_cpu_seconds(pgid: int) -> float | None:
     return None if split is None else split[0] + split[1]
 
 
-def group_context_switches(pgid: int) -> int:
-    """Voluntary and involuntary context switches of every thread in process group ``pgid``."""
-    total = 0
-    for entry, _ in _group_members(pgid):
-        try:
-            for task in (entry / "task").iterdir():
-                for line in (task / "status").read_text().splitlines():
-                    if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
-                        total += int(line.split()[1])
-        except OSError:
-            continue  # exited while we looked
-    return total
-
-
 class CpuWindow:
     """CPU seconds a server spends between ``start()`` (called by ``run_level`` after the
     warm-up) and ``seconds()``; ``read`` gives its running total, ``None`` if unknown."""

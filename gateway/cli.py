@@ -85,7 +85,7 @@ def _prepare_models(config: AppConfig) -> int:
 
 def served_app(config: AppConfig, settings: Settings, bind_host: str) -> CloseWhileDraining:
     """The ASGI app ``llmso serve`` runs: the gateway of ``config``, answering with
-    ``Connection: close`` while it drains (also what ``bench.granian_probe`` serves)."""
+    ``Connection: close`` while it drains."""
     from gateway.app import build_app
     from gateway.edge.drain import CloseWhileDraining
 

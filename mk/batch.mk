@@ -10,4 +10,4 @@ BATCH_DRILL_OUT ?= docs/benchmarks/batch/drill.json
 .PHONY: batch-drill
 
 batch-drill: setup
-	$(PY) -m tests.e2e.batch_drill $(BATCH_DRILL_ARGS) --json $(BATCH_DRILL_OUT)
+	$(PY) -m tests.drills.batch_drill $(BATCH_DRILL_ARGS) --json $(BATCH_DRILL_OUT)

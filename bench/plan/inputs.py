@@ -3,7 +3,7 @@
 - A **curve** is one system's closed-loop levels from ``llmso bench`` result files
   (``results.json``): per concurrency level the throughput and every measured request's
   TTFT, E2E, prompt and output tokens and inter-chunk gaps, kept as samples (the engine
-  model in ``bench.plan.engine`` is fitted to them).
+  model in ``bench.plan.simulator`` is fitted to them).
 - The **profile** (YAML) says, per model, which measured system serves it, its request
   rate (one Poisson rate or 24 hourly rates), its tokens, the SLOs and the prices.
 - **Cold starts** come from a Prometheus scrape of the gateway (``llmso_model_load_seconds``

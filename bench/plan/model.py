@@ -1,6 +1,6 @@
 """One replica's predicted latency at a Poisson rate: the fitted engine, simulated.
 
-``predict`` fits the engine's step times to the measured curve (``bench.plan.engine``),
+``predict`` fits the engine's step times to the measured curve (``bench.plan.simulator``),
 simulates 4,000 requests at ``rate`` (after 200 of warm-up, fixed seed: the same inputs
 always give the same plan) and reads the p95s from the simulated distribution. Capacity
 is measured, not simulated: Little's law on the closed-loop level ``max_num_seqs``,
@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bench.plan.engine import EngineModel, fit_engine, replay, simulate
 from bench.plan.inputs import Curve
+from bench.plan.simulator import EngineModel, fit_engine, replay, simulate
 from bench.stats import percentile
 
 SIMULATED_REQUESTS = 4000

@@ -36,7 +36,7 @@ ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 @pytest.fixture(scope="module")
 def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     pytest.importorskip("peft")
-    from bench.lora import random_adapter
+    from tests.tools.lora_adapters import random_adapter
 
     folder = tmp_path_factory.mktemp("lora")
     base = model_folder()

@@ -1,7 +1,7 @@
 """Mid-stream failover with real engines, short: two llama.cpp replicas, two greedy
 chat streams of 60 tokens whose serving replica is SIGKILLed at a random point, one
 whose replica slips garbage into its stream, and one broken right after a delta that
-tokenises otherwise when sent back as text (``tests/e2e/failover_drill.py``; ``make
+tokenises otherwise when sent back as text (``tests/drills/failover_drill.py``; ``make
 failover-trials`` runs 50 + 10 of 200 tokens, ``make failover-seams`` every such cut).
 Each must end with ``[DONE]``, its text up to the seam the uninterrupted answer's, the
 rest the engine's own greedy continuation of what was delivered (a garbled one may
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.failover_drill import run, summary
+from tests.drills.failover_drill import run, summary
 from tests.tools.engines import require_engine
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine("llamacpp"), pytest.mark.slow]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.lm_eval_drill import HF_CONFIG, MODEL, direct_scores, run_lm_eval
+from tests.drills.lm_eval_drill import HF_CONFIG, MODEL, direct_scores, run_lm_eval
 from tests.tools.engines import model_folder, require_engine
 from tests.tools.servers import gateway
 

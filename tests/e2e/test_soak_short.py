@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e import soak
+from tests.drills import soak
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -22,9 +22,9 @@ import pytest
 from backends.base import AdapterSpec, InvalidRequest
 from backends.hf.backend import HFBackend
 from backends.hf.loader import ModelLoadError
-from bench.lora import random_adapter
 from tests.hf import tiny
 from tests.hf.helpers import RecordingObserver, collect, completion, config
+from tests.tools.lora_adapters import random_adapter
 
 pytest.importorskip("peft")
 

@@ -164,34 +164,3 @@ def test_hf_systems_count_as_started_only_when_ready() -> None:
     spec = models_suite(ROOT, "/models/smol", quick=False)
     hf = [s for s in spec.systems if s.label.startswith("llmso-hf-")]
     assert hf and all(s.health_url == "http://127.0.0.1:{port}/ready" for s in hf)
-
-
-def test_lora_bench_serves_the_same_adapters_from_both_systems() -> None:
-    import argparse
-
-    from bench.lora import plans, served_systems, vllm_lora_rank
-
-    adapters = {f"adapter-{n}": Path(f"/tmp/lora dir/adapter-{n}") for n in range(3)}
-    args = argparse.Namespace(concurrency=4, rank=4)
-    llmso, vllm = served_systems(ROOT, "/models/smol", adapters, args)
-    content = next(iter(llmso.files.values()))
-    model = AppConfig.model_validate(yaml.safe_load(fill(content, VALUES))).models[0]
-    assert isinstance(model, HFModelConfig)
-    assert [(a.name, a.source) for a in model.adapters] == [
-        (name, str(path)) for name, path in adapters.items()
-    ]
-    # Every adapter resident (none evicted), both engines batch 16, no prefix cache.
-    assert (model.max_loras, model.max_lora_rank, model.max_num_seqs) == (3, 4, 16)
-    assert not model.prefix_caching
-    command = vllm.command
-    lora = command[command.index("--lora-modules") + 1 :]
-    assert lora == tuple(f"{name}={path}" for name, path in adapters.items())
-    # vLLM takes only some ranks: rank 4 needs its smallest, 8.
-    assert command[command.index("--max-lora-rank") + 1] == "8"
-    assert command[command.index("--max-loras") + 1] == "3"
-    assert command[command.index("--max-num-seqs") + 1] == "16"
-    assert "--enable-lora" in command and "--no-enable-prefix-caching" in command
-    assert [vllm_lora_rank(r) for r in (1, 2, 16, 17)] == [1, 8, 16, 32]
-    plan = plans(list(adapters), 5, "smollm2")
-    assert plan["base"] == ["smollm2"] * 5
-    assert plan["mixed"] == ["adapter-0", "adapter-1", "adapter-2", "adapter-0", "adapter-1"]

@@ -12,10 +12,10 @@ import pytest
 
 from bench.plan.cli import bootstrap_p95
 from bench.plan.cli import main as plan_main
-from bench.plan.engine import EngineModel, fit_engine, simulate
 from bench.plan.inputs import Curve, Level, ModelProfile, Prices, Slo, load_cold_starts
 from bench.plan.model import predict
 from bench.plan.recommend import recommend
+from bench.plan.simulator import EngineModel, fit_engine, simulate
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,8 +12,8 @@ import pytest
 
 from bench.client import RequestResult
 from bench.plan.cli import replayed_p95s
-from bench.plan.engine import EngineModel, fit_engine, replay, simulate
 from bench.plan.inputs import Curve, Level, ModelProfile
+from bench.plan.simulator import EngineModel, fit_engine, replay, simulate
 
 
 def _engine(jitter: tuple[float, ...] = (1.0,)) -> EngineModel:

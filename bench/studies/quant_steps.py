@@ -1,12 +1,12 @@
 """``make bench-quant-steps``: where a quantized step's time goes, in process.
 
-    python -m bench.quant_steps --out docs/benchmarks/quant_shapes/steps
+    python -m bench.studies.quant_steps --out docs/benchmarks/quant_shapes/steps
         (--model <folder> | --shape llama-3.2-1b --tokenizer-from <SmolLM2 folder>)
         [--models-dir .models/shaped] [--settings none,int4] [--rows 1,4,16,64]
         [--prefill 128,512]
 
 Per weight setting, on one loaded model (no server): the median time of a decode step
-with 1/4/16/64 rows at context ~64 (``bench.quant_accuracy.step_times``), and the best of
+with 1/4/16/64 rows at context ~64 (``bench.studies.quant_accuracy.step_times``), and the best of
 three prefills of one 128- and one 512-token chunk; then the multiply-accumulates per
 second each implies (parameters x rows / step time). A decode step at one row is bound
 by the bytes it reads; at sixteen rows on two cores it is bound by arithmetic, which a
@@ -31,8 +31,8 @@ from backends.hf.runner import DecoderRunner
 from backends.hf.slot_attention import PrefillChunk
 from bench.cli import positive_ints
 from bench.machine import machine_info
-from bench.quant_accuracy import step_times
-from bench.shapes import SHAPES, write_shaped
+from bench.studies.quant_accuracy import step_times
+from bench.studies.shapes import SHAPES, write_shaped
 from config.schema import HFModelConfig
 
 
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         shape = SHAPES[args.shape]
         model = str(write_shaped(shape, args.models_dir / shape.name, Path(args.tokenizer_from)))
     meta = {
-        "command": " ".join(["python -m bench.quant_steps", *sys.argv[1:]]),
+        "command": " ".join(["python -m bench.studies.quant_steps", *sys.argv[1:]]),
         "model": args.shape or model,
         "machine": machine_info(),
         "threads": torch.get_num_threads(),

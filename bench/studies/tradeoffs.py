@@ -1,6 +1,6 @@
 """The cheap measurements behind ``docs/tradeoffs.md``, on the hf default model.
 
-    python -m bench.tradeoffs --out DIR [--root .]
+    python -m bench.studies.tradeoffs --out DIR [--root .]
 
 Starts gateways as subprocesses (``bench.systems``), one after another:
 
@@ -33,7 +33,7 @@ from bench.machine import machine_info
 from bench.systems import ManagedProcess, free_port
 
 MODEL = "smollm2"
-LLMSO = str(Path(__file__).resolve().parents[1] / ".venv/bin/llmso")
+LLMSO = str(Path(__file__).resolve().parents[2] / ".venv/bin/llmso")
 _LOAD_SUM = re.compile(r'^llmso_model_load_seconds_sum\{model="smollm2"\}\s+(\S+)', re.M)
 
 
@@ -143,7 +143,7 @@ async def _main(out: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.tradeoffs", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.studies.tradeoffs", description=__doc__)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     asyncio.run(_main(args.out))

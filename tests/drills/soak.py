@@ -2,7 +2,7 @@
 while a chaos loop kills and restarts upstream replicas, restarts Redis, edits the config
 and sends SIGHUP, and clients drop their connections.
 
-    python -m tests.e2e.soak --duration 3600 [--warmup 120] [--concurrency 8]
+    python -m tests.drills.soak --duration 3600 [--warmup 120] [--concurrency 8]
         [--chaos-interval 20] [--report docs/soak/REPORT.md] [--label "60-minute run"]
 
 Upstreams: two fake OpenAI replicas (``bench.fake_upstream``, ``engine: vllm``, so a

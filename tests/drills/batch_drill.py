@@ -12,7 +12,7 @@ official ``openai`` SDK.
    TTFT p95 with the batch <= 1.2x without it, the batch completing >= 50 % of what it
    completes alone.
 
-    python -m tests.e2e.batch_drill [--lines 500] [--window 60] [--out DIR]
+    python -m tests.drills.batch_drill [--lines 500] [--window 60] [--out DIR]
 
 ``make batch-drill`` runs it with the defaults and writes ``docs/benchmarks/batch/``;
 ``tests/e2e/test_batch_hf.py`` runs a 12-line kill inside ``make test``.

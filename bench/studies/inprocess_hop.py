@@ -1,13 +1,14 @@
 """The gateway's own CPU per streamed chat request, in process, without sockets.
 
-One app built by ``build_app`` with a scripted backend (16 text deltas), driven through
-its ASGI callable with a 16-token streamed chat body: the front door, parse, admission,
-service, SSE frames and request record run as in ``llmso serve``; the server, the
-upstream client and the kernel do not. Process CPU per request after a warm-up, so an
-A/B of two trees (``PYTHONPATH=TREE python -m bench.inprocess_hop``, alternated) sees
-changes to the gateway's Python that the overhead suite's loopback noise hides::
+One app built by ``build_app`` with the tests' ``FakeBackend`` (``tests/tools``, here 16
+text deltas at once), driven through its ASGI callable with a 16-token streamed chat
+body: the front door, parse, admission, service, SSE frames and request record run as in
+``llmso serve``; the server, the upstream client and the kernel do not. Process CPU per
+request after a warm-up, so an A/B of two trees (``PYTHONPATH=TREE python -m
+bench.studies.inprocess_hop``, alternated) sees changes to the gateway's Python that the
+overhead suite's loopback noise hides. Run from a checkout (it imports ``tests.tools``)::
 
-    python -m bench.inprocess_hop --requests 3000
+    python -m bench.studies.inprocess_hop --requests 3000
 """
 
 from __future__ import annotations
@@ -16,31 +17,26 @@ import argparse
 import asyncio
 import gc
 import time
-from collections.abc import AsyncIterator, MutableMapping
+from collections.abc import MutableMapping
 from typing import Any
 
 import orjson
 
-from backends.base import (
-    BackendEvent,
-    Finished,
-    GenerationRequest,
-    ModelInfo,
-    Started,
-    TextDelta,
-    Usage,
-)
-from config.schema import AppConfig, ModelConfig
+from config.schema import AppConfig
 from gateway.app import build_app
+from tests.tools.fake_backend import FakeBackend
 
+# The test double echoes the prompt's words: 20 words, cut to 16 deltas by max_tokens.
+PROMPT = " ".join(["w"] * 20)
 BODY = orjson.dumps(
     {
         "model": "m",
-        "messages": [{"role": "user", "content": "hi"}],
+        "messages": [{"role": "user", "content": PROMPT}],
         "stream": True,
         "max_tokens": 16,
     }
 )
+DATA_FRAMES = 1 + 16 + 1 + 1  # the role, 16 deltas, the finish reason, [DONE]
 HEADERS = [
     (b"host", b"127.0.0.1"),
     (b"content-type", b"application/json"),
@@ -48,38 +44,14 @@ HEADERS = [
 ]
 
 
-class Scripted:
-    """A backend answering every request with the same 16 deltas, at once."""
-
-    def __init__(self, config: ModelConfig) -> None:
-        self.name = config.name
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-    async def ready(self) -> bool:
-        return True
-
-    def info(self) -> ModelInfo:
-        return ModelInfo(max_context=4096)
-
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
-        yield Started(queued_at=request.arrival_time, started_at=request.arrival_time)
-        for _ in range(16):
-            yield TextDelta(index=0, text=" w")
-        yield Finished(index=0, reason="length")
-        yield Usage(prompt_tokens=5, completion_tokens=16)
-
-
 async def measure(requests: int, warmup: int = 300) -> float:
     """Microseconds of process CPU per streamed request."""
     config = AppConfig.model_validate(
         {"models": [{"name": "m", "backend": "openai", "base_url": "http://unused"}]}
     )
-    app = build_app(config, backend_factory=lambda model, _crash: Scripted(model))
+    app = build_app(config, backend_factory=lambda model, crash: FakeBackend(model, on_crash=crash))
 
-    async def one() -> None:
+    async def one() -> list[MutableMapping[str, Any]]:
         sent: list[MutableMapping[str, Any]] = []
 
         async def receive() -> MutableMapping[str, Any]:
@@ -99,8 +71,12 @@ async def measure(requests: int, warmup: int = 300) -> float:
         await app(scope, receive, send)
         if sent[0].get("status") != 200:
             raise RuntimeError(f"the gateway answered {sent[0]}")
+        return sent
 
     async with app.lifespan():
+        body = b"".join(message.get("body", b"") for message in await one())
+        if body.count(b"data: ") != DATA_FRAMES or b"data: [DONE]" not in body:
+            raise RuntimeError(f"not a {DATA_FRAMES}-frame stream: {body[:500]!r}")
         for _ in range(warmup):
             await one()
         gc.collect()
@@ -117,8 +93,10 @@ async def measure(requests: int, warmup: int = 300) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--warmup", type=int, default=300, help="Requests before measuring.")
     args = parser.parse_args(argv)
-    print(f"{asyncio.run(measure(args.requests)):.1f} us CPU per streamed request")
+    per_request_us = asyncio.run(measure(args.requests, args.warmup))
+    print(f"{per_request_us:.1f} us CPU per streamed request")
     return 0
 
 

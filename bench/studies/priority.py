@@ -1,6 +1,6 @@
 """Priorities under overload: high-priority TTFT with and without a 2x overload.
 
-    python -m bench.priority [--out FILE.json] [--probes 12] [--max-num-seqs 4]
+    python -m bench.studies.priority [--out FILE.json] [--probes 12] [--max-num-seqs 4]
 
 Starts ``llmso serve`` on a free port with the hf backend (SmolLM2-135M) and two client
 keys, ``high`` (priority high) and ``low`` (priority low), then measures the time to the
@@ -184,7 +184,7 @@ async def measure(url: str, probes: int, max_num_seqs: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.priority", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.studies.priority", description=__doc__)
     parser.add_argument("--out", type=Path, help="Write the numbers here as JSON.")
     parser.add_argument("--probes", type=int, default=12)
     parser.add_argument("--max-num-seqs", type=int, default=4)

@@ -1,6 +1,6 @@
 """``make bench-shapes``: the hf engine and vLLM-CPU at the sizes people run on CPU.
 
-    python -m bench.shapes --out docs/benchmarks/shapes [--shapes qwen2.5-0.5b,llama-3.2-1b]
+    python -m bench.studies.shapes --out docs/benchmarks/shapes [--shapes qwen2.5-0.5b,llama-3.2-1b]
         [--concurrency 1,4,16] [--models-dir .models/shaped] [--no-vllm] [--quick]
         [--quantization int8,int4] [--llamacpp q8_0,q4_1] [--llamacpp-venv V]
         [--gguf-convert-venv V]
@@ -21,13 +21,13 @@ Each shape runs the ``models`` suite's two engines (``llmso-hf-continuous`` with
 shipped defaults and ``vllm-cpu``), alternating per level, then writes ``bandwidth.md``:
 bytes read per decode step at c = 1 (weights + KV at the mean context) divided by the
 measured time per output token, beside a read probe run in the same process before and
-after (``bench.read_probe``), the machine's limit for a memory-bound decode.
+after (``bench.studies.read_probe``), the machine's limit for a memory-bound decode.
 
 ``--quantization int8,int4`` adds the hf engine at each named weight-only setting
 (``llmso-hf-int8``, ``llmso-hf-int4``; the shipped defaults otherwise), its bytes per step
 counted at that setting's storage. ``--llamacpp q8_0,q4_1`` adds llama.cpp's server (the
 venv given, one request at a time) on GGUFs of the same folder made by llama.cpp's own
-converter and quantizer (``bench.llamacpp_gguf``), its bytes per step the file's size.
+converter and quantizer (``bench.studies.llamacpp_gguf``), its bytes per step the file's size.
 """
 
 from __future__ import annotations
@@ -48,17 +48,17 @@ from typing import Any
 from backends.hf.quantization import NONE, uniform
 from bench.cli import positive_ints
 from bench.compare import run_compare
-from bench.llamacpp_gguf import ggufs
-from bench.quant_serve import (
+from bench.report import RunRecord
+from bench.spec import CompareSpec
+from bench.studies.llamacpp_gguf import ggufs
+from bench.studies.quant_serve import (
     GROUP,
     decode_context,
     llamacpp_note,
     llamacpp_system,
     step_weight_bytes,
 )
-from bench.read_probe import ReadProbe, decode_step_bytes, probe_read_bandwidth
-from bench.report import RunRecord
-from bench.spec import CompareSpec
+from bench.studies.read_probe import ReadProbe, decode_step_bytes, probe_read_bandwidth
 from bench.suites import models_suite
 
 log = logging.getLogger(__name__)
@@ -282,7 +282,7 @@ def _run_shape(args: argparse.Namespace, shape: Shape, root: Path) -> int:
     spec = _with_llamacpp(spec, args, files)
     work = Path(tempfile.mkdtemp(prefix=f"llmso-shapes-{shape.name}-"))
     log.info("%s: model %s, scratch %s", shape.name, folder, work)
-    meta = {"command": " ".join(["python -m bench.shapes", *sys.argv[1:]])}
+    meta = {"command": " ".join(["python -m bench.studies.shapes", *sys.argv[1:]])}
     records = asyncio.run(run_compare(spec, out, work, meta))
     after = probe_read_bandwidth(threads)
     probes = (before, after)
