@@ -20,11 +20,11 @@ from pathlib import Path
 
 import torch
 
-from backends.hf.loader import load
-from backends.hf.own_thread import call_in_own_thread
-from backends.hf.runner import DecoderRunner
-from backends.hf.slot_attention import PrefillChunk
-from backends.hf.threads import StepThreads
+from backends.hf.loading.load_thread import call_in_own_thread
+from backends.hf.loading.loader import load
+from backends.hf.model.packed_runner import DecoderRunner
+from backends.hf.model.slot_attention import PrefillChunk
+from backends.hf.model.step_threads import StepThreads
 from config.schema import HFModelConfig
 
 _TICK = os.sysconf("SC_CLK_TCK")
