@@ -2,8 +2,9 @@
 
 Ownership: the engine thread owns the model, tokenizer, runner (and its KV cache), the
 waiting/prefilling/decoding sets and every ``RequestState``. Other threads talk to it
-only through ``inbox`` (bounded, submissions) and ``aborts`` (client left), and it talks
-back only through ``post`` — called once per step with all of that step's events, which
+only through ``inbox`` (bounded, submissions), ``aborts`` (client left) and
+``between_steps`` (changes to the runner: a new LoRA bank), and it talks back only
+through ``post`` — called once per step with all of that step's events, which
 the backend forwards with a single ``loop.call_soon_threadsafe``. Each event carries its
 request's own sink, so no token can reach the wrong client.
 
