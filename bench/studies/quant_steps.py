@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
-from backends.hf.backend import quant_plan
-from backends.hf.loader import load
-from backends.hf.runner import DecoderRunner
-from backends.hf.slot_attention import PrefillChunk
+from backends.hf.loading.loader import load
+from backends.hf.loading.quantization import quant_plan
+from backends.hf.model.packed_runner import DecoderRunner
+from backends.hf.model.slot_attention import PrefillChunk
 from bench.cli import positive_ints
 from bench.machine import machine_info
 from bench.studies.quant_accuracy import step_times

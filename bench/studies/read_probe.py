@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from backends.hf.memory import kv_bytes_per_token, tensor_bytes
+from backends.hf.loading.memory_estimate import kv_bytes_per_token, tensor_bytes
 
 _EMBED_NAMES = ("model.embed_tokens.weight", "transformer.wte.weight")
 

@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from backends.hf.quantization import NONE, uniform
+from backends.hf.loading.quantization import NONE, uniform
 from bench.cli import positive_ints
 from bench.compare import run_compare
 from bench.report import RunRecord

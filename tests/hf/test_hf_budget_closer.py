@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from backends.base import ResponseFormat, ToolChoice, ToolSpec
-from backends.hf.grammar import Constraint, GrammarBook, check_budget, new_matcher
+from backends.hf.constrained.grammar import Constraint, GrammarBook, check_budget, new_matcher
 from backends.process_wide import exclusive
 from tests.hf.helpers import chat, model_path
 

@@ -9,10 +9,10 @@ import threading
 import torch
 import torch._dynamo.utils
 
-from backends.hf.loader import load
-from backends.hf.runner import DecoderRunner
-from backends.hf.slot_attention import PrefillChunk
-from backends.hf.threads import StepThreads
+from backends.hf.loading.loader import load
+from backends.hf.model.packed_runner import DecoderRunner
+from backends.hf.model.slot_attention import PrefillChunk
+from backends.hf.model.step_threads import StepThreads
 from tests.hf.helpers import config
 
 

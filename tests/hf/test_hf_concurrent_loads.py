@@ -19,7 +19,7 @@ import torch
 
 from backends.embeddings import EmbeddingRequest
 from backends.hf.backend import HFBackend
-from backends.hf.embedding import HFEmbeddingBackend
+from backends.hf.embedding.backend import HFEmbeddingBackend
 from tests.hf.helpers import REPO, chat, collect, config
 
 pytestmark = pytest.mark.slow
@@ -104,7 +104,7 @@ def test_importing_the_product_imports_no_transformers() -> None:
     racing a load in progress (``ImportError: cannot import name ...``)."""
     probe = (
         "import sys\n"
-        "import backends.factory, backends.hf.backend, backends.hf.embedding\n"
+        "import backends.factory, backends.hf.backend, backends.hf.embedding.backend\n"
         "import backends.triton.backend, backends.process.backend, gateway.app, gateway.cli\n"
         "loaded = sorted(m for m in ('transformers', 'xgrammar', 'sentence_transformers')"
         " if m in sys.modules)\n"

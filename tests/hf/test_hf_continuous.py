@@ -16,7 +16,11 @@ import pytest
 
 from backends.base import ContextLengthExceeded, TextDelta
 from backends.hf.backend import HFBackend
-from backends.hf.memory import estimate_memory_bytes, kv_bytes_per_token, weights_bytes
+from backends.hf.loading.memory_estimate import (
+    estimate_memory_bytes,
+    kv_bytes_per_token,
+    weights_bytes,
+)
 from tests.hf.engine_contract import EngineContract
 from tests.hf.helpers import RecordingObserver, chat, collect, completion, config, model_path
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from backends.hf.loader import load
-from backends.hf.runner import DecoderRunner
-from backends.hf.slot_attention import PrefillChunk
+from backends.hf.loading.loader import load
+from backends.hf.model.packed_runner import DecoderRunner
+from backends.hf.model.slot_attention import PrefillChunk
 from tests.hf.helpers import config
 
 

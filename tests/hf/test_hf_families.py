@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from backends.hf.backend import HFBackend
-from backends.hf.runner import DecoderRunner
+from backends.hf.model.packed_runner import DecoderRunner
 from tests.hf import tiny
 from tests.hf.helpers import RecordingObserver, collect, completion, config
 
@@ -34,7 +34,7 @@ async def test_family_equals_transformers_generate(family: str, tmp_path: Path) 
     backend = HFBackend(config(source=str(folder), max_num_seqs=4), observer)
     await backend.start()
     try:
-        assert backend.scheduling == "continuous"
+        assert backend.info().extra["scheduling"] == "continuous"
         path = "packed" if family in tiny.FAMILIES else "generic"
         assert backend.info().extra["runner"].startswith(path)
 

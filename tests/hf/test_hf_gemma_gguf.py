@@ -65,7 +65,7 @@ def _llama_cpp(gguf: Path) -> list[str]:
 
 @pytest.mark.skipif(not LLAMA_CPP.exists(), reason="llama.cpp venv (.venv-llamacpp) not built")
 async def test_greedy_text_starts_as_llama_cpp(backend: HFBackend) -> None:
-    from backends.hf.model_source import assembled_gguf, default_cache_dir
+    from backends.hf.loading.model_source import assembled_gguf, default_cache_dir
 
     gguf = assembled_gguf(SOURCE.removeprefix("package:"), default_cache_dir())
     assert gguf is not None

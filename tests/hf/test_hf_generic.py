@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from backends.hf.backend import HFBackend
-from backends.hf.loader import ModelLoadError
+from backends.hf.loading.loader import ModelLoadError
 from tests.hf import tiny
 from tests.hf.helpers import RecordingObserver, collect, completion, config
 

@@ -21,7 +21,7 @@ import pytest
 
 from backends.base import AdapterSpec, InvalidRequest
 from backends.hf.backend import HFBackend
-from backends.hf.loader import ModelLoadError
+from backends.hf.loading.loader import ModelLoadError
 from tests.hf import tiny
 from tests.hf.helpers import RecordingObserver, collect, completion, config
 from tests.tools.lora_adapters import random_adapter
@@ -314,7 +314,7 @@ async def test_more_adapters_than_slots_load_on_demand_and_evict_the_least_recen
     assert len(set(expected.values())) == 3
     backend = HFBackend(adapters_config(folder, adapters, max_loras=2))
     await backend.start()
-    pool = backend._pool
+    pool = backend._parts.adapters if backend._parts is not None else None
     assert pool is not None
     try:
         assert pool.resident() == ("a", "b")

@@ -20,9 +20,9 @@ from pydantic import ValidationError
 
 from backends.base import ChatMessage, ResponseFormat, TextDelta
 from backends.hf.backend import HFBackend
-from backends.hf.linears import Int4, Int8, make_linear
-from backends.hf.model_source import gguf_behind
-from backends.hf.quantization import from_gguf
+from backends.hf.loading.model_source import gguf_behind
+from backends.hf.loading.quantization import from_gguf
+from backends.hf.model.linears import Int4, Int8, make_linear
 from tests.hf.helpers import RecordingObserver, chat, collect, completion, config
 
 SHARED = "You are a careful assistant who answers in one short sentence. " * 3

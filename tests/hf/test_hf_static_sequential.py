@@ -11,7 +11,8 @@ import pytest
 from backends.base import BackendCrashed, TextDelta
 from backends.errors import StepFailed
 from backends.hf.backend import HFBackend
-from backends.hf.engine import MAX_FAILED_STEPS
+from backends.hf.engine.engine import MAX_FAILED_STEPS
+from backends.hf.model.packed_runner import DecoderRunner
 from tests.hf.helpers import RecordingObserver, collect, completion, config
 
 PROMPTS = [
@@ -104,13 +105,10 @@ async def test_engine_crash_fails_requests_and_reports(sequential: HFBackend) ->
 
 def _break_runner(backend: HFBackend) -> None:
     """Make the next forward raise, as a real fault inside torch would."""
-    engine = backend._engine
-    assert engine is not None
-    policy_factory = engine._policy_factory
-    cells = getattr(policy_factory, "__closure__", None) or ()
-    runner = next(
-        c.cell_contents for c in cells if type(c.cell_contents).__name__ == "DecoderRunner"
-    )
+    parts = backend._parts
+    assert parts is not None
+    runner = parts.runner
+    assert isinstance(runner, DecoderRunner)
 
     def boom(*args: object, **kwargs: object) -> None:
         raise RuntimeError("injected fault")

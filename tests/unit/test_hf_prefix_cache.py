@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from prometheus_client import CollectorRegistry
 
-from backends.hf.kv_cache import SlotKVCache
-from backends.hf.prefix_cache import PrefixCache
+from backends.hf.model.kv_cache import SlotKVCache
+from backends.hf.model.prefix_cache import PrefixCache
 from backends.hop_metrics import BackendMetrics
 
 BS = 4

@@ -13,11 +13,11 @@ import random
 import torch
 
 from backends.base import GenerationRequest, RequestKind, SamplingParams, TextDelta
-from backends.hf.detokenizer import TokenTable
-from backends.hf.outputs import StepOutputs
-from backends.hf.scheduler import ContinuousScheduler
-from backends.hf.sequence import RequestState, make_choices
-from backends.hf.slot_attention import PrefillChunk
+from backends.hf.engine.detokenizer import TokenTable
+from backends.hf.engine.outputs import StepOutputs
+from backends.hf.engine.scheduler import ContinuousScheduler
+from backends.hf.engine.sequence import RequestState, make_choices
+from backends.hf.model.slot_attention import PrefillChunk
 
 VOCAB = 50
 EOS = 0

@@ -7,8 +7,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from backends.hf.own_thread import call_in_own_thread
-from backends.hf.threads import StepThreads, as_step
+from backends.hf.loading.load_thread import call_in_own_thread
+from backends.hf.model.step_threads import StepThreads, as_step
 from config.schema import HFModelConfig
 
 

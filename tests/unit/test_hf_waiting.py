@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from backends.hf.outputs import StepOutputs
-from backends.hf.sequence import RequestState
-from backends.hf.waiting import AGING, WaitingQueue, shed_limit
+from backends.hf.engine.outputs import StepOutputs
+from backends.hf.engine.sequence import RequestState
+from backends.hf.engine.waiting import AGING, WaitingQueue, shed_limit
 from tests.unit.test_hf_scheduler import _scheduler, _state
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from backends.factory import memory_estimate
-from backends.hf.memory import weights_bytes
+from backends.hf.loading.memory_estimate import weights_bytes
 from config.schema import HFModelConfig
 from gateway.registry import ModelNotFound, ModelState
 from gateway.registry.diff import diff_configs

@@ -8,8 +8,9 @@ ids a padded row would see its prompt at shifted RoPE positions and decode diffe
 from the same prompt alone. The batch decodes step by step (events stream every step,
 aborts apply between steps) until every row has finished; nothing joins meanwhile.
 
-This path works for any ``AutoModelForCausalLM`` and is the fallback for model types
-that ``DecoderRunner`` does not cover. Owner: the engine thread.
+This path works for any ``AutoModelForCausalLM``; it runs only when ``scheduling: static``
+is configured (a model type the packed ``DecoderRunner`` does not cover falls back to the
+``ModuleRunner``, not here). Owner: the engine thread.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from backends.hf.detokenizer import TokenTable
-from backends.hf.outputs import StepOutputs, accept_token, emit_started
-from backends.hf.sampler import sample
-from backends.hf.sequence import Choice, RequestState
+from backends.hf.engine.detokenizer import TokenTable
+from backends.hf.engine.outputs import StepOutputs, accept_token, emit_started
+from backends.hf.engine.sampler import sample
+from backends.hf.engine.sequence import Choice, RequestState
 from backends.hop_metrics import WorkerObserver
 
 if TYPE_CHECKING:

@@ -1,4 +1,5 @@
-"""Which projections the packed runner quantizes, and how: the model's ``quantization:``.
+"""Which projections the packed runner quantizes, and how: the model's ``quantization:``
+read at load into a ``QuantPlan`` (``quant_plan``).
 
 ``int8`` / ``int4``: every layer projection at that width; ``gguf``: each projection at
 the width nearest to what the GGUF file stores it in, read from the file's tensor types:
@@ -17,10 +18,13 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Literal
 
-from backends.hf.linears import Scheme
+from backends.hf.loading.loader import ModelLoadError
+from backends.hf.loading.model_source import gguf_behind
+from config.schema import HFModelConfig
 
+Scheme = Literal["none", "int8", "int4"]  # one projection's width (``model.linears``)
 PARTS = ("qkv", "o", "gate_up", "down")
 _GGUF_PARTS = {
     "attn_q": "qkv",
@@ -56,6 +60,18 @@ class QuantPlan:
 
 
 NONE = QuantPlan(default="none", described="bf16/fp32 weights as loaded")
+
+
+def quant_plan(config: HFModelConfig) -> QuantPlan:
+    """The model's ``quantization:`` as a plan (reads a GGUF's header for ``gguf``)."""
+    if config.quantization == "gguf":
+        gguf = gguf_behind(config.source)
+        if gguf is None:
+            raise ModelLoadError(
+                f"{config.name}: quantization 'gguf' needs a GGUF source, not {config.source!r}"
+            )
+        return from_gguf(gguf)
+    return uniform(config.quantization, config.quantization_group_size)
 
 
 def uniform(scheme: Scheme, group: int) -> QuantPlan:

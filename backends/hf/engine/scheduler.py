@@ -3,7 +3,7 @@
 Owner: the engine thread. Three sets:
 
 - ``waiting``: tokenized requests not yet admitted, priority first, then arrival, with
-  aging (``backends.hf.waiting``);
+  aging (``backends.hf.engine.waiting``);
 - ``prefilling``: admitted requests whose prompt is still being fed, chunk by chunk, into
   one cache slot (a request with ``n`` choices reserves ``n`` slots but prefills once);
 - ``decoding``: choices generating tokens; ``decoding[i]`` always lives in cache slot
@@ -33,15 +33,15 @@ from typing import Protocol
 import torch
 
 from backends.base import PromptLogprobs
-from backends.hf.detokenizer import TokenTable
-from backends.hf.kv_cache import SlotKVCache
-from backends.hf.outputs import StepOutputs, accept_token, emit_started, finish_choice
-from backends.hf.prefix_cache import PrefixCache
-from backends.hf.prompt_scores import first_token, score_rows
-from backends.hf.sampler import sample
-from backends.hf.sequence import Choice, RequestState
-from backends.hf.slot_attention import PrefillChunk
-from backends.hf.waiting import WaitingQueue
+from backends.hf.engine.detokenizer import TokenTable
+from backends.hf.engine.outputs import StepOutputs, accept_token, emit_started, finish_choice
+from backends.hf.engine.prompt_scores import first_token, score_rows
+from backends.hf.engine.sampler import sample
+from backends.hf.engine.sequence import Choice, RequestState
+from backends.hf.engine.waiting import WaitingQueue
+from backends.hf.model.kv_cache import SlotKVCache
+from backends.hf.model.prefix_cache import PrefixCache
+from backends.hf.model.slot_attention import PrefillChunk
 from backends.hop_metrics import WorkerObserver
 
 PREFILL_CHUNK = 512

@@ -22,15 +22,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from backends.hf.decode_attention import (
+from backends.hf.model.decode_attention import (
     Attend,
     compiled_reduce,
     decode_matmul,
     decode_sdpa,
     prefill_softcapped,
 )
-from backends.hf.kv_cache import SlotKVCache
-from backends.hf.threads import StepThreads, as_step
+from backends.hf.model.kv_cache import SlotKVCache
+from backends.hf.model.step_threads import StepThreads, as_step
 
 # Decode steps reading at least this many cached positions (rows x span) use the kernel
 # timed on a large shape: the compiled one pays ~0.1 ms of guards per call, which only a

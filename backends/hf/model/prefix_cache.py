@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from backends.hf.kv_cache import SlotKVCache
+from backends.hf.model.kv_cache import SlotKVCache
 
 BLOCK_SIZE = 16
 _ROOT = -1

@@ -9,7 +9,7 @@ what was compiled. The engine thread then gives each constrained choice its own
 
 With ``close_by_budget`` each compiled grammar comes with the fewest tokens its value
 needs (``Constraint.min_tokens``: a request whose ``max_tokens`` is below it is refused)
-and the ``Closer`` that keeps every choice able to close its value (``budget.py``).
+and the ``Closer`` that keeps every choice able to close its value (``closing.py``).
 
 Owner: the backend creates the book; ``compile`` may run on several worker threads at
 once (the cache is guarded by a lock; xgrammar's compiler is thread-safe); the matchers
@@ -28,7 +28,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from backends.base import GenerationRequest, InvalidRequest
-from backends.hf.budget import Closer, min_tokens
+from backends.hf.constrained.closing import Closer, min_tokens
 from backends.tool_markup.constraints import structured_outputs
 from backends.tool_markup.markup import tools_active
 

@@ -2,15 +2,19 @@
 
 Ownership: the engine thread owns the model, tokenizer, runner (and its KV cache), the
 waiting/prefilling/decoding sets and every ``RequestState``. Other threads talk to it
-only through ``inbox`` (bounded, submissions) and ``aborts`` (client left), and it talks
-back only through ``post`` — called once per step with all of that step's events, which
+only through ``inbox`` (bounded, submissions), ``aborts`` (client left) and
+``between_steps`` (changes to the runner: a new LoRA bank), and it talks back only
+through ``post`` — called once per step with all of that step's events, which
 the backend forwards with a single ``loop.call_soon_threadsafe``. Each event carries its
 request's own sink, so no token can reach the wrong client.
 
 Modes: ``continuous`` and ``sequential`` share the iteration-level loop in
-``ContinuousScheduler`` (sequential admits one request at a time); ``static`` runs
-padded batches to completion (``static.py``), which is also the path for model types
-the hand-written runner does not cover.
+``ContinuousScheduler`` (``scheduler.py``; sequential admits one request at a time) over
+a slot runner: the packed ``DecoderRunner``, or for a model type it does not cover the
+``ModuleRunner`` (transformers' own modules over the same slot cache; ``backends.hf.model``).
+``static`` runs padded batches to completion with transformers' own forward
+(``static_scheduler.py``), only when ``scheduling: static`` is configured; it is also
+what the load error suggests for a model neither runner computes exactly.
 """
 
 from __future__ import annotations
@@ -35,9 +39,9 @@ from backends.base import (
     effective_max_tokens,
 )
 from backends.errors import StepFailed
-from backends.hf.detokenizer import TokenTable
-from backends.hf.outputs import StepOutputs
-from backends.hf.sequence import RequestState, make_choices
+from backends.hf.engine.detokenizer import TokenTable
+from backends.hf.engine.outputs import StepOutputs
+from backends.hf.engine.sequence import RequestState, make_choices
 from backends.hop_metrics import WorkerObserver
 from backends.tool_markup.prompt import render_chat
 

@@ -25,13 +25,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from backends.hf.families import Family, Unsupported, family_of
-from backends.hf.linears import Linear, make_linear
-from backends.hf.lora import LoraBank, LoraStep
-from backends.hf.norms import OffsetRMSNorm, RMSNorm, offset_weight
-from backends.hf.quantization import NONE, QuantPlan
-from backends.hf.slot_attention import PrefillChunk, SlotAttention, SlotStep
-from backends.hf.threads import StepThreads
+from backends.hf.adapters.bank import LoraBank, LoraStep
+from backends.hf.loading.quantization import NONE, QuantPlan
+from backends.hf.model.families import Family, Unsupported, family_of
+from backends.hf.model.linears import Linear, make_linear
+from backends.hf.model.norms import OffsetRMSNorm, RMSNorm, offset_weight
+from backends.hf.model.slot_attention import PrefillChunk, SlotAttention, SlotStep
+from backends.hf.model.step_threads import StepThreads
 
 Norm = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -118,7 +118,7 @@ class DecoderRunner:
         param = next(model.parameters())
         self.device = param.device
         self.dtype = param.dtype
-        # Half precision keeps norms (backends/hf/norms.py) and softmax in fp32 (bf16
+        # Half precision keeps norms (backends/hf/model/norms.py) and softmax in fp32 (bf16
         # alone measurably degrades answers of this small model).
         self.upcast = self.dtype != torch.float32
         self.heads = int(config.num_attention_heads)

@@ -1,4 +1,4 @@
-"""Budget-aware constrained decoding: a constrained value always closes within ``max_tokens``.
+"""Closing a constrained value within ``max_tokens``: budget-aware constrained decoding.
 
 A grammar alone guarantees that the output is a *prefix* of a valid value; when
 ``max_tokens`` cuts it, the client gets JSON that does not parse. Here every choice
@@ -19,7 +19,7 @@ result is a short valid completion (not always the shortest: an integer with
 ``minimum: 5`` closes as ``10``), and it is valid by construction: the forced tokens are
 checked with the matcher before the first is forced.
 
-Owner: the engine thread (one ``BudgetGuard`` per constrained choice; the ``Closer``
+Owner: the engine thread (one ``ClosingGuard`` per constrained choice; the ``Closer``
 is shared by the choices of one model and holds no per-request state).
 """
 
@@ -154,8 +154,8 @@ def min_tokens(closer: Closer, matcher: Any) -> int | None:
 
 
 @dataclass(slots=True)
-class BudgetGuard:
-    """One constrained choice's budget state.
+class ClosingGuard:
+    """One constrained choice's closing state: whether its value still closes in the tokens left.
 
     ``fits`` holds the closing of the current state, known to fit in the tokens left
     (``None`` until the first check); ``plan`` the forced tokens still to emit once
@@ -238,4 +238,4 @@ def _fits(closer: Closer, matcher: Any, closing: bytes, left: int) -> bool:
 
 def guarded_rows(choices: Sequence[Any]) -> list[int]:
     """Rows whose choice is closing by budget (their next token is forced)."""
-    return [row for row, c in enumerate(choices) if c.budget is not None and c.budget.forcing]
+    return [row for row, c in enumerate(choices) if c.closing is not None and c.closing.forcing]

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 
 from backends.base import FinishReason, GenerationRequest, PromptToken, SamplingParams
-from backends.hf.budget import BudgetGuard
-from backends.hf.detokenizer import IncrementalDetokenizer, StopMatcher, TokenDecoder
-from backends.hf.grammar import Constraint, new_matcher
+from backends.hf.constrained.closing import ClosingGuard
+from backends.hf.constrained.grammar import Constraint, new_matcher
+from backends.hf.engine.detokenizer import IncrementalDetokenizer, StopMatcher, TokenDecoder
 from backends.tool_markup.markup import tools_active
 from backends.tool_markup.parser import ToolCallParser
 
@@ -37,10 +37,10 @@ class Choice:
     finish: FinishReason | None = None
     unsent: int = 0  # tokens whose text is still held back (UTF-8 or stop prefix)
     # Constrained decoding: this choice's own xgrammar matcher (None when free), what
-    # keeps its value able to close within max_tokens (budget.py; None when free or
+    # keeps its value able to close within max_tokens (``constrained.closing``; None when free or
     # off), and the parser that turns tool-call markup into ToolCallDelta events.
     matcher: Any = None
-    budget: BudgetGuard | None = None
+    closing: ClosingGuard | None = None
     tools: ToolCallParser | None = None
 
     @property
@@ -108,7 +108,7 @@ def make_choices(state: RequestState, tokenizer: TokenDecoder, device: torch.dev
                 stop=StopMatcher(params.stop),
                 generator=generator,
                 matcher=new_matcher(grammar) if grammar is not None else None,
-                budget=BudgetGuard(closer) if closer is not None else None,
+                closing=ClosingGuard(closer) if closer is not None else None,
                 tools=ToolCallParser(index) if parse_tools else None,
             )
         )

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from backends.hf.own_thread import call_in_own_thread, run_in_own_thread
+from backends.hf.loading.load_thread import call_in_own_thread, run_in_own_thread
 
 
 async def test_returns_the_result_after_the_thread_exited() -> None:

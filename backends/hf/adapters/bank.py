@@ -23,7 +23,7 @@ refused at load with the reason: DoRA, per-module rank or alpha patterns, ``bias
 training, extra trained modules (``modules_to_save``: embeddings, LM head), or a target
 outside the projections.
 
-Owner: a bank is built off the engine thread (``backends.hf.adapters.AdapterPool``) and
+Owner: a bank is built off the engine thread (``backends.hf.adapters.pool.AdapterPool``) and
 read-only afterwards; the engine thread swaps the runner onto a new one between steps.
 ``LoraStep`` is one step's, on the engine thread.
 """
@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from backends.hf.linears import Linear, make_linear
+from backends.hf.model.linears import Linear, make_linear
 
 _KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(.+)\.lora_([AB])(?:\.[^.]+)?\.weight$")
 

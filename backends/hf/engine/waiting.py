@@ -23,7 +23,7 @@ import itertools
 import time
 from collections.abc import Iterator
 
-from backends.hf.sequence import RequestState
+from backends.hf.engine.sequence import RequestState
 
 AGING = 10.0
 """Seconds of waiting one priority step is worth."""

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from backends.base import InvalidRequest, ModelNotFound, Overloaded
-from backends.hf.lora import AdapterError, AdapterWeights, LoraBank, read_adapter
-from backends.hf.model_source import ModelSourceError, adapter_folder
+from backends.hf.adapters.bank import AdapterError, AdapterWeights, LoraBank, read_adapter
+from backends.hf.loading.model_source import ModelSourceError, adapter_folder
 
 log = logging.getLogger("llmso.hf")
 

@@ -35,9 +35,9 @@ from typing import Any
 
 import torch
 
-from backends.hf.families import Unsupported, length_dependent_rope
-from backends.hf.slot_attention import PrefillChunk, SlotAttention, SlotStep
-from backends.hf.threads import StepThreads
+from backends.hf.model.families import Unsupported, length_dependent_rope
+from backends.hf.model.slot_attention import PrefillChunk, SlotAttention, SlotStep
+from backends.hf.model.step_threads import StepThreads
 
 IMPLEMENTATION = "llmso_slots"
 # Keyword arguments a model may pass to its attention function that do not change what

@@ -40,16 +40,16 @@ from backends.base import (
     UpstreamTimeout,
 )
 from backends.embeddings import EmbeddingRequest, EmbeddingResult
-from backends.hf.loader import ModelLoadError, pick_device, threads_for
-from backends.hf.model_source import ModelSourceError, resolve_source
-from backends.hf.own_thread import run_in_own_thread
-from backends.hf.pooling import (
+from backends.hf.embedding.pooling import (
     PoolingConfigError,
     PoolingSpec,
     finish_vectors,
     pool,
     read_pooling_spec,
 )
+from backends.hf.loading.load_thread import run_in_own_thread
+from backends.hf.loading.loader import ModelLoadError, pick_device, threads_for
+from backends.hf.loading.model_source import ModelSourceError, resolve_source
 from backends.process_wide import exclusive
 from config.schema import HFModelConfig
 
@@ -247,7 +247,7 @@ class HFEmbeddingBackend:
         if self._engine is not None:
             return
         # Not asyncio.to_thread: an executor thread would keep an idle OpenMP pool that
-        # throttles every engine's steps in this process (backends/hf/own_thread.py).
+        # throttles every engine's steps in this process (backends/hf/loading/load_thread.py).
         loaded = await run_in_own_thread(
             lambda: load_pooling_model(self._config), f"load-{self._config.name}"
         )

@@ -1,4 +1,4 @@
-"""The decoder families the packed runner (``runner.py``) computes exactly, and what
+"""The decoder families the packed runner (``packed_runner.py``) computes exactly, and what
 differs between them, read from the model's config.
 
 One runner serves them all; a family is only a set of switches (vLLM and nano-vllm draw

@@ -22,7 +22,7 @@ from backends.base import (
     ToolCallDelta,
     Usage,
 )
-from backends.hf.sequence import Choice, RequestState
+from backends.hf.engine.sequence import Choice, RequestState
 
 Item = BackendEvent | BackendError
 StepOutputs = list[tuple[Any, Item]]
@@ -46,7 +46,7 @@ def accept_token(
     matcher = choice.matcher
     if matcher is not None:
         matcher.accept_token(token)
-    guard = choice.budget
+    guard = choice.closing
     closed = guard is not None and guard.forcing and guard.advance()
     ends = token in state.eos_ids and (not params.ignore_eos or matcher is not None)
     if ends or (matcher is not None and matcher.is_terminated()):
@@ -107,8 +107,8 @@ def _emit(
 def finish_choice(choice: Choice, reason: FinishReason, out: StepOutputs) -> None:
     state = choice.request
     choice.finish = reason
-    closed = choice.budget is not None and choice.budget.closed
-    choice.matcher = choice.budget = None  # release the grammar state as soon as it ends
+    closed = choice.closing is not None and choice.closing.closed
+    choice.matcher = choice.closing = None  # release the grammar state as soon as it ends
     matched = choice.stop.matched if reason == "stop" else None
     finished = Finished(choice.index, reason, closed_by_budget=closed, stop_sequence=matched)
     out.append((state.sink, finished))

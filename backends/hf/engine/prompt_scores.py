@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from backends.base import PromptToken, TopLogprob
-from backends.hf.detokenizer import TokenTable
+from backends.hf.engine.detokenizer import TokenTable
 
 
 def first_token(token_id: int, table: TokenTable) -> PromptToken:

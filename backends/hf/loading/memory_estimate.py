@@ -16,7 +16,7 @@ import math
 import struct
 from pathlib import Path
 
-from backends.hf import model_source
+from backends.hf.loading import model_source
 from config.schema import HFModelConfig
 
 log = logging.getLogger(__name__)

@@ -19,12 +19,13 @@ Owner: built once at load by the runner, read-only afterwards.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
-Scheme = Literal["none", "int8", "int4"]
+from backends.hf.loading.quantization import Scheme
+
 _PACK_BATCH_HINT = 16  # oneDNN picks its blocking for about this many rows
 
 

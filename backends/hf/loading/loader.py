@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from backends.base import BackendError
-from backends.hf.model_source import ModelSourceError, resolve_source
+from backends.hf.loading.model_source import ModelSourceError, resolve_source
 from backends.process_wide import exclusive
 from backends.tool_markup.prompt import read_chat_template
 from config.schema import HFModelConfig

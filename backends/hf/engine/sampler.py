@@ -6,7 +6,7 @@ penalties, temperature, top-k, top-p, then a draw from the row's own
 ``torch.Generator``, so a seeded request samples identically alone or in a busy batch.
 Logprobs are the model's log-softmax (after penalties and any grammar mask, before
 temperature), with the requested number of top alternatives. A constrained choice that
-is closing its value by budget (``budget.py``) has its row masked to the one token it
+is closing its value by budget (``constrained.closing``) has its row masked to the one token it
 must emit; one whose sampled token would leave no room to close is given, instead, the
 first token of its closing.
 
@@ -18,10 +18,10 @@ from __future__ import annotations
 import torch
 
 from backends.base import TokenLogprob, TopLogprob
-from backends.hf.budget import guarded_rows
-from backends.hf.detokenizer import TokenTable
-from backends.hf.grammar import mask_rows
-from backends.hf.sequence import Choice
+from backends.hf.constrained.closing import guarded_rows
+from backends.hf.constrained.grammar import mask_rows
+from backends.hf.engine.detokenizer import TokenTable
+from backends.hf.engine.sequence import Choice
 
 
 def _needs_row_work(choice: Choice) -> bool:
@@ -44,7 +44,7 @@ def sample(
     """
     mask_rows(logits, [(row, c.matcher) for row, c in enumerate(choices) if c.matcher is not None])
     for row in guarded_rows(choices):
-        _only(logits[row], choices[row].budget.next_forced())  # type: ignore[union-attr]
+        _only(logits[row], choices[row].closing.next_forced())  # type: ignore[union-attr]
     greedy = logits.argmax(-1).tolist()
     results: list[tuple[int, TokenLogprob | None]] = []
     for row, choice in enumerate(choices):
@@ -52,7 +52,7 @@ def sample(
             results.append((greedy[row], None))
         else:
             results.append(_sample_row(logits[row], choice, table))
-        guard = choice.budget
+        guard = choice.closing
         if guard is not None and not guard.forcing:
             left = choice.request.max_tokens - len(choice.output_ids) - 1
             instead = guard.check(choice.matcher, results[row][0], left)
