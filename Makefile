@@ -18,8 +18,10 @@ endif
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-HOST ?= 127.0.0.1
-PORT ?= 8000
+# Bind address of `make run`: unset, the config's server.host/server.port apply
+# (LLMSO_HOST/LLMSO_PORT still override them; default 127.0.0.1:8000).
+HOST ?=
+PORT ?=
 CONFIG ?= config/default.yaml
 # Converted model folders live inside the checkout so tests and engines share one copy.
 export LLMSO_MODEL_CACHE ?= $(CURDIR)/.models
@@ -72,7 +74,7 @@ model: $(VENV)/.stamp
 	@$(VENV)/bin/llmso prepare-model --config $(CONFIG)
 
 run: setup
-	$(VENV)/bin/llmso serve --config $(CONFIG) --host $(HOST) --port $(PORT)
+	$(VENV)/bin/llmso serve --config $(CONFIG) $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT))
 
 lint: $(VENV)/.stamp
 	$(VENV)/bin/ruff check .

@@ -25,7 +25,11 @@ class ServerConfig(_Frozen):
     host: str = Field("127.0.0.1", description="Interface to bind.")
     port: int = Field(8000, ge=0, le=65535, description="TCP port to bind.")
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0, description="Largest request body.")
-    log_prompts: bool = Field(False, description="Include prompt text in request logs.")
+    log_prompts: bool = Field(
+        False,
+        description="Deprecated, ignored (a warning at load): request logs never hold prompt "
+        "or answer text; `tracing.capture_content` records prompts on spans.",
+    )
     ui: bool = Field(True, description="Serve the web console at /ui.")
     cors_origins: tuple[str, ...] = Field(
         (), description="Origins a browser app may call from (`*` for any); empty: CORS off."
@@ -465,7 +469,7 @@ class AppConfig(_Frozen):
     tracing: TracingConfig = Field(
         default_factory=TracingConfig, description="OpenTelemetry tracing (off by default)."
     )
-    models: tuple[ModelConfig, ...] = Field(min_length=1, description="The served models.")
+    models: tuple[ModelConfig, ...] = Field(description="The served models (at least one).")
     auth: AuthConfig = Field(
         default_factory=AuthConfig, description="Client API keys, their models and limits."
     )
@@ -478,6 +482,15 @@ class AppConfig(_Frozen):
     source_path: Path | None = Field(
         None, exclude=True, description="The file this config was read from (set by the loader)."
     )
+
+    @field_validator("models")
+    @classmethod
+    def _some_model(cls, models: tuple[ModelConfig, ...]) -> tuple[ModelConfig, ...]:
+        # Here rather than min_length, which pydantic also reports (as "0 items") when
+        # the only entry is refused: one fault, one line.
+        if not models:
+            raise ValueError("at least one model is needed")
+        return models
 
     @model_validator(mode="after")
     def _names_unique(self) -> AppConfig:

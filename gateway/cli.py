@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config or settings.config)
     except ConfigError as exc:
-        print(f"llmso: bad config: {exc}", file=sys.stderr)
+        for line in str(exc).splitlines():
+            print(f"llmso: bad config: {line}", file=sys.stderr)
         return 2
     if args.command == "prepare-model":
         return _prepare_models(config)
@@ -98,13 +99,21 @@ def served_app(config: AppConfig, settings: Settings, bind_host: str) -> CloseWh
     return CloseWhileDraining(app, app.state.drain)
 
 
+def bind_address(
+    config: AppConfig, settings: Settings, host: str | None, port: int | None
+) -> tuple[str, int]:
+    """Where ``llmso serve`` listens: each of host and port from the flag, else the
+    environment (``LLMSO_HOST``/``LLMSO_PORT``), else the config's ``server:`` section,
+    whose defaults are 127.0.0.1 and 8000."""
+    bind_host = host or settings.host or config.server.host
+    bind_port = next(p for p in (port, settings.port, config.server.port) if p is not None)
+    return bind_host, bind_port
+
+
 def _serve(config: AppConfig, settings: Settings, host: str | None, port: int | None) -> int:
     import uvicorn
 
-    bind_host = host or settings.host or config.server.host
-    bind_port = port if port is not None else settings.port
-    if bind_port is None:
-        bind_port = config.server.port
+    bind_host, bind_port = bind_address(config, settings, host, port)
     from gateway.edge.drain import DrainingServer
     from gateway.edge.transport import CoalescingHttpToolsProtocol
 

@@ -27,6 +27,9 @@ WEATHER: Any = {
     "input_schema": CHAT_WEATHER["function"]["parameters"],
 }
 QUESTION: Any = [{"role": "user", "content": "What is the capital of France?"}]
+# An ask no answer finishes within ``messages_max_tokens``: the text runs to the limit, so
+# it has words after its first to stop at.
+STORY: Any = [{"role": "user", "content": "Write a long story about a cat."}]
 GREEDY = {"temperature": 0}  # not a named argument of this SDK release: sent as extra body
 
 
@@ -64,26 +67,31 @@ class MessagesSuite:
         assert block.type == "text" and block.text
         assert message.stop_reason in ("end_turn", "max_tokens")
         assert 0 < message.usage.output_tokens <= self.messages_max_tokens
-        self._check_stop_sequence(anthropic_client, block.text)
+        self._check_stop_sequence(anthropic_client)
         counted = anthropic_client.messages.count_tokens(
             model=self.model_name, system="Answer in one short sentence.", messages=QUESTION
         )
         assert counted.input_tokens == message.usage.input_tokens > 0
 
-    def _check_stop_sequence(self, client: anthropic.Anthropic, answer: str) -> None:
-        """The same greedy request stopped at a word of its own answer: cut before it."""
+    def _check_stop_sequence(self, client: anthropic.Anthropic) -> None:
+        """A greedy answer that runs to max_tokens, then the same request stopped at its
+        second word: cut before it."""
+        ask: dict[str, Any] = {
+            "model": self.model_name,
+            "max_tokens": self.messages_max_tokens,
+            "messages": STORY,
+            "extra_body": GREEDY,
+        }
+        full = client.messages.create(**ask)
+        answer = full.content[0].text  # type: ignore[union-attr]
+        assert (full.stop_reason, full.usage.output_tokens) == (
+            "max_tokens",
+            self.messages_max_tokens,
+        ), answer
         words = answer.split()
-        if len(words) < 2:
-            pytest.skip(f"the answer {answer!r} has no second word to stop at")
+        assert len(words) >= 2, f"{answer!r}: {self.messages_max_tokens} tokens, one word"
         stop = words[1]
-        message = client.messages.create(
-            model=self.model_name,
-            max_tokens=self.messages_max_tokens,
-            system="Answer in one short sentence.",
-            messages=QUESTION,
-            stop_sequences=[stop],
-            extra_body=GREEDY,
-        )
+        message = client.messages.create(**ask, stop_sequences=[stop])
         assert message.content[0].text == answer[: answer.find(stop)]  # type: ignore[union-attr]
         if self.names_stop_sequence:
             assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", stop)

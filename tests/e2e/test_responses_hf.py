@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.test_gateway_hf import metric_value
+from tests.tools.metrics import metric_value
 from tests.tools.schemas import validate
 from tests.tools.servers import RunningServer, gateway
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-import httpx
 import openai
 import pytest
 
 from tests.contract.messages_suite import MessagesSuite
 from tests.contract.sdk_suite import EngineSuite
 from tests.tools.client_matrix import CASES, MODEL_LIMITED, outcome
+from tests.tools.metrics import metric_value, scrape, settled_value
 from tests.tools.servers import RunningServer, gateway
 from tests.tools.tool_cases import parse_city, stream_forced_call
 from tests.tools.triton_server import TritonServer, triton_missing
@@ -93,16 +93,18 @@ class TestTritonGateway(EngineSuite, MessagesSuite):
 
 
 def test_triton_hop_metrics(server: RunningServer, client: openai.OpenAI) -> None:
+    """One completion is one more ok upstream request to Triton and one more upstream
+    latency observation, exactly."""
+    ok = {"model": MODEL, "backend": "triton", "status": "ok"}
+    hop = {"model": MODEL, "backend": "triton"}
+    before = scrape(server.url)
+    sent_before = metric_value(before, "llmso_upstream_requests_total", **ok)
+    timed_before = metric_value(before, "llmso_upstream_latency_seconds_count", **hop)
     client.completions.create(model=MODEL, prompt="Hello", max_tokens=2, temperature=0)
-    text = httpx.get(server.url + "/metrics", timeout=5.0).text
-    ok = [
-        line
-        for line in text.splitlines()
-        if line.startswith("llmso_upstream_requests_total")
-        and 'backend="triton"' in line
-        and 'status="ok"' in line
-    ]
-    assert ok and float(ok[0].rsplit(" ", 1)[1]) >= 1
+    sent = settled_value(server.url, "llmso_upstream_requests_total", sent_before + 1, **ok)
+    assert sent == sent_before + 1
+    timed = metric_value(scrape(server.url), "llmso_upstream_latency_seconds_count", **hop)
+    assert timed == timed_before + 1
 
 
 # Structured outputs and tools: the gateway sends vLLM's structured_outputs in

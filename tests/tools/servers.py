@@ -155,13 +155,19 @@ def serve_file(path: Path, env: Mapping[str, str], timeout: float = 240.0) -> Ru
     )
 
 
+def engines_required() -> bool:
+    """Whether a test must fail rather than skip what it cannot judge here
+    (``LLMSO_REQUIRE_ENGINES=1``, which ``make test`` sets)."""
+    return os.environ.get("LLMSO_REQUIRE_ENGINES") == "1"
+
+
 def engine_required(name: str, marker: Path) -> str | None:
     """``None`` when ``marker`` exists; else the reason to skip (or fail, under
     ``LLMSO_REQUIRE_ENGINES=1``, which ``make test`` sets)."""
     if marker.exists():
         return None
     reason = f"{name} is not set up ({marker} missing; run `make {name}`)"
-    if os.environ.get("LLMSO_REQUIRE_ENGINES") == "1":
+    if engines_required():
         raise RuntimeError(reason)
     return reason
 
