@@ -62,6 +62,15 @@ class ServerConfig(_Frozen):
     drain_timeout: float = Field(
         30.0, ge=0, description="After drain_grace: seconds in-flight requests may take to end."
     )
+    reasoning_secret: str | None = Field(
+        None,
+        min_length=16,
+        repr=False,
+        description="Key signing the thoughts handed to clients (Responses encrypted_content, "
+        "Messages thinking signatures), e.g. '${LLMSO_REASONING_SECRET}'; default: a random "
+        "key per process, so a thought comes back only to the process that made it: set one "
+        "where replicas or restarts share conversations (docs/reasoning.md).",
+    )
 
 
 class RegistryConfig(_Frozen):

@@ -11,6 +11,7 @@ from backends.errors import ApiError, InvalidRequest, NotReady, Overloaded, Upst
 from gateway.api.messages.render import MessageAssembler
 from gateway.api.messages.translate import messages_request
 from gateway.api.messages.wire import MessagesRequest
+from gateway.api.thought_seal import ThoughtSeal
 from gateway.errors import RequestTooLarge, Unauthorized, anthropic_payload, error_body
 from gateway.frontdoor.errors import HostNotAllowed, RateLimited
 
@@ -78,7 +79,7 @@ def test_param_map_names_the_clients_own_fields() -> None:
             },
         ],
     )
-    request, params = messages_request(wire, "r", 0.0)
+    request, params = messages_request(wire, "r", 0.0, ThoughtSeal(None))
     roles = [message.role for message in request.messages]
     assert roles == ["system", "user", "assistant", "tool", "user"]
     assert params("messages[0]") == "system"
