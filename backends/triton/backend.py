@@ -19,6 +19,13 @@ answered (refusals come before it); closing its iterator early cancels the gRPC 
 the replica that has it, and Triton cancels the request (the model stops decoding);
 ``stop`` ends open streams with ``BackendCrashed``.
 
+Reasoning: where the model names a ``reasoning_parser``, the gateway splits the thought
+off the text Triton streams (``backends.reasoning``; the parser starts as the rendered
+prompt says) before tool calls are read from the answer; the thought's tokens are counted
+with the tokenizer (else one per chunk that carried thought). The thinking switch and
+the effort are honoured where the chat template reads them (the gateway renders it); a
+budget is not.
+
 Errors: server unreachable -> UpstreamUnavailable (503); model not loaded or not ready
 -> NotReady (503 + retry_after); no first token within ``first_token_timeout`` or no end
 within ``total_timeout`` -> UpstreamTimeout (504); tensors not in the contract ->
@@ -48,15 +55,25 @@ from backends.base import (
     InvalidRequest,
     ModelInfo,
     NotReady,
+    ReasoningDelta,
     RequestKind,
     SamplingParams,
     Started,
+    TextDelta,
+    ToolCallDelta,
     Usage,
     effective_max_tokens,
 )
 from backends.errors import ContractMismatch
 from backends.hop_metrics import BackendMetrics
 from backends.prompter import Prompter
+from backends.reasoning import (
+    ReasoningFormat,
+    ReasoningParser,
+    reads_effort,
+    reasoning_format,
+    template_switch,
+)
 from backends.replicas.attempts import first_success
 from backends.replicas.replica import Replica
 from backends.replicas.replica_set import ReplicaSet, cancel
@@ -105,12 +122,16 @@ class TritonBackend:
         self._latency = metrics.upstream_latency.labels(*labels)
         self._ttft = metrics.upstream_ttft.labels(*labels)
         self._up = metrics.upstream_up.labels(*labels)
+        name = config.reasoning_parser
+        self._reasoning: ReasoningFormat | None = reasoning_format(name) if name else None
+        self._reasoning_features: frozenset[Feature] = frozenset()  # set by start()
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         self._stopped = False
         await asyncio.to_thread(self._prompter.load)
+        self._reasoning_features = self._reasoning_declared()
         for server in self._servers.values():
             server.open()
         try:
@@ -140,8 +161,9 @@ class TritonBackend:
         # Constraints travel as vLLM's structured_outputs (Triton's vLLM backend and the
         # CPU demo model in deploy/triton both honour them); tool calls as Hermes markup.
         urls = list(self._servers)
+        structured = {Feature.TOOLS, Feature.JSON_OBJECT, Feature.JSON_SCHEMA}
         return ModelInfo(
-            features=TEXT_GENERATION | {Feature.TOOLS, Feature.JSON_OBJECT, Feature.JSON_SCHEMA},
+            features=TEXT_GENERATION | structured | self._reasoning_features,
             max_context=self._config.max_context,
             memory_bytes=self._config.memory_bytes,
             owned_by="triton",
@@ -151,6 +173,18 @@ class TritonBackend:
                 "replicas": str(len(urls)),
             },
         )
+
+    def _reasoning_declared(self) -> frozenset[Feature]:
+        """What the thought can be asked: a switch or an effort the template reads."""
+        if self._reasoning is None:
+            return frozenset()
+        template = self._prompter.template
+        features = {Feature.REASONING}
+        if template_switch(template) is not None:
+            features.add(Feature.THINKING_SWITCH)
+        if reads_effort(template):
+            features.add(Feature.REASONING_EFFORT)
+        return frozenset(features)
 
     def reconfigure(self, config: TritonModelConfig) -> None:
         """Hot reload of the replica list or balance fields only: new servers get a
@@ -306,6 +340,7 @@ class TritonBackend:
         status = "error"
         pieces: list[str] = []
         parser = ToolCallParser(0) if tools_active(request) else None
+        thought = _Thought(self._reasoning, request, text)
         reported_out = 0
         last = contract.Chunk(text="", final=False)
         try:
@@ -320,7 +355,7 @@ class TritonBackend:
                     if chunk.text:
                         pieces.append(chunk.text)
                         tokens = chunk.num_output_tokens or 1
-                        for event in content_events(parser, chunk.text, tokens):
+                        for event in thought.events(parser, chunk.text, tokens):
                             yield event
                     chunk = await anext(chunks, None)
             if self._stopped and not last.final:  # stop() cancelled the call under us
@@ -346,11 +381,26 @@ class TritonBackend:
             text, completion, last, reported_out, model_contract
         )
         reason = contract.finish_reason(last.finish_reason, completion_tokens, sampling.max_tokens)
+        for event in thought.flush(parser):
+            yield event
         tail, reason = closing_events(parser, reason)
         for event in tail:
             yield event
         yield Finished(0, reason)
-        yield Usage(prompt_tokens, completion_tokens, upstream_seconds=upstream_seconds)
+        reasoning_tokens = await self._reasoning_tokens(thought)
+        yield Usage(
+            prompt_tokens,
+            completion_tokens,
+            upstream_seconds=upstream_seconds,
+            reasoning_tokens=min(reasoning_tokens, completion_tokens),
+        )
+
+    async def _reasoning_tokens(self, thought: _Thought) -> int:
+        """The thought's tokens, by the tokenizer where there is one."""
+        if not thought.text:
+            return 0
+        counted = await asyncio.to_thread(self._prompter.count, thought.text, prompt=False)
+        return thought.chunks if counted is None else counted
 
     def _failed(self, error: BackendError, replica: Replica, server: TritonServer) -> BackendError:
         """Account a mid-stream failure to its replica; the error to raise."""
@@ -396,6 +446,56 @@ class TritonBackend:
                 self._prompter.count, completion, prompt=False
             )
         return prompt_tokens or 0, completion_tokens or 0
+
+
+class _Thought:
+    """One stream's thought, split off its text before tool calls are read from the
+    answer (a pass-through where the model has no reasoning parser or for completions).
+    Owned by the coroutine relaying the stream."""
+
+    __slots__ = ("_parser", "_parts", "chunks")
+
+    def __init__(self, fmt: ReasoningFormat | None, request: GenerationRequest, prompt: str):
+        self._parser: ReasoningParser | None = None
+        if fmt is not None and request.kind is RequestKind.CHAT:
+            in_thought = fmt.starts_in_thought(prompt, request.reasoning.thinking)
+            self._parser = fmt.parser(in_thought=in_thought)
+        self._parts: list[str] = []
+        self.chunks = 0
+        """Chunks that carried thought (the count where there is no tokenizer)."""
+
+    @property
+    def text(self) -> str:
+        return "".join(self._parts)
+
+    def events(
+        self, tools: ToolCallParser | None, text: str, tokens: int
+    ) -> list[ReasoningDelta | TextDelta | ToolCallDelta]:
+        if self._parser is None:
+            return list(content_events(tools, text, tokens))
+        split = self._parser.feed(text)
+        return self._split(tools, split.reasoning, split.content, tokens)
+
+    def flush(
+        self, tools: ToolCallParser | None
+    ) -> list[ReasoningDelta | TextDelta | ToolCallDelta]:
+        """What the parser held back at the end (a marker cut short is text)."""
+        if self._parser is None:
+            return []
+        split = self._parser.finish()
+        return self._split(tools, split.reasoning, split.content, 0)
+
+    def _split(
+        self, tools: ToolCallParser | None, thought: str, answer: str, tokens: int
+    ) -> list[ReasoningDelta | TextDelta | ToolCallDelta]:
+        events: list[ReasoningDelta | TextDelta | ToolCallDelta] = []
+        if thought:
+            self._parts.append(thought)
+            self.chunks += 1
+            events.append(ReasoningDelta(0, thought, tokens))
+        if answer:
+            events.extend(content_events(tools, answer, 0 if thought else tokens))
+        return events
 
 
 async def _one(payload: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
