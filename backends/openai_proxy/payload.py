@@ -8,12 +8,13 @@ limit (``backends.base.effective_max_tokens``: the client's, else the model's
 format, logit_bias, content parts and the wire fields the contract does not model
 (``GenerationRequest.passthrough``) are forwarded as the client sent them.
 
-Reasoning controls become vLLM's fields: ``reasoning_effort`` (OpenAI's finer levels
-folded onto low/medium/high, which vLLM takes; ``none`` is the switch instead), the
-switch as ``chat_template_kwargs.enable_thinking`` (Qwen3's variable; vLLM hands a
-template only the variables it reads) next to the client's own ``chat_template_kwargs``,
-and the budget as ``thinking_token_budget``. An earlier assistant turn's thought goes
-back as its ``reasoning_content``, for templates that keep it.
+Reasoning controls become vLLM's fields: ``reasoning_effort`` as sent (vLLM 0.32 takes
+OpenAI's whole list, ``none`` to ``max``), the switch as
+``chat_template_kwargs.enable_thinking`` (Qwen3's variable; vLLM hands a template only
+the variables it reads) next to the client's own ``chat_template_kwargs``, and the budget
+as ``thinking_token_budget``. An earlier assistant turn's thought goes back as its
+``reasoning`` (the name vLLM 0.32 reads) and ``reasoning_content`` (DeepSeek's, which
+llama.cpp reads), for templates that keep it.
 """
 
 from __future__ import annotations
@@ -123,26 +124,15 @@ def _message(message: ChatMessage) -> dict[str, Any]:
     if message.tool_call_id is not None:
         out["tool_call_id"] = message.tool_call_id
     if message.reasoning:
-        out["reasoning_content"] = message.reasoning
+        out["reasoning"] = out["reasoning_content"] = message.reasoning
     return out
-
-
-_EFFORTS = {
-    "minimal": "low",
-    "low": "low",
-    "medium": "medium",
-    "high": "high",
-    "xhigh": "high",
-    "max": "high",
-}
 
 
 def _add_reasoning(body: dict[str, Any], controls: ReasoningControls) -> None:
     if not controls.asked:
         return
-    effort = _EFFORTS.get(controls.effort or "")
-    if effort is not None:
-        body["reasoning_effort"] = effort
+    if controls.effort is not None:
+        body["reasoning_effort"] = controls.effort
     kwargs: dict[str, Any] = (
         orjson.loads(controls.template_kwargs) if controls.template_kwargs else {}
     )

@@ -43,6 +43,7 @@ QUESTION = "the capital of France"
 THOUGHT = "Let me think about the capital of France."
 ANSWER = "It is France."
 STREAM_EVENT: TypeAdapter[Any] = TypeAdapter(RawMessageStreamEvent)
+BOTH = {"reasoning": THOUGHT, "reasoning_content": THOUGHT}  # an earlier thought, sent on
 
 
 @dataclass
@@ -161,12 +162,12 @@ async def test_chat_controls_reach_the_upstream(gateway: Gateway) -> None:
 async def test_an_earlier_thought_goes_back_upstream(gateway: Gateway) -> None:
     turns = [
         *_ask(),
-        {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT},
+        {"role": "assistant", "content": ANSWER, **BOTH},
         *_ask("and Spain"),
     ]
     await gateway.sdk.chat.completions.create(model="thinker", messages=turns)  # type: ignore[arg-type]
     sent = gateway.split.bodies[-1]["messages"]
-    assert sent[1] == {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT}
+    assert sent[1] == {"role": "assistant", "content": ANSWER, **BOTH}
 
 
 async def test_a_thought_cut_by_max_tokens_ends_length_without_answer(gateway: Gateway) -> None:
@@ -306,7 +307,7 @@ async def test_a_reasoning_item_goes_back_as_the_turns_thought(gateway: Gateway)
         model="thinker", input=[{"role": "user", "content": QUESTION}, *history, *_ask("more")]
     )
     sent = gateway.split.bodies[-1]["messages"]
-    assert sent[1] == {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT}
+    assert sent[1] == {"role": "assistant", "content": ANSWER, **BOTH}
 
 
 async def test_previous_response_id_carries_the_thought(gateway: Gateway) -> None:
@@ -397,7 +398,7 @@ async def test_messages_thinking_block_and_signature(gateway: Gateway) -> None:
         messages=[*_ask(), {"role": "assistant", "content": message.content}, *_ask("more")],  # type: ignore[list-item]
     )
     sent = gateway.split.bodies[-1]["messages"]
-    assert sent[1] == {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT}
+    assert sent[1] == {"role": "assistant", "content": ANSWER, **BOTH}
 
 
 async def test_messages_stream_thinking_events(gateway: Gateway) -> None:

@@ -146,7 +146,7 @@ def test_controls_become_vllms_fields() -> None:
         effort="xhigh", thinking=False, budget_tokens=32, template_kwargs='{"custom": 1}'
     )
     body = _body(_request(controls))
-    assert body["reasoning_effort"] == "high"
+    assert body["reasoning_effort"] == "xhigh"
     assert body["chat_template_kwargs"] == {"custom": 1, "enable_thinking": False}
     assert body["thinking_token_budget"] == 32
 
@@ -156,13 +156,13 @@ def test_no_controls_no_fields() -> None:
     assert not {"reasoning_effort", "chat_template_kwargs", "thinking_token_budget"} & set(body)
 
 
-def test_effort_none_is_the_switch_not_an_effort() -> None:
+def test_effort_none_is_also_the_switch() -> None:
     body = _body(_request(ReasoningControls(effort="none", thinking=False)))
-    assert "reasoning_effort" not in body
+    assert body["reasoning_effort"] == "none"
     assert body["chat_template_kwargs"] == {"enable_thinking": False}
 
 
-def test_an_earlier_thought_goes_back_as_reasoning_content() -> None:
+def test_an_earlier_thought_goes_back_under_both_names() -> None:
     turns = (
         ChatMessage("user", "hi"),
         ChatMessage("assistant", "hello", reasoning="they greet"),
@@ -170,8 +170,8 @@ def test_an_earlier_thought_goes_back_as_reasoning_content() -> None:
     )
     messages = _body(_request(ReasoningControls(), *turns))["messages"]
     assert isinstance(messages, list)
-    assert messages[1]["reasoning_content"] == "they greet"
-    assert "reasoning_content" not in messages[0]
+    assert messages[1]["reasoning"] == messages[1]["reasoning_content"] == "they greet"
+    assert "reasoning" not in messages[0] and "reasoning_content" not in messages[0]
 
 
 def test_only_vllm_takes_a_budget() -> None:
