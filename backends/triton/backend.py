@@ -55,12 +55,9 @@ from backends.base import (
     InvalidRequest,
     ModelInfo,
     NotReady,
-    ReasoningDelta,
     RequestKind,
     SamplingParams,
     Started,
-    TextDelta,
-    ToolCallDelta,
     Usage,
     effective_max_tokens,
 )
@@ -77,9 +74,10 @@ from backends.reasoning import (
 from backends.replicas.attempts import first_success
 from backends.replicas.replica import Replica
 from backends.replicas.replica_set import ReplicaSet, cancel
+from backends.tool_markup.answer import ChoiceText
 from backends.tool_markup.constraints import structured_outputs
 from backends.tool_markup.markup import tools_active
-from backends.tool_markup.parser import ToolCallParser, closing_events, content_events
+from backends.tool_markup.parser import ToolCallParser
 from backends.triton import contract
 from backends.triton.errors import (
     retryable,
@@ -339,8 +337,7 @@ class TritonBackend:
         call, sent = opened.call, opened.sent
         status = "error"
         pieces: list[str] = []
-        parser = ToolCallParser(0) if tools_active(request) else None
-        thought = _Thought(self._reasoning, request, text)
+        choice = ChoiceText(0, self._thinking(request, text), self._tools(request))
         reported_out = 0
         last = contract.Chunk(text="", final=False)
         try:
@@ -355,7 +352,7 @@ class TritonBackend:
                     if chunk.text:
                         pieces.append(chunk.text)
                         tokens = chunk.num_output_tokens or 1
-                        for event in thought.events(parser, chunk.text, tokens):
+                        for event in choice.feed(chunk.text, tokens):
                             yield event
                     chunk = await anext(chunks, None)
             if self._stopped and not last.final:  # stop() cancelled the call under us
@@ -381,13 +378,11 @@ class TritonBackend:
             text, completion, last, reported_out, model_contract
         )
         reason = contract.finish_reason(last.finish_reason, completion_tokens, sampling.max_tokens)
-        for event in thought.flush(parser):
-            yield event
-        tail, reason = closing_events(parser, reason)
+        tail, reason = choice.finish(reason)
         for event in tail:
             yield event
         yield Finished(0, reason)
-        reasoning_tokens = await self._reasoning_tokens(thought)
+        reasoning_tokens = await self._reasoning_tokens(choice)
         yield Usage(
             prompt_tokens,
             completion_tokens,
@@ -395,12 +390,25 @@ class TritonBackend:
             reasoning_tokens=min(reasoning_tokens, completion_tokens),
         )
 
-    async def _reasoning_tokens(self, thought: _Thought) -> int:
+    def _thinking(self, request: GenerationRequest, prompt: str) -> ReasoningParser | None:
+        """The choice's reasoning parser, starting where the rendered prompt leaves it
+        (chat only: a completion's text is never split)."""
+        fmt = self._reasoning
+        if fmt is None or request.kind is not RequestKind.CHAT:
+            return None
+        return fmt.parser(in_thought=fmt.starts_in_thought(prompt, request.reasoning.thinking))
+
+    @staticmethod
+    def _tools(request: GenerationRequest) -> ToolCallParser | None:
+        return ToolCallParser(0) if tools_active(request) else None
+
+    async def _reasoning_tokens(self, choice: ChoiceText) -> int:
         """The thought's tokens, by the tokenizer where there is one."""
-        if not thought.text:
+        thought = choice.thought
+        if not thought:
             return 0
-        counted = await asyncio.to_thread(self._prompter.count, thought.text, prompt=False)
-        return thought.chunks if counted is None else counted
+        counted = await asyncio.to_thread(self._prompter.count, thought, prompt=False)
+        return choice.thought_pieces if counted is None else counted
 
     def _failed(self, error: BackendError, replica: Replica, server: TritonServer) -> BackendError:
         """Account a mid-stream failure to its replica; the error to raise."""
@@ -446,56 +454,6 @@ class TritonBackend:
                 self._prompter.count, completion, prompt=False
             )
         return prompt_tokens or 0, completion_tokens or 0
-
-
-class _Thought:
-    """One stream's thought, split off its text before tool calls are read from the
-    answer (a pass-through where the model has no reasoning parser or for completions).
-    Owned by the coroutine relaying the stream."""
-
-    __slots__ = ("_parser", "_parts", "chunks")
-
-    def __init__(self, fmt: ReasoningFormat | None, request: GenerationRequest, prompt: str):
-        self._parser: ReasoningParser | None = None
-        if fmt is not None and request.kind is RequestKind.CHAT:
-            in_thought = fmt.starts_in_thought(prompt, request.reasoning.thinking)
-            self._parser = fmt.parser(in_thought=in_thought)
-        self._parts: list[str] = []
-        self.chunks = 0
-        """Chunks that carried thought (the count where there is no tokenizer)."""
-
-    @property
-    def text(self) -> str:
-        return "".join(self._parts)
-
-    def events(
-        self, tools: ToolCallParser | None, text: str, tokens: int
-    ) -> list[ReasoningDelta | TextDelta | ToolCallDelta]:
-        if self._parser is None:
-            return list(content_events(tools, text, tokens))
-        split = self._parser.feed(text)
-        return self._split(tools, split.reasoning, split.content, tokens)
-
-    def flush(
-        self, tools: ToolCallParser | None
-    ) -> list[ReasoningDelta | TextDelta | ToolCallDelta]:
-        """What the parser held back at the end (a marker cut short is text)."""
-        if self._parser is None:
-            return []
-        split = self._parser.finish()
-        return self._split(tools, split.reasoning, split.content, 0)
-
-    def _split(
-        self, tools: ToolCallParser | None, thought: str, answer: str, tokens: int
-    ) -> list[ReasoningDelta | TextDelta | ToolCallDelta]:
-        events: list[ReasoningDelta | TextDelta | ToolCallDelta] = []
-        if thought:
-            self._parts.append(thought)
-            self.chunks += 1
-            events.append(ReasoningDelta(0, thought, tokens))
-        if answer:
-            events.extend(content_events(tools, answer, 0 if thought else tokens))
-        return events
 
 
 async def _one(payload: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
