@@ -91,11 +91,11 @@ class ChoiceAccumulator:
     response."""
 
     parts: list[str] = field(default_factory=list)
-    reasoning: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     # call_index -> [id, name, argument fragments...]
     tool_calls: dict[int, list[str]] = field(default_factory=dict)
+    reasoning: list[str] = field(default_factory=list)
 
     def add_tool_delta(self, delta: ToolCallDelta) -> None:
         call = self.tool_calls.setdefault(delta.call_index, ["", ""])
