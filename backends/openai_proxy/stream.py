@@ -153,11 +153,11 @@ class ChunkTranslator:
 
     def translate_all(self, payloads: list[bytes], out: list[BackendEvent]) -> None:
         """Append the events of every ``data:`` payload of one read to ``out``, merging
-        adjacent deltas of the same choice into one ``TextDelta`` (an engine that is ahead
-        of us leaves several chunks in a read; relayed as one delta they cost the gateway
-        one SSE frame, and the client sees what vLLM itself sends under load). A merged
-        delta's ``logprobs`` and ``num_tokens`` cover exactly the tokens behind its text;
-        each run is built once."""
+        adjacent deltas of the same choice and kind into one ``TextDelta`` (or
+        ``ReasoningDelta``: an engine that is ahead of us leaves several chunks in a read;
+        relayed as one delta they cost the gateway one SSE frame, and the client sees what
+        vLLM itself sends under load). A merged delta's ``logprobs`` and ``num_tokens``
+        cover exactly the tokens behind its text; each run is built once."""
         try:
             for chunk in self._decode(payloads):
                 if type(chunk) is not dict:

@@ -312,13 +312,17 @@ async def test_a_reasoning_item_goes_back_as_the_turns_thought(gateway: Gateway)
 
 async def test_previous_response_id_carries_the_thought(gateway: Gateway) -> None:
     first = await gateway.sdk.responses.create(model="thinker", input=QUESTION)
-    await gateway.sdk.responses.create(
+    second = await gateway.sdk.responses.create(
         model="thinker", input="and Spain", previous_response_id=first.id
     )
     sent = gateway.split.bodies[-1]["messages"]
     assert sent[1]["reasoning_content"] == THOUGHT and sent[1]["content"] == ANSWER
     listed = await gateway.http.get(f"/v1/responses/{first.id}")
     assert listed.json()["output"][0]["type"] == "reasoning"
+    items = (await gateway.http.get(f"/v1/responses/{second.id}/input_items?order=asc")).json()
+    kinds = [item["type"] for item in items["data"]]
+    assert kinds == ["message", "reasoning", "message", "message"]
+    assert items["data"][1]["content"] == [{"type": "reasoning_text", "text": THOUGHT}]
 
 
 async def test_encrypted_content_round_trips_and_a_forged_one_is_refused(
