@@ -233,7 +233,17 @@ class ChunkTranslator:
                 if not isinstance(thought, str):
                     raise UpstreamBadResponse("upstream sent a reasoning field that is not text")
                 self._upstream_splits = True
-            self._relay(out, index, thought or "", text or "", logprobs=logprobs, tokens=num_tokens)
+            if thought or (text and self._format is not None and not self._upstream_splits):
+                self._relay(
+                    out, index, thought or "", text or "", logprobs=logprobs, tokens=num_tokens
+                )
+            else:  # the common case, inline: answer text, nothing to split
+                if self._run and (self._run_index != index or self._run_thought):
+                    out.append(self._run_event())
+                self._run_index = index
+                self._run_thought = False
+                self._run_tokens += num_tokens
+                self._run.append((text or "", logprobs))
         reason = choice.get("finish_reason")
         if reason:
             self._flush_parser(index, out)
