@@ -6,9 +6,11 @@ async stream of ``BackendEvent`` values and raises ``BackendError`` subclasses w
 cannot (``backends.errors``). Backends never see HTTP, and the gateway never sees tensors.
 
 Event order for one request: zero or one ``Started``; zero or one ``PromptLogprobs``
-(only when asked); then per choice index any number
-of ``TextDelta`` and ``ToolCallDelta`` (interleaved in output order) followed by exactly
-one ``Finished``; then exactly one ``Usage`` last.
+(only when asked); then per choice index any number of ``ReasoningDelta`` (the thought),
+``TextDelta`` and ``ToolCallDelta`` (the answer), interleaved in output order, followed by
+exactly one ``Finished``; then exactly one ``Usage`` last. A backend splits a reasoning
+model's thought from its answer (``backends.reasoning``) before anything reads the
+answer: tool calls and JSON come from ``TextDelta`` text only.
 
 JSON values that cross this contract (tool parameter schemas, ``response_format``
 schemas, tool-call arguments, raw content parts) travel as JSON *text*: immutable,
@@ -70,7 +72,8 @@ class ChatMessage:
     """One chat message.
 
     ``content`` is the message text ("" for an assistant turn whose content was null).
-    An assistant turn may carry ``tool_calls``; a ``tool`` message answers the call
+    An assistant turn may carry ``tool_calls`` and its ``reasoning``; a ``tool`` message
+    answers the call
     ``tool_call_id``. ``parts`` is set only when the client sent non-text parts: every
     part in order (``content`` then holds the joined text parts).
     """
@@ -81,6 +84,10 @@ class ChatMessage:
     tool_call_id: str | None = None
     name: str | None = None
     parts: tuple[ContentPart, ...] = ()
+    reasoning: str = ""
+    """An earlier assistant turn's thought, handed back by the client: passed to the chat
+    template as the message's ``reasoning_content``, which keeps or drops it as the
+    model's own template does (Qwen3's drops it)."""
 
 
 JsonSchema = Mapping[str, Any] | bool
@@ -126,6 +133,43 @@ class ResponseFormat:
 
 
 TEXT_FORMAT = ResponseFormat()
+
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningControls:
+    """What the client asked of a reasoning model's thought; every field ``None`` (or
+    empty) when it asked nothing.
+
+    ``effort``: OpenAI's ``reasoning_effort`` / Responses ``reasoning.effort`` as sent
+    (``none`` also sets ``thinking`` off). ``thinking``: the thought switched on or off
+    (Messages ``thinking.type``, chat ``chat_template_kwargs.enable_thinking``); a
+    template's switch (Qwen3's ``enable_thinking``) is set from it. ``budget_tokens``:
+    the most tokens the thought may take (Messages ``thinking.budget_tokens``, vLLM's
+    ``thinking_token_budget``); below the request's ``max_tokens``, which counts thought
+    and answer together. ``template_kwargs``: the client's ``chat_template_kwargs``, a
+    JSON object text ("" when none), for templates and servers that take it.
+
+    Each control needs its ``Feature`` where the model has a reasoning parser
+    (``Feature.REASONING``); a model without one ignores them (as vLLM does)."""
+
+    effort: ReasoningEffort | None = None
+    thinking: bool | None = None
+    budget_tokens: int | None = None
+    template_kwargs: str = ""
+
+    @property
+    def asked(self) -> bool:
+        return (
+            self.effort is not None
+            or self.thinking is not None
+            or self.budget_tokens is not None
+            or bool(self.template_kwargs)
+        )
+
+
+NO_REASONING_CONTROLS = ReasoningControls()
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +273,8 @@ class GenerationRequest:
     adapter: str | None = None
     """The LoRA adapter (its configured name) the base model answers with; None: the base
     itself. Set by routing when the request names an adapter."""
+    reasoning: ReasoningControls = NO_REASONING_CONTROLS
+    """The client's reasoning controls (``ReasoningControls``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,6 +340,17 @@ class TextDelta:
 
 
 @dataclass(frozen=True, slots=True)
+class ReasoningDelta:
+    """New thought text for choice ``index``: what a reasoning model wrote before its
+    answer, never part of it. ``num_tokens`` counts the tokens behind ``text``
+    (``Usage.reasoning_tokens`` is their sum)."""
+
+    index: int
+    text: str
+    num_tokens: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class ToolCallDelta:
     """A piece of tool call ``call_index`` (0, 1, ... per choice) of choice ``index``.
 
@@ -332,20 +389,25 @@ class Usage:
 
     A stream that broke and resumed on another replica (``resumes`` > 0) bills its
     ``prompt_tokens`` once; the prompt tokens the upstream processed again to continue
-    it are the gateway's cost, ``resume_prompt_tokens``, never billed to the client."""
+    it are the gateway's cost, ``resume_prompt_tokens``, never billed to the client.
+
+    ``reasoning_tokens``: the part of ``completion_tokens`` that was thought."""
 
     prompt_tokens: int
     completion_tokens: int
     upstream_seconds: float | None = None
     resumes: int = 0
     resume_prompt_tokens: int = 0
+    reasoning_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
 
-BackendEvent = Started | PromptLogprobs | TextDelta | ToolCallDelta | Finished | Usage
+BackendEvent = (
+    Started | PromptLogprobs | ReasoningDelta | TextDelta | ToolCallDelta | Finished | Usage
+)
 
 
 class Feature(Enum):
@@ -374,6 +436,14 @@ class Feature(Enum):
     # max_tokens (the hf engine's budget-aware decoding); proxies and Triton pass the
     # request on and leave a cut value as the server returns it.
     CLOSES_BY_BUDGET = "closes_by_budget"
+    # Not a request field: the model's thought comes as ``ReasoningDelta`` apart from the
+    # answer (a reasoning parser is configured, or the upstream splits it). Where it is
+    # declared, each reasoning control needs its own feature below (400 naming the
+    # control's field otherwise); where not, controls are ignored.
+    REASONING = "reasoning"
+    REASONING_EFFORT = "reasoning_effort"  # passed on to a template or server that reads it
+    THINKING_SWITCH = "thinking_switch"  # the thought switched on or off
+    THINKING_BUDGET = "thinking_budget"  # the thought held to budget_tokens
 
 
 TEXT_GENERATION: frozenset[Feature] = frozenset(
@@ -441,6 +511,7 @@ class Backend(Protocol):
 
 
 __all__ = [
+    "NO_REASONING_CONTROLS",
     "TEXT_GENERATION",
     "AdapterHost",
     "AdapterSpec",
@@ -462,6 +533,9 @@ __all__ = [
     "Overloaded",
     "PromptLogprobs",
     "PromptToken",
+    "ReasoningControls",
+    "ReasoningDelta",
+    "ReasoningEffort",
     "RequestKind",
     "SamplingParams",
     "Started",

@@ -46,6 +46,12 @@ class Prompter:
     def loaded(self) -> bool:
         return self._tokenizer is not None
 
+    @property
+    def template(self) -> str | None:
+        """The chat template text of the loaded tokenizer (None: none, or not loaded)."""
+        template = getattr(self._tokenizer, "chat_template", None)
+        return template if isinstance(template, str) else None
+
     def render(self, request: GenerationRequest) -> str:
         """The text_input for ``request``; raises InvalidRequest when chat cannot be
         rendered (no tokenizer configured, or one without a chat template)."""

@@ -70,13 +70,19 @@ def _yaml_fault(path: Path, exc: yaml.YAMLError) -> str:
 
 
 def _field_faults(path: Path, exc: ValidationError) -> list[str]:
-    """One ``FILE: FIELD.PATH: REASON`` line per field pydantic refused."""
-    lines = []
+    """One ``FILE: FIELD.PATH: REASON`` line per field pydantic refused.
+
+    A field typed as a union fails once per member (``literal['a','b']``, ``literal['auto']``):
+    those members' tags are dropped from the path and their reasons joined on one line.
+    """
+    faults: dict[str, list[str]] = {}
     for error in exc.errors():
-        where = ".".join(str(part) for part in error["loc"]) or "(top level)"
-        reason = error["msg"].removeprefix("Value error, ")
-        lines.append(f"{path}: {where}: {_one_line(reason)}")
-    return lines
+        parts = [str(part) for part in error["loc"] if "[" not in str(part)]
+        where = ".".join(parts) or "(top level)"
+        reason = _one_line(error["msg"].removeprefix("Value error, "))
+        if reason not in faults.setdefault(where, []):
+            faults[where].append(reason)
+    return [f"{path}: {where}: {'; or: '.join(reasons)}" for where, reasons in faults.items()]
 
 
 def _one_line(text: str) -> str:

@@ -16,6 +16,14 @@ from config.tracing import TracingConfig
 
 _NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$"
 
+ReasoningParserName = Literal["deepseek_r1", "qwen3", "granite", "openai_gptoss", "mistral"]
+"""vLLM's names of the reasoning parsers in ``backends.reasoning`` (a unit test holds the
+two lists equal: config imports nothing from backends)."""
+_REASONING_PARSER = (
+    "How the model's thought is split from its answer (docs/reasoning.md): a parser name "
+    "as vLLM's --reasoning-parser takes it"
+)
+
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -57,6 +65,15 @@ class ServerConfig(_Frozen):
     )
     drain_timeout: float = Field(
         30.0, ge=0, description="After drain_grace: seconds in-flight requests may take to end."
+    )
+    reasoning_secret: str | None = Field(
+        None,
+        min_length=16,
+        repr=False,
+        description="Key signing the thoughts handed to clients (Responses encrypted_content, "
+        "Messages thinking signatures), e.g. '${LLMSO_REASONING_SECRET}'; default: a random "
+        "key per process, so a thought comes back only to the process that made it: set one "
+        "where replicas or restarts share conversations (docs/reasoning.md).",
     )
 
 
@@ -153,6 +170,12 @@ class ModelBase(_Frozen):
     @classmethod
     def _listify(cls, value: object) -> object:
         return (value,) if isinstance(value, str) else value
+
+    @field_validator("reasoning_parser", mode="before", check_fields=False)
+    @classmethod
+    def _none_spelt_out(cls, value: object) -> object:
+        # Every backend's config has `reasoning_parser` (its own choices); `none` is null.
+        return None if value == "none" else value
 
 
 _CHAT_TEMPLATE = (
@@ -263,6 +286,11 @@ class HFModelConfig(ModelBase):
         description="'embed': a pooling model served on /v1/embeddings (batches up to "
         "max_num_seqs inputs per forward; pooling from its sentence-transformers config).",
     )
+    reasoning_parser: ReasoningParserName | Literal["auto"] | None = Field(
+        "auto",
+        description=f"{_REASONING_PARSER}; auto: the one the chat template and special "
+        "tokens show, if any; none: the text is all answer.",
+    )
 
     @model_validator(mode="after")
     def _quantization_runs_continuously(self) -> HFModelConfig:
@@ -358,6 +386,12 @@ class ReplicaFields(_Frozen):
 
 class ReplicatedModel(ModelBase, RemoteTimeouts, ReplicaFields):
     """A model served by one or more equivalent remote servers."""
+
+    reasoning_parser: ReasoningParserName | None = Field(
+        None,
+        description=f"{_REASONING_PARSER}; none: the text is all answer. An openai "
+        "upstream's own reasoning fields are read either way.",
+    )
 
     @property
     def endpoints(self) -> tuple[ReplicaEndpoint, ...]:

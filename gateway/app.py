@@ -29,6 +29,7 @@ from gateway.api.messages.endpoint import CountTokensEndpoint, MessagesEndpoint
 from gateway.api.responses import api as responses_api
 from gateway.api.responses.endpoint import ResponsesEndpoint
 from gateway.api.responses.stores import open_store
+from gateway.api.thought_seal import ThoughtSeal
 from gateway.batch import routes as batch_routes
 from gateway.batch.files import FileStore
 from gateway.batch.runner import BatchRunner
@@ -74,6 +75,7 @@ def build_app(
     gateway_metrics = GatewayMetrics(prometheus)
     service = CompletionService(registry, gateway_metrics, backend_metrics)
     admission = Admission(config, registry, gateway_metrics, prometheus)
+    seal = ThoughtSeal(config.server.reasoning_secret)
     state = AppState(
         config=config,
         prometheus=prometheus,
@@ -82,7 +84,7 @@ def build_app(
         registry=registry,
         service=service,
         responses=ResponsesEndpoint(
-            service, open_store(config.responses, default=config.limits.store)
+            service, open_store(config.responses, default=config.limits.store), seal
         ),
         admin_key=admin_key,
         started_at=int(time.time()),
@@ -98,8 +100,8 @@ def build_app(
         CompletionsEndpoint(service),
         EmbeddingsEndpoint(EmbeddingService(registry, gateway_metrics)),
         state.responses,
-        MessagesEndpoint(service),
-        CountTokensEndpoint(service),
+        MessagesEndpoint(service, seal),
+        CountTokensEndpoint(service, seal),
     )
     batch_state = BatchState(config.batch.directory)
     batch_runner = BatchRunner(

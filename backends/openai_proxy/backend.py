@@ -80,6 +80,7 @@ from backends.openai_proxy.resume import Resume, Resumer, SeamMismatch
 from backends.openai_proxy.scored import scored_body, scored_events
 from backends.openai_proxy.slots import SlotGate
 from backends.openai_proxy.stream import ChunkTranslator
+from backends.reasoning import ReasoningFormat, reasoning_format
 from backends.replicas.adapters import Adapters
 from backends.replicas.attempts import GiveUp, first_success
 from backends.replicas.replica import Replica
@@ -114,6 +115,9 @@ class OpenAIProxyBackend:
             config, _endpoints(config), metrics.replicas, adapters=self._adapters
         )
         self._resumer = Resumer(config, self._profile, metrics.replicas)
+        self._reasoning: ReasoningFormat | None = (
+            reasoning_format(config.reasoning_parser) if config.reasoning_parser else None
+        )
         self._slots = SlotGate(config)
         self._session: aiohttp.ClientSession | None = None
         self._pool: Pool | None = None  # the data path's connections; set with _session
@@ -407,7 +411,7 @@ class OpenAIProxyBackend:
             await self._adapter_ready(replica, request)
             url = split_base_url(replica.url)[1] + path
             started_at = time.time()
-            translator = ChunkTranslator(chat=chat, n=request.sampling.n)
+            translator = self._translator(request, chat=chat)
             stream = UpstreamStream(url, translator, self._hop)
             try:
                 await stream.open(self._data_pool(), body, trace_headers)
@@ -431,6 +435,17 @@ class OpenAIProxyBackend:
         )
         stream.waited += slept + sum(failed_waits)
         return stream, replica, started_at, first
+
+    def _translator(self, request: GenerationRequest, *, chat: bool) -> ChunkTranslator:
+        """The stream's translator, splitting the thought here where the model names a
+        parser (the upstream's own reasoning fields win: ``stream``)."""
+        fmt = self._reasoning
+        if fmt is None:
+            return ChunkTranslator(chat=chat, n=request.sampling.n)
+        in_thought = fmt.starts_in_thought(None, request.reasoning.thinking)
+        return ChunkTranslator(
+            chat=chat, n=request.sampling.n, reasoning=fmt, in_thought=in_thought
+        )
 
     async def _walk(
         self,
@@ -518,7 +533,8 @@ class OpenAIProxyBackend:
             prompt, completion = translator.usage
         else:
             prompt, completion = estimate_prompt_tokens(request), translator.counted_tokens
-        return Usage(prompt, completion, upstream_seconds=stream.waited)
+        reasoning = min(translator.reasoning_tokens, completion)
+        return Usage(prompt, completion, upstream_seconds=stream.waited, reasoning_tokens=reasoning)
 
     # ------------------------------------------------------------------ health
 

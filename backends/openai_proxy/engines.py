@@ -27,6 +27,10 @@ Prompt log-probabilities (``echo`` with ``logprobs``, ``prompt_logprobs``) only 
 (its ``prompt_logprobs``, ``scored.py``): llama-cpp-python echoes log-probabilities only
 when not streaming and pairs each prompt token with the distribution its own position
 produces (one position late); OpenAI's own API no longer scores prompts; mlx-lm has none.
+Reasoning (``Feature.REASONING``): every engine's thought fields are read, and the effort
+and the thinking switch are forwarded for the upstream to apply or ignore (as vLLM
+ignores an effort its template does not take); a thinking budget only to vLLM, as its
+``thinking_token_budget`` (it needs vLLM's own ``--reasoning-parser``).
 """
 
 from __future__ import annotations
@@ -56,21 +60,22 @@ class EngineProfile:
 
 
 _JSON = frozenset({Feature.JSON_OBJECT, Feature.JSON_SCHEMA, Feature.LOGIT_BIAS})
-_OPENAI_LIKE = TEXT_GENERATION | _JSON | {Feature.TOOLS, Feature.IMAGE_INPUT, Feature.OTHER_INPUT}
+_REASONING = frozenset({Feature.REASONING, Feature.REASONING_EFFORT, Feature.THINKING_SWITCH})
+_TEXT = TEXT_GENERATION | _REASONING
+_OPENAI_LIKE = _TEXT | _JSON | {Feature.TOOLS, Feature.IMAGE_INPUT, Feature.OTHER_INPUT}
+_VLLM = _OPENAI_LIKE | {Feature.PROMPT_LOGPROBS, Feature.THINKING_BUDGET}
 _PROFILES: dict[str, EngineProfile] = {
     "generic": EngineProfile("generic", "/v1/models", False, features=_OPENAI_LIKE),
-    "vllm": EngineProfile(
-        "vllm", "/health", True, features=_OPENAI_LIKE | {Feature.PROMPT_LOGPROBS}
-    ),
+    "vllm": EngineProfile("vllm", "/health", True, features=_VLLM),
     "llamacpp": EngineProfile(
         "llamacpp",
         "/v1/models",
         False,
         True,
-        TEXT_GENERATION | _JSON,
+        _TEXT | _JSON,
         body_defaults=(("repeat_penalty", 1.0),),
     ),
-    "mlx": EngineProfile("mlx", "/health", False),
+    "mlx": EngineProfile("mlx", "/health", False, features=_TEXT),
 }
 
 

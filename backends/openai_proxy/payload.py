@@ -7,6 +7,14 @@ limit (``backends.base.effective_max_tokens``: the client's, else the model's
 ``default_max_tokens``, else none, so the upstream's own applies). Tools, tool choice, response
 format, logit_bias, content parts and the wire fields the contract does not model
 (``GenerationRequest.passthrough``) are forwarded as the client sent them.
+
+Reasoning controls become vLLM's fields: ``reasoning_effort`` as sent (vLLM 0.32 takes
+OpenAI's whole list, ``none`` to ``max``), the switch as
+``chat_template_kwargs.enable_thinking`` (Qwen3's variable; vLLM hands a template only
+the variables it reads) next to the client's own ``chat_template_kwargs``, and the budget
+as ``thinking_token_budget``. An earlier assistant turn's thought goes back as its
+``reasoning`` (the name vLLM 0.32 reads) and ``reasoning_content`` (DeepSeek's, which
+llama.cpp reads), for templates that keep it.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import orjson
 from backends.base import (
     ChatMessage,
     GenerationRequest,
+    ReasoningControls,
     RequestKind,
     ResponseFormat,
     ToolSpec,
@@ -76,6 +85,7 @@ def request_body(
     if chat:
         body["messages"] = [_message(m) for m in request.messages]
         _add_tools(body, request)
+        _add_reasoning(body, request.reasoning)
     else:
         body["prompt"] = list(request.prompt_token_ids) or request.prompt
         if request.suffix is not None:
@@ -113,7 +123,25 @@ def _message(message: ChatMessage) -> dict[str, Any]:
         ]
     if message.tool_call_id is not None:
         out["tool_call_id"] = message.tool_call_id
+    if message.reasoning:
+        out["reasoning"] = out["reasoning_content"] = message.reasoning
     return out
+
+
+def _add_reasoning(body: dict[str, Any], controls: ReasoningControls) -> None:
+    if not controls.asked:
+        return
+    if controls.effort is not None:
+        body["reasoning_effort"] = controls.effort
+    kwargs: dict[str, Any] = (
+        orjson.loads(controls.template_kwargs) if controls.template_kwargs else {}
+    )
+    if controls.thinking is not None:
+        kwargs.setdefault("enable_thinking", controls.thinking)
+    if kwargs:
+        body["chat_template_kwargs"] = kwargs
+    if controls.budget_tokens is not None:
+        body["thinking_token_budget"] = controls.budget_tokens
 
 
 def _add_tools(body: dict[str, Any], request: GenerationRequest) -> None:

@@ -36,7 +36,9 @@ not regenerate them (``SeamMismatch``) is replaced by one carrying the whole tex
 Requests a continuation cannot rebuild are never resumed (``refusal``; the client gets
 the SSE error event, as before): ``n`` > 1, ``logprobs``, a ``response_format`` (the
 engine's grammar would restart at the seam), a prompt of token ids, a tool call already
-streamed, chat on an engine that cannot continue a message. ``Resume`` holds one
+streamed, chat on an engine that cannot continue a message, a thought already streamed
+or split here (a continuation would have to carry the thought back into the prompt in the
+model's markup, and a parser here would start over). ``Resume`` holds one
 request's delivered answer: owned by the coroutine relaying it. ``Resumer`` is the
 backend's read-only plan, built once from its config.
 """
@@ -57,6 +59,7 @@ from backends.base import (
     ChatMessage,
     Finished,
     GenerationRequest,
+    ReasoningDelta,
     RequestKind,
     SamplingParams,
     TextDelta,
@@ -128,8 +131,11 @@ def failover_mode(config: OpenAIModelConfig) -> Failover:
     return "mid_stream" if config.engine in _MID_STREAM_BY_DEFAULT else "before_first_byte"
 
 
-def refusal(request: GenerationRequest, engine: str, renders_chat: bool) -> str | None:
-    """Why ``request`` cannot be continued on ``engine`` (a short label), or None."""
+def refusal(
+    request: GenerationRequest, engine: str, renders_chat: bool, *, parses_thought: bool = False
+) -> str | None:
+    """Why ``request`` cannot be continued on ``engine`` (a short label), or None;
+    ``parses_thought``: the gateway splits the model's thought itself."""
     sampling = request.sampling
     if sampling.n != 1:
         return "n"
@@ -139,6 +145,8 @@ def refusal(request: GenerationRequest, engine: str, renders_chat: bool) -> str 
         return "response_format"
     if request.kind is RequestKind.COMPLETION:
         return "token_ids" if request.prompt_token_ids else None
+    if parses_thought:
+        return "reasoning"
     if engine in _CONTINUES_MESSAGES or (engine == "llamacpp" and renders_chat):
         return None
     return "engine"
@@ -156,6 +164,7 @@ class Resume:
         "finished",
         "points",
         "refused",
+        "thought",
         "tokens",
         "tool_call",
         "waited",
@@ -182,6 +191,8 @@ class Resume:
         """False once a continuation failed to regenerate its withheld text: later ones
         carry the whole text."""
         self.tool_call = False
+        self.thought = False
+        """A thought was relayed: never resumed (see the module doc)."""
         self.finished = False
         self.points: list[int] = []
         """Tokens delivered when each resume began."""
@@ -198,6 +209,8 @@ class Resume:
                 self.tokens += event.num_tokens  # type: ignore[union-attr]
             elif kind is ToolCallDelta:
                 self.tool_call = True
+            elif kind is ReasoningDelta:
+                self.thought = True
             elif kind is Finished:
                 self.finished = True
 
@@ -300,6 +313,7 @@ class Resumer:
         self._profile = profile
         self._budget = config.retries
         self._default_max_tokens = config.default_max_tokens
+        self._parses_thought = config.reasoning_parser is not None
         renders = self.mode == "mid_stream" and config.engine == "llamacpp"
         self._prompter = Prompter(config.tokenizer if renders else None)
         self._outcomes = {
@@ -316,14 +330,16 @@ class Resumer:
         """The state that lets ``request`` resume; None unless failover is mid_stream."""
         if self.mode != "mid_stream" or self._budget == 0:
             return None
-        refused = refusal(request, self._engine, self._prompter.loaded)
+        refused = refusal(
+            request, self._engine, self._prompter.loaded, parses_thought=self._parses_thought
+        )
         return Resume(refused, self._default_max_tokens)
 
     def check(self, resume: Resume, error: BackendError) -> None:
         """Raise ``error`` unless the stream it broke may resume now."""
         if not isinstance(error, _BROKEN):
             raise error
-        if resume.refused is not None or resume.tool_call:
+        if resume.refused is not None or resume.tool_call or resume.thought:
             self.count("refused")
             raise error
         if resume.resumes >= self._budget:

@@ -15,6 +15,17 @@ Token counting without usage (llama.cpp ignores ``include_usage``): each content
 counts as one token (or as many tokens as it carries logprobs). Engines stream one token
 per chunk unless they coalesce, so this is exact for llama.cpp and a lower bound in
 general; ``Usage`` from the upstream always wins when present.
+
+Reasoning: a chat delta's thought is read from ``reasoning_content`` (DeepSeek's name,
+llama.cpp's) or ``reasoning`` (vLLM 0.32's) and relayed as ``ReasoningDelta``. Where the
+upstream sends no such field and the model names a reasoning parser
+(``reasoning_parser:``), the content is split here by the same parser code the other
+backends use (``backends.reasoning``); the first reasoning field the upstream sends
+turns that off for the rest of the stream (it splits itself). Completions are relayed
+raw. Reasoning tokens: the upstream's ``completion_tokens_details.reasoning_tokens``
+when it reports more than 0 (vLLM 0.32 reports 0 even after a thought), else counted
+here the same way as above: each chunk that carried thought (or, split here, held back
+a marker inside one) counts as one token, or as many as its logprobs.
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ from backends.base import (
     BackendEvent,
     Finished,
     FinishReason,
+    ReasoningDelta,
     TextDelta,
     TokenLogprob,
     ToolCallDelta,
@@ -34,6 +46,7 @@ from backends.base import (
     UpstreamBadResponse,
 )
 from backends.openai_proxy.errors import from_stream_error
+from backends.reasoning import Phase, ReasoningFormat, ReasoningParser, Split
 from backends.tool_markup.markup import new_call_id
 
 DONE = b"[DONE]"
@@ -71,37 +84,68 @@ class SSEDecoder:
 
 
 class ChunkTranslator:
-    """Stateful translation of one stream's chunks (one request, ``n`` choices)."""
+    """Stateful translation of one stream's chunks (one request, ``n`` choices).
+
+    ``reasoning``: the parser's format that splits a thought off the content when the
+    upstream does not (chat only), its parsers starting ``in_thought`` or not."""
 
     __slots__ = (
         "_calls",
         "_chat",
         "_finished",
+        "_format",
+        "_in_thought",
         "_n",
+        "_parsers",
         "_run",
         "_run_index",
+        "_run_thought",
         "_run_tokens",
+        "_upstream_splits",
+        "counted_reasoning",
         "counted_tokens",
         "done",
+        "reported_reasoning",
         "usage",
     )
 
-    def __init__(self, *, chat: bool, n: int) -> None:
+    def __init__(
+        self,
+        *,
+        chat: bool,
+        n: int,
+        reasoning: ReasoningFormat | None = None,
+        in_thought: bool = False,
+    ) -> None:
         self._chat = chat
         self._n = n
         self._finished: set[int] = set()
         self._calls: set[tuple[int, int]] = set()  # (choice, call index) already named
+        self._format = reasoning if chat else None
+        self._in_thought = in_thought
+        self._parsers: dict[int, ReasoningParser] = {}
+        self._upstream_splits = False
         self.done = False
         """The upstream sent ``[DONE]``."""
         self.usage: tuple[int, int] | None = None
         """``(prompt_tokens, completion_tokens)`` reported by the upstream."""
+        self.reported_reasoning = 0
+        """The upstream's ``completion_tokens_details.reasoning_tokens`` (0: none said)."""
         self.counted_tokens = 0
         """Completion tokens counted from the deltas (fallback when ``usage`` is None)."""
-        # The run of same-choice deltas of the read being translated, not emitted yet, as
-        # (text, logprobs); empty between reads.
+        self.counted_reasoning = 0
+        """Of those, the thought's (see the module doc)."""
+        # The run of same-choice, same-kind deltas of the read being translated, not
+        # emitted yet, as (text, logprobs); empty between reads.
         self._run: list[tuple[str, tuple[TokenLogprob, ...]]] = []
         self._run_index = 0
+        self._run_thought = False
         self._run_tokens = 0
+
+    @property
+    def reasoning_tokens(self) -> int:
+        """The thought's tokens: the upstream's count where it gave one, else ours."""
+        return self.reported_reasoning or self.counted_reasoning
 
     @property
     def all_finished(self) -> bool:
@@ -109,11 +153,11 @@ class ChunkTranslator:
 
     def translate_all(self, payloads: list[bytes], out: list[BackendEvent]) -> None:
         """Append the events of every ``data:`` payload of one read to ``out``, merging
-        adjacent deltas of the same choice into one ``TextDelta`` (an engine that is ahead
-        of us leaves several chunks in a read; relayed as one delta they cost the gateway
-        one SSE frame, and the client sees what vLLM itself sends under load). A merged
-        delta's ``logprobs`` and ``num_tokens`` cover exactly the tokens behind its text;
-        each run is built once."""
+        adjacent deltas of the same choice and kind into one ``TextDelta`` (or
+        ``ReasoningDelta``: an engine that is ahead of us leaves several chunks in a read;
+        relayed as one delta they cost the gateway one SSE frame, and the client sees what
+        vLLM itself sends under load). A merged delta's ``logprobs`` and ``num_tokens``
+        cover exactly the tokens behind its text; each run is built once."""
         try:
             for chunk in self._decode(payloads):
                 if type(chunk) is not dict:
@@ -128,10 +172,14 @@ class ChunkTranslator:
                 if usage:
                     prompt = int(usage.get("prompt_tokens") or 0)
                     self.usage = (prompt, int(usage.get("completion_tokens") or 0))
+                    details = usage.get("completion_tokens_details")
+                    if isinstance(details, dict):
+                        self.reported_reasoning = int(details.get("reasoning_tokens") or 0)
             self._end_run(out)
         finally:
-            self._run.clear()
-            self._run_tokens = 0
+            if self._run:  # a read that raised: its run is dropped with the stream
+                self._run.clear()
+                self._run_tokens = 0
 
     def _decode(self, payloads: list[bytes]) -> list[Any]:
         """The JSON values of one read's payloads, in order (``[DONE]`` noted, empty ones
@@ -158,6 +206,7 @@ class ChunkTranslator:
         """At end of stream: close choices the upstream left open (only after ``[DONE]``)."""
         for index in range(self._n):
             if index not in self._finished:
+                self._flush_parser(index, out)
                 self._finished.add(index)
                 out.append(Finished(index, "stop"))
 
@@ -165,25 +214,39 @@ class ChunkTranslator:
         index = choice.get("index") or 0
         if index in self._finished:
             return
+        thought: Any = None
         if self._chat:
             delta = choice.get("delta")
             text = delta.get("content") if delta else None
-            if delta and delta.get("tool_calls"):
-                self._tool_calls(index, delta["tool_calls"], out)
+            if delta:
+                thought = delta.get("reasoning_content") or delta.get("reasoning")
+                if delta.get("tool_calls"):
+                    self._tool_calls(index, delta["tool_calls"], out)
         else:
             text = choice.get("text")
         raw_logprobs = choice.get("logprobs")
         logprobs = self._logprobs(raw_logprobs) if raw_logprobs else ()
-        if text or logprobs:
+        if text or thought or logprobs:
             num_tokens = len(logprobs) or 1
             self.counted_tokens += num_tokens
-            if self._run and self._run_index != index:
-                self._end_run(out)
-            self._run_index = index
-            self._run_tokens += num_tokens
-            self._run.append((text or "", logprobs))
+            if thought:
+                if not isinstance(thought, str):
+                    raise UpstreamBadResponse("upstream sent a reasoning field that is not text")
+                self._upstream_splits = True
+            if thought or (text and self._format is not None and not self._upstream_splits):
+                self._relay(
+                    out, index, thought or "", text or "", logprobs=logprobs, tokens=num_tokens
+                )
+            else:  # the common case, inline: answer text, nothing to split
+                if self._run and (self._run_index != index or self._run_thought):
+                    out.append(self._run_event())
+                self._run_index = index
+                self._run_thought = False
+                self._run_tokens += num_tokens
+                self._run.append((text or "", logprobs))
         reason = choice.get("finish_reason")
         if reason:
+            self._flush_parser(index, out)
             self._end_run(out)
             self._finished.add(index)
             # vLLM names the stop string that matched in `stop_reason` (a token id or
@@ -192,19 +255,85 @@ class ChunkTranslator:
             stop = matched if reason == "stop" and isinstance(matched, str) else None
             out.append(Finished(index, REASONS.get(reason, "stop"), stop_sequence=stop))
 
+    def _relay(
+        self,
+        out: list[BackendEvent],
+        index: int,
+        thought: str,
+        text: str,
+        *,
+        logprobs: tuple[TokenLogprob, ...],
+        tokens: int,
+    ) -> None:
+        """Queue one chunk's thought and text (split here where the parser applies); its
+        tokens ride on the thought when it has one, else on the text."""
+        parser = None
+        if text and self._format is not None and not self._upstream_splits:
+            parser = self._parsers.get(index)
+            if parser is None:
+                parser = self._parsers[index] = self._format.parser(in_thought=self._in_thought)
+            split = parser.feed(text)
+            thought, text = thought + split.reasoning, split.content
+        thinking = bool(thought) or (
+            not text and parser is not None and parser.phase is Phase.THINKING
+        )
+        if thinking:
+            self.counted_reasoning += tokens
+        if thought:
+            self._add(out, index, thought, thought=True, tokens=tokens)
+        if text or logprobs:
+            self._add(
+                out, index, text, thought=False, logprobs=logprobs, tokens=0 if thought else tokens
+            )
+        elif not thought:
+            self._run_tokens += tokens  # a marker held back: its token still counts
+
+    def _add(
+        self,
+        out: list[BackendEvent],
+        index: int,
+        text: str,
+        *,
+        thought: bool,
+        logprobs: tuple[TokenLogprob, ...] = (),
+        tokens: int = 0,
+    ) -> None:
+        if self._run and (self._run_index != index or self._run_thought != thought):
+            out.append(self._run_event())
+        self._run_index = index
+        self._run_thought = thought
+        self._run_tokens += tokens
+        self._run.append((text, logprobs))
+
+    def _flush_parser(self, index: int, out: list[BackendEvent]) -> None:
+        """At the end of a choice: the text its parser held back (a marker cut short)."""
+        parser = self._parsers.pop(index, None)
+        split = parser.finish() if parser is not None else Split()
+        if split.reasoning:
+            self._add(out, index, split.reasoning, thought=True)
+        if split.content:
+            self._add(out, index, split.content, thought=False)
+        self._end_run(out)
+
     def _end_run(self, out: list[BackendEvent]) -> None:
-        """Emit the pending run of deltas as one ``TextDelta``."""
+        """Emit the pending run of deltas as one event (tokens of held-back markers with
+        no run to ride on wait for the next one)."""
+        if self._run:
+            out.append(self._run_event())
+
+    def _run_event(self) -> TextDelta | ReasoningDelta:
+        """The run of deltas as one event; the run is then empty."""
         run = self._run
-        if not run:
-            return
         if len(run) == 1:
             text, logprobs = run[0]
         else:
             text = "".join([part for part, _ in run])
             logprobs = tuple([entry for _, entries in run for entry in entries])
-        out.append(TextDelta(self._run_index, text, logprobs, self._run_tokens))
+        tokens, self._run_tokens = self._run_tokens, 0
         run.clear()
-        self._run_tokens = 0
+        if self._run_thought:
+            return ReasoningDelta(self._run_index, text, tokens)
+        return TextDelta(self._run_index, text, logprobs, tokens)
 
     def _tool_calls(self, index: int, calls: Any, out: list[BackendEvent]) -> None:
         """Relay tool-call deltas as they came, normalised to OpenAI's framing: id and

@@ -39,6 +39,7 @@ from backends.base import (
     BackendEvent,
     Finished,
     PromptLogprobs,
+    ReasoningDelta,
     Started,
     TextDelta,
     TokenLogprob,
@@ -120,7 +121,7 @@ async def read_frame(reader: asyncio.StreamReader) -> list[Message] | None:
 # dump and ~14 us to load (per-instance __getstate__/__setstate__ in Python), a tuple
 # well under 1 us; at one event per token that is the whole relay budget.
 
-_STARTED, _DELTA, _FINISHED, _USAGE, _TOOL, _PROMPT = range(6)
+_STARTED, _DELTA, _FINISHED, _USAGE, _TOOL, _PROMPT, _THOUGHT = range(7)
 
 
 def encode_event(event: BackendEvent) -> tuple[Any, ...]:
@@ -130,12 +131,20 @@ def encode_event(event: BackendEvent) -> tuple[Any, ...]:
             for lp in event.logprobs
         )
         return (_DELTA, event.index, event.text, logprobs, event.num_tokens)
+    if isinstance(event, ReasoningDelta):
+        return (_THOUGHT, event.index, event.text, event.num_tokens)
     if isinstance(event, Started):
         return (_STARTED, event.queued_at, event.started_at)
     if isinstance(event, Finished):
         return (_FINISHED, event.index, event.reason, event.closed_by_budget, event.stop_sequence)
     if isinstance(event, Usage):
-        return (_USAGE, event.prompt_tokens, event.completion_tokens, event.upstream_seconds)
+        return (
+            _USAGE,
+            event.prompt_tokens,
+            event.completion_tokens,
+            event.upstream_seconds,
+            event.reasoning_tokens,
+        )
     if isinstance(event, PromptLogprobs):  # once per request: pickled as it is
         return (_PROMPT, event)
     if isinstance(event, ToolCallDelta):
@@ -164,12 +173,14 @@ def decode_event(fields: tuple[Any, ...]) -> BackendEvent:
             ),
             num_tokens,
         )
+    if kind == _THOUGHT:
+        return ReasoningDelta(fields[1], fields[2], fields[3])
     if kind == _STARTED:
         return Started(fields[1], fields[2])
     if kind == _FINISHED:
         return Finished(fields[1], fields[2], fields[3], fields[4])
     if kind == _USAGE:
-        return Usage(fields[1], fields[2], fields[3])
+        return Usage(fields[1], fields[2], fields[3], reasoning_tokens=fields[4])
     if kind == _TOOL:
         return ToolCallDelta(*fields[1:])
     if kind == _PROMPT and isinstance(fields[1], PromptLogprobs):

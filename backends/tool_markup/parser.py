@@ -163,15 +163,6 @@ def as_events(
     return events
 
 
-def content_events(
-    parser: ToolCallParser | None, text: str, num_tokens: int
-) -> list[TextDelta | ToolCallDelta]:
-    """Events for a piece of streamed choice-0 text: as is without a parser."""
-    if parser is None:
-        return [TextDelta(0, text, num_tokens=num_tokens)]
-    return as_events(parser.feed(text), parser.index, num_tokens)
-
-
 def closing_events(
     parser: ToolCallParser | None, reason: FinishReason
 ) -> tuple[list[TextDelta | ToolCallDelta], FinishReason]:

@@ -1,5 +1,8 @@
 """Tools and past tool turns rendered into a chat prompt: through the tokenizer's chat
-template when it takes ``tools``, else as a system prompt with the markup's rules."""
+template when it takes ``tools``, else as a system prompt with the markup's rules. The
+request's reasoning controls become template variables (``backends.reasoning``), and an
+earlier assistant turn's thought its ``reasoning_content``, which the template keeps or
+drops as the model's own does."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from backends.base import ChatMessage, GenerationRequest, InvalidRequest, ToolCall, ToolSpec
+from backends.reasoning import template_kwargs
 from backends.tool_markup.markup import CLOSE, OPEN, render_call, tools_active
 
 
@@ -67,6 +71,17 @@ def read_chat_template(value: str) -> str:
     return Path(value).expanduser().read_text(encoding="utf-8")
 
 
+_RENDER_ARGUMENTS = frozenset(
+    {
+        "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
+        "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+        "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+    }
+)  # fmt: skip
+"""``apply_chat_template``'s own arguments: a client's template variable of the same name
+would clash with them, so it is not passed."""
+
+
 def render_chat(tokenizer: Any, request: GenerationRequest) -> str:
     """The prompt text of a chat request, tools and past calls included. A tokenizer
     without a chat template (a base model's) is the client's 400, naming the fix."""
@@ -78,6 +93,9 @@ def render_chat(tokenizer: Any, request: GenerationRequest) -> str:
         )
     takes_tools = template_takes_tools(tokenizer)
     extra: dict[str, Any] = {}
+    if request.reasoning.asked:
+        variables = template_kwargs(tokenizer.chat_template, request.reasoning)
+        extra.update((k, v) for k, v in variables.items() if k not in _RENDER_ARGUMENTS)
     if takes_tools and tools_active(request):
         extra["tools"] = tools_json(request)
     text = tokenizer.apply_chat_template(
@@ -87,6 +105,13 @@ def render_chat(tokenizer: Any, request: GenerationRequest) -> str:
 
 
 def _message(message: ChatMessage, template_takes_tools: bool) -> dict[str, Any]:
+    rendered = _rendered(message, template_takes_tools)
+    if message.reasoning:
+        rendered["reasoning_content"] = message.reasoning
+    return rendered
+
+
+def _rendered(message: ChatMessage, template_takes_tools: bool) -> dict[str, Any]:
     if template_takes_tools:
         out: dict[str, Any] = {"role": message.role, "content": message.content}
         if message.tool_calls:

@@ -19,6 +19,13 @@ answered (refusals come before it); closing its iterator early cancels the gRPC 
 the replica that has it, and Triton cancels the request (the model stops decoding);
 ``stop`` ends open streams with ``BackendCrashed``.
 
+Reasoning: where the model names a ``reasoning_parser``, the gateway splits the thought
+off the text Triton streams (``backends.reasoning``; the parser starts as the rendered
+prompt says) before tool calls are read from the answer; the thought's tokens are counted
+with the tokenizer (else one per chunk that carried thought). The thinking switch and
+the effort are honoured where the chat template reads them (the gateway renders it); a
+budget is not.
+
 Errors: server unreachable -> UpstreamUnavailable (503); model not loaded or not ready
 -> NotReady (503 + retry_after); no first token within ``first_token_timeout`` or no end
 within ``total_timeout`` -> UpstreamTimeout (504); tensors not in the contract ->
@@ -57,12 +64,20 @@ from backends.base import (
 from backends.errors import ContractMismatch
 from backends.hop_metrics import BackendMetrics
 from backends.prompter import Prompter
+from backends.reasoning import (
+    ReasoningFormat,
+    ReasoningParser,
+    reads_effort,
+    reasoning_format,
+    template_switch,
+)
 from backends.replicas.attempts import first_success
 from backends.replicas.replica import Replica
 from backends.replicas.replica_set import ReplicaSet, cancel
+from backends.tool_markup.answer import ChoiceText
 from backends.tool_markup.constraints import structured_outputs
 from backends.tool_markup.markup import tools_active
-from backends.tool_markup.parser import ToolCallParser, closing_events, content_events
+from backends.tool_markup.parser import ToolCallParser
 from backends.triton import contract
 from backends.triton.errors import (
     retryable,
@@ -105,12 +120,16 @@ class TritonBackend:
         self._latency = metrics.upstream_latency.labels(*labels)
         self._ttft = metrics.upstream_ttft.labels(*labels)
         self._up = metrics.upstream_up.labels(*labels)
+        name = config.reasoning_parser
+        self._reasoning: ReasoningFormat | None = reasoning_format(name) if name else None
+        self._reasoning_features: frozenset[Feature] = frozenset()  # set by start()
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         self._stopped = False
         await asyncio.to_thread(self._prompter.load)
+        self._reasoning_features = self._reasoning_declared()
         for server in self._servers.values():
             server.open()
         try:
@@ -140,8 +159,9 @@ class TritonBackend:
         # Constraints travel as vLLM's structured_outputs (Triton's vLLM backend and the
         # CPU demo model in deploy/triton both honour them); tool calls as Hermes markup.
         urls = list(self._servers)
+        structured = {Feature.TOOLS, Feature.JSON_OBJECT, Feature.JSON_SCHEMA}
         return ModelInfo(
-            features=TEXT_GENERATION | {Feature.TOOLS, Feature.JSON_OBJECT, Feature.JSON_SCHEMA},
+            features=TEXT_GENERATION | structured | self._reasoning_features,
             max_context=self._config.max_context,
             memory_bytes=self._config.memory_bytes,
             owned_by="triton",
@@ -151,6 +171,18 @@ class TritonBackend:
                 "replicas": str(len(urls)),
             },
         )
+
+    def _reasoning_declared(self) -> frozenset[Feature]:
+        """What the thought can be asked: a switch or an effort the template reads."""
+        if self._reasoning is None:
+            return frozenset()
+        template = self._prompter.template
+        features = {Feature.REASONING}
+        if template_switch(template) is not None:
+            features.add(Feature.THINKING_SWITCH)
+        if reads_effort(template):
+            features.add(Feature.REASONING_EFFORT)
+        return frozenset(features)
 
     def reconfigure(self, config: TritonModelConfig) -> None:
         """Hot reload of the replica list or balance fields only: new servers get a
@@ -305,7 +337,7 @@ class TritonBackend:
         call, sent = opened.call, opened.sent
         status = "error"
         pieces: list[str] = []
-        parser = ToolCallParser(0) if tools_active(request) else None
+        choice = ChoiceText(0, self._thinking(request, text), self._tools(request))
         reported_out = 0
         last = contract.Chunk(text="", final=False)
         try:
@@ -320,7 +352,7 @@ class TritonBackend:
                     if chunk.text:
                         pieces.append(chunk.text)
                         tokens = chunk.num_output_tokens or 1
-                        for event in content_events(parser, chunk.text, tokens):
+                        for event in choice.feed(chunk.text, tokens):
                             yield event
                     chunk = await anext(chunks, None)
             if self._stopped and not last.final:  # stop() cancelled the call under us
@@ -346,11 +378,37 @@ class TritonBackend:
             text, completion, last, reported_out, model_contract
         )
         reason = contract.finish_reason(last.finish_reason, completion_tokens, sampling.max_tokens)
-        tail, reason = closing_events(parser, reason)
+        tail, reason = choice.finish(reason)
         for event in tail:
             yield event
         yield Finished(0, reason)
-        yield Usage(prompt_tokens, completion_tokens, upstream_seconds=upstream_seconds)
+        reasoning_tokens = await self._reasoning_tokens(choice)
+        yield Usage(
+            prompt_tokens,
+            completion_tokens,
+            upstream_seconds=upstream_seconds,
+            reasoning_tokens=min(reasoning_tokens, completion_tokens),
+        )
+
+    def _thinking(self, request: GenerationRequest, prompt: str) -> ReasoningParser | None:
+        """The choice's reasoning parser, starting where the rendered prompt leaves it
+        (chat only: a completion's text is never split)."""
+        fmt = self._reasoning
+        if fmt is None or request.kind is not RequestKind.CHAT:
+            return None
+        return fmt.parser(in_thought=fmt.starts_in_thought(prompt, request.reasoning.thinking))
+
+    @staticmethod
+    def _tools(request: GenerationRequest) -> ToolCallParser | None:
+        return ToolCallParser(0) if tools_active(request) else None
+
+    async def _reasoning_tokens(self, choice: ChoiceText) -> int:
+        """The thought's tokens, by the tokenizer where there is one."""
+        thought = choice.thought
+        if not thought:
+            return 0
+        counted = await asyncio.to_thread(self._prompter.count, thought, prompt=False)
+        return choice.thought_pieces if counted is None else counted
 
     def _failed(self, error: BackendError, replica: Replica, server: TritonServer) -> BackendError:
         """Account a mid-stream failure to its replica; the error to raise."""

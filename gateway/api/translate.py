@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from typing import Any
 
 import orjson
 
@@ -16,6 +17,8 @@ from backends.base import (
     ContentPart,
     GenerationRequest,
     InvalidRequest,
+    ReasoningControls,
+    ReasoningEffort,
     RequestKind,
     SamplingParams,
 )
@@ -58,6 +61,30 @@ def chat_request(wire: ChatCompletionRequest, request_id: str, arrival: float) -
         response_format=tool_wire.response_format(wire),
         logit_bias=_logit_bias(wire),
         passthrough=_passthrough(wire),
+        reasoning=reasoning_controls(
+            wire.reasoning_effort, wire.chat_template_kwargs, wire.thinking_token_budget
+        ),
+    )
+
+
+def reasoning_controls(
+    effort: ReasoningEffort | None,
+    template_kwargs: dict[str, Any] | None = None,
+    budget_tokens: int | None = None,
+) -> ReasoningControls:
+    """The typed controls of a chat request (Responses and Messages build theirs from
+    their own fields): ``reasoning_effort: none`` and a boolean ``enable_thinking`` (or
+    Granite's ``thinking``) in ``chat_template_kwargs`` switch the thought."""
+    thinking: bool | None = False if effort == "none" else None
+    for switch in ("enable_thinking", "thinking"):
+        value = (template_kwargs or {}).get(switch)
+        if isinstance(value, bool) and thinking is None:
+            thinking = value
+    return ReasoningControls(
+        effort=effort,
+        thinking=thinking,
+        budget_tokens=budget_tokens,
+        template_kwargs=orjson.dumps(template_kwargs).decode() if template_kwargs else "",
     )
 
 
@@ -205,6 +232,7 @@ def _message(index: int, messages: list[WireMessage]) -> ChatMessage:
         return ChatMessage("tool", text, tool_call_id=call_id, name=message.name, parts=parts)
     if message.role == "tool" and not message.tool_call_id:
         raise InvalidRequest("a tool message needs tool_call_id", param=f"{where}.tool_call_id")
+    thought = message.reasoning_content or message.reasoning or ""
     return ChatMessage(
         role=message.role,  # type: ignore[arg-type]
         content=text,
@@ -212,6 +240,7 @@ def _message(index: int, messages: list[WireMessage]) -> ChatMessage:
         tool_call_id=message.tool_call_id if message.role == "tool" else None,
         name=message.name,
         parts=parts,
+        reasoning=thought if message.role == "assistant" else "",
     )
 
 

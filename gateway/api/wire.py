@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from backends.base import ReasoningEffort
+
 MAX_STOP_SEQUENCES = 4
 
 
@@ -47,6 +49,9 @@ class WireMessage(BaseModel):
     tool_calls: list[Any] | None = None
     tool_call_id: str | None = None
     function_call: Any = None
+    # An assistant turn's thought, handed back (DeepSeek's name, and vLLM's).
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
 
 class StreamOptions(BaseModel):
@@ -96,6 +101,11 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: bool | None = None
     audio: Any = None
     modalities: list[str] | None = None
+    reasoning_effort: ReasoningEffort | None = None
+    # vLLM's extensions: variables for the chat template (Qwen3's enable_thinking), and
+    # the most tokens the thought may take.
+    chat_template_kwargs: dict[str, Any] | None = None
+    thinking_token_budget: int | None = Field(None, ge=0)
 
 
 class CompletionRequest(SamplingFields):

@@ -37,6 +37,7 @@ class ModelSeries:
     inflight: Any
     disconnects: Any
     closed_by_budget: Any
+    reasoning_tokens: Any
 
 
 class GatewayMetrics:
@@ -92,6 +93,13 @@ class GatewayMetrics:
         self.generation_tokens = LoopCounter(
             "llmso_generation_tokens_total",
             "Tokens generated.",
+            hop,
+            registry=registry,
+        )
+        self.reasoning_tokens = LoopCounter(
+            "llmso_reasoning_tokens_total",
+            "Generated tokens that were a reasoning model's thought (part of "
+            "llmso_generation_tokens_total).",
             hop,
             registry=registry,
         )
@@ -172,5 +180,6 @@ class GatewayMetrics:
                 inflight=self.inflight.labels(model, backend),
                 disconnects=self.disconnects.labels(model, backend),
                 closed_by_budget=self.closed_by_budget.labels(model, backend),
+                reasoning_tokens=self.reasoning_tokens.labels(model, backend),
             )
         return found

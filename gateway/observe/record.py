@@ -19,6 +19,7 @@ from backends.base import (
     BackendEvent,
     Finished,
     GenerationRequest,
+    ReasoningDelta,
     Started,
     TextDelta,
     ToolCallDelta,
@@ -66,6 +67,8 @@ class RequestRecord:
     finish_time: float | None = None
     input_tokens: int = 0
     output_tokens: int = 0
+    reasoning_tokens: int = 0  # the part of output_tokens that was thought
+    reasoning_ignored: str | None = None  # controls a model without a reasoning parser dropped
     upstream_seconds: float | None = None
     resumes: int = 0  # times a broken upstream stream resumed on another replica
     resume_prompt_tokens: int = 0  # prompt tokens those resumes cost (not billed)
@@ -104,8 +107,8 @@ class RequestRecord:
         self._series.inflight.inc()
 
     def observe(self, event: BackendEvent) -> None:
-        if isinstance(event, TextDelta | ToolCallDelta):
-            if isinstance(event, TextDelta):
+        if isinstance(event, TextDelta | ToolCallDelta | ReasoningDelta):
+            if not isinstance(event, ToolCallDelta):
                 self.streamed_tokens += event.num_tokens
             self._on_text()
         elif isinstance(event, Started):
@@ -117,6 +120,7 @@ class RequestRecord:
         elif isinstance(event, Usage):
             self.input_tokens = event.prompt_tokens
             self.output_tokens = event.completion_tokens
+            self.reasoning_tokens = event.reasoning_tokens
             self.upstream_seconds = event.upstream_seconds
             self.resumes = event.resumes
             self.resume_prompt_tokens = event.resume_prompt_tokens
@@ -183,6 +187,8 @@ class RequestRecord:
             series.queue_time.observe(max(0.0, self.inference_start_time - self.queue_start_time))
         series.prompt_tokens.inc(self.input_tokens)
         series.generation_tokens.inc(self.output_tokens)
+        if self.reasoning_tokens:
+            series.reasoning_tokens.inc(self.reasoning_tokens)
         series.request_prompt_tokens.observe(self.input_tokens)
         series.request_generation_tokens.observe(self.output_tokens)
         if self.status == "disconnected":
@@ -209,6 +215,8 @@ class RequestRecord:
             "finish_time": self.finish_time,
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
+            "reasoning_tokens": self.reasoning_tokens,
+            "reasoning_ignored": self.reasoning_ignored,
             "status": self.status,
             "error_type": self.error_type,
             "fallback_from": self.fallback_from or None,

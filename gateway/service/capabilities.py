@@ -4,19 +4,33 @@ Which features a request needs is read off the ``GenerationRequest`` here, in on
 what a backend can honour is its own declaration, ``ModelInfo.features``. The service runs
 the check after routing and before the backend sees the request, so a fallback model is
 checked against its own declaration.
+
+Reasoning controls are checked only where the backend declares ``Feature.REASONING`` (the
+model thinks, and its thought is split off): a model without a reasoning parser ignores
+them, as vLLM does, since clients send ``reasoning_effort`` to every model;
+``reasoning_controls`` takes them off such a request and names what it dropped. Switching
+thinking on is what a thinking model does anyway and needs nothing.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from backends.base import (
+    NO_REASONING_CONTROLS,
     Backend,
     Feature,
     GenerationRequest,
     ModelInfo,
+    ReasoningControls,
     RequestKind,
     UnsupportedFeature,
 )
 from backends.embeddings import Embedder
+
+_REASONING_FEATURES = frozenset(
+    {Feature.REASONING_EFFORT, Feature.THINKING_SWITCH, Feature.THINKING_BUDGET}
+)
 
 
 def needed_features(request: GenerationRequest) -> list[tuple[Feature, str]]:
@@ -44,7 +58,38 @@ def needed_features(request: GenerationRequest) -> list[tuple[Feature, str]]:
     if request.logit_bias:
         needs.append((Feature.LOGIT_BIAS, "logit_bias"))
     needs.extend(_message_features(request))
+    needs.extend(reasoning_needs(request.reasoning))
     return needs
+
+
+def reasoning_needs(controls: ReasoningControls) -> list[tuple[Feature, str]]:
+    """The features the reasoning controls need, with the chat field that set each (an
+    endpoint's ``wire_param`` renames it: ``reasoning.effort``, ``thinking``...)."""
+    needs: list[tuple[Feature, str]] = []
+    if controls.effort is not None and controls.effort != "none":
+        needs.append((Feature.REASONING_EFFORT, "reasoning_effort"))
+    if controls.thinking is False:
+        param = "reasoning_effort" if controls.effort == "none" else "chat_template_kwargs"
+        needs.append((Feature.THINKING_SWITCH, param))
+    if controls.budget_tokens is not None:
+        needs.append((Feature.THINKING_BUDGET, "thinking_token_budget"))
+    return needs
+
+
+def reasoning_controls(
+    request: GenerationRequest, info: ModelInfo
+) -> tuple[GenerationRequest, str]:
+    """The request as the backend gets it, and the controls it ignores ("" when none): a
+    backend without ``Feature.REASONING`` gets none (they are checked, if it has it, by
+    ``require_features``)."""
+    controls = request.reasoning
+    if not controls.asked or Feature.REASONING in info.features:
+        return request, ""
+    fields = [param for _, param in reasoning_needs(controls)]
+    if controls.template_kwargs:
+        fields.append("chat_template_kwargs")
+    ignored = ",".join(dict.fromkeys(fields)) or "thinking"
+    return replace(request, reasoning=NO_REASONING_CONTROLS), ignored
 
 
 def _message_features(request: GenerationRequest) -> list[tuple[Feature, str]]:
@@ -64,6 +109,8 @@ def _message_features(request: GenerationRequest) -> list[tuple[Feature, str]]:
 def require_features(request: GenerationRequest, model: str, info: ModelInfo) -> None:
     """Raise ``UnsupportedFeature`` naming the first field whose feature ``info`` lacks."""
     for feature, param in needed_features(request):
+        if feature in _REASONING_FEATURES and Feature.REASONING not in info.features:
+            continue  # ignored (reasoning_controls): the model has no reasoning parser
         if feature not in info.features:
             if Feature.EMBEDDINGS in info.features:
                 raise UnsupportedFeature(

@@ -2,6 +2,10 @@
 
 Shapes follow the official schemas (validated in tests/unit/test_responses_schema.py):
 chat ``chat.completion`` / ``chat.completion.chunk`` and legacy ``text_completion``.
+A reasoning model's thought goes in the message (or delta) twice, as
+``reasoning_content`` (DeepSeek's name, which LiteLLM and most clients read) and as
+``reasoning`` (vLLM's), and its tokens in ``usage.completion_tokens_details``; neither
+field is sent for a model that did not think. Legacy completions carry raw text only.
 """
 
 from __future__ import annotations
@@ -31,12 +35,20 @@ def sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-def usage_dict(usage: Usage) -> dict[str, int]:
-    return {
+def usage_dict(usage: Usage) -> dict[str, Any]:
+    rendered: dict[str, Any] = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
     }
+    if usage.reasoning_tokens:
+        rendered["completion_tokens_details"] = {"reasoning_tokens": usage.reasoning_tokens}
+    return rendered
+
+
+def reasoning_fields(text: str) -> dict[str, str]:
+    """The thought under both names clients read (see the module doc)."""
+    return {"reasoning_content": text, "reasoning": text}
 
 
 def chat_logprobs(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
@@ -75,13 +87,15 @@ def completion_logprobs(entries: Sequence[TokenLogprob], offset: int) -> dict[st
 
 @dataclass(slots=True)
 class ChoiceAccumulator:
-    """Text, logprobs and finish reason of one choice of a non-streamed response."""
+    """Text, thought, logprobs and finish reason of one choice of a non-streamed
+    response."""
 
     parts: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     # call_index -> [id, name, argument fragments...]
     tool_calls: dict[int, list[str]] = field(default_factory=dict)
+    reasoning: list[str] = field(default_factory=list)
 
     def add_tool_delta(self, delta: ToolCallDelta) -> None:
         call = self.tool_calls.setdefault(delta.call_index, ["", ""])
@@ -136,6 +150,8 @@ def _chat_choice(
 ) -> dict[str, Any]:
     text = "".join(choice.parts)
     message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+    if choice.reasoning:
+        message.update(reasoning_fields("".join(choice.reasoning)))
     reason: str = choice.finish_reason or "stop"
     if choice.tool_calls:
         # As OpenAI: a turn that only calls tools has null content.
@@ -163,7 +179,7 @@ def _completion_choice(
 ) -> dict[str, Any]:
     return {
         "index": index,
-        "text": "".join(choice.parts),
+        "text": "".join(choice.reasoning) + "".join(choice.parts),
         "logprobs": completion_logprobs(choice.logprobs, 0) if want_logprobs else None,
         "finish_reason": choice.finish_reason or "stop",
     }
@@ -207,6 +223,17 @@ class ChunkWriter:
             rendered = completion_logprobs(logprobs, offset) if self._want_logprobs else None
             choice = {"index": index, "text": text, "logprobs": rendered, "finish_reason": None}
         return self._frame({"choices": [choice]})
+
+    def reasoning(self, index: int, text: str) -> bytes | None:
+        """A piece of thought (``None``: nothing to send). A completion has no thought
+        apart: a backend that split one anyway sends it as text."""
+        if not text:
+            return None
+        if not self._chat:
+            return self.text(index, text, ())
+        return self._frame(
+            {"choices": [self._chat_choice(index, reasoning_fields(text), None, None)]}
+        )
 
     def tool_call(self, delta: ToolCallDelta) -> bytes | None:
         """A call's first chunk names it (index, id, type, name); later ones add only

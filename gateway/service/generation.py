@@ -27,6 +27,7 @@ from backends.base import (
     GenerationRequest,
     NotReady,
     Overloaded,
+    ReasoningDelta,
     TextDelta,
     ToolCallDelta,
     UpstreamBadResponse,
@@ -39,7 +40,7 @@ from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.record import RequestRecord
 from gateway.observe.timing import timing_header
 from gateway.registry import ModelRegistry
-from gateway.service.capabilities import require_features
+from gateway.service.capabilities import reasoning_controls, require_features
 from gateway.service.chat_bodies import (
     END_OF_FRAMES,
     SSE_DONE,
@@ -146,7 +147,11 @@ class CompletionService:
             routed = request if request.model == name else replace(request, model=name)
             if record.trace is not None:
                 routed = record.trace.enter_backend(routed, lease.config.backend)
-            require_features(routed, name, lease.backend.info())
+            info = lease.backend.info()
+            require_features(routed, name, info)
+            routed, ignored = reasoning_controls(routed, info)
+            if ignored:
+                record.reasoning_ignored = ignored
             events = release.events = lease.backend.generate(routed)
             record.bind(name, lease.config.backend, self._metrics)
             try:
@@ -184,6 +189,8 @@ class CompletionService:
                     choice = choices[event.index]
                     choice.parts.append(event.text)
                     choice.logprobs.extend(event.logprobs)
+                elif isinstance(event, ReasoningDelta):
+                    choices[event.index].reasoning.append(event.text)
                 elif isinstance(event, ToolCallDelta):
                     choices[event.index].add_tool_delta(event)
                 elif isinstance(event, Finished):
@@ -238,6 +245,9 @@ class CompletionService:
                     if isinstance(event, TextDelta):
                         if event.text or event.logprobs:
                             yield writer.text(event.index, event.text, event.logprobs)
+                    elif isinstance(event, ReasoningDelta):
+                        if (frame := writer.reasoning(event.index, event.text)) is not None:
+                            yield frame
                     elif isinstance(event, ToolCallDelta):
                         if (frame := writer.tool_call(event)) is not None:
                             yield frame

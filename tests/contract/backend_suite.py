@@ -17,7 +17,9 @@ closing a stream early aborts its work; ``stop()`` ends open streams with
 ``BackendCrashed``; ``info()`` and ``ready()``; and, for a backend whose ``info()``
 declares them and whose test double can honour them (``structured = True``), structured
 output (``json_schema``: the text parses and validates) and forced tool calls (``required``:
-a ``ToolCallDelta`` stream naming the tool, arguments that validate, ``tool_calls`` reason).
+a ``ToolCallDelta`` stream naming the tool, arguments that validate, ``tool_calls`` reason);
+and the reasoning tier (``reasoning_suite.ReasoningContract``: a thought apart from the
+answer where the backend declares one, controls served or refused by capability).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from backends.base import (
     ToolSpec,
 )
 from tests.contract.events import collect
+from tests.contract.reasoning_suite import ReasoningContract
 
 WAIT_S = 30.0  # generous: the test machine is shared and often loaded
 
@@ -65,7 +68,7 @@ async def wait_for(predicate: Callable[[], bool], within: float = WAIT_S) -> boo
     return True
 
 
-class BackendContract:
+class BackendContract(ReasoningContract):
     """See the module docstring. Class attributes tune the checks to a backend."""
 
     model = "contract"

@@ -9,6 +9,7 @@ from backends.base import (
     BackendEvent,
     Finished,
     PromptLogprobs,
+    ReasoningDelta,
     Started,
     TextDelta,
     ToolCallDelta,
@@ -26,7 +27,9 @@ def check_order(events: list[BackendEvent]) -> None:
         body = body[1:]
     finished: set[int] = set()
     for event in body:
-        assert isinstance(event, TextDelta | ToolCallDelta | Finished), f"{event!r} out of place"
+        assert isinstance(event, ReasoningDelta | TextDelta | ToolCallDelta | Finished), (
+            f"{event!r} out of place"
+        )
         assert event.index not in finished, "event after Finished for the same index"
         if isinstance(event, Finished):
             finished.add(event.index)
@@ -39,6 +42,11 @@ class Result:
 
     def text(self, index: int = 0) -> str:
         return "".join(e.text for e in self.events if isinstance(e, TextDelta) and e.index == index)
+
+    def thought(self, index: int = 0) -> str:
+        return "".join(
+            e.text for e in self.events if isinstance(e, ReasoningDelta) and e.index == index
+        )
 
     def calls(self, index: int = 0) -> list[tuple[str, str]]:
         """(name, arguments) of each tool call of choice ``index``, from its deltas."""

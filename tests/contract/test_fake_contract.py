@@ -1,9 +1,12 @@
 """The contract suite on the test ``FakeBackend``, in process and in a worker process
-(``ProcessBackend``), so the suite itself is checked on every run in a second or two."""
+(``ProcessBackend``), so the suite itself is checked on every run in a second or two. The
+fakes split a ``qwen3`` thought (the worker carries it across its protocol); a plain one
+has no parser, so its reasoning controls are dropped."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -20,7 +23,13 @@ FAKE = "tests.tools.fake_backend:FakeBackend"
 
 
 def _config(**overrides: Any) -> HFModelConfig:
-    fields = {"name": "contract", "backend": "hf", "source": "unused", "isolation": "process"}
+    fields = {
+        "name": "contract",
+        "backend": "hf",
+        "source": "unused",
+        "isolation": "process",
+        "reasoning_parser": "qwen3",
+    }
     return HFModelConfig(**{**fields, **overrides})
 
 
@@ -28,6 +37,13 @@ class _FakeRequests(BackendContract):
     # The fake echoes the prompt's words: a long prompt makes a long answer.
     prompt = " ".join(f"word{i}" for i in range(40))
     long_tokens = 40
+
+    def thinking_request(self) -> GenerationRequest:
+        request = self.request(16)
+        from backends.base import ChatMessage
+
+        message = ChatMessage("user", "<think> first I ponder </think> then I answer")
+        return replace(request, messages=(message,))
 
     def invalid_request(self) -> GenerationRequest:
         request = self.request(4)
@@ -58,6 +74,35 @@ class TestFakeContract(_FakeRequests):
     @pytest.fixture(scope="class")
     async def spare(self) -> AsyncIterator[FakeBackend]:
         fake = FakeBackend(_config(), delay=0.005, max_running=2)
+        await fake.start()
+        yield fake
+        await fake.stop()
+
+    async def aborted(self, backend: Backend) -> float:
+        assert isinstance(backend, FakeBackend)
+        return backend.aborted
+
+
+class TestPlainFakeContract(_FakeRequests):
+    """A model without a reasoning parser: no thought, controls dropped."""
+
+    def thinking_request(self) -> None:
+        return None
+
+    @pytest.fixture
+    async def backend(self) -> AsyncIterator[FakeBackend]:
+        fake = FakeBackend(_config(reasoning_parser=None), delay=0.005)
+        await fake.start()
+        yield fake
+        await fake.stop()
+
+    @pytest.fixture
+    def unstarted(self) -> FakeBackend:
+        return FakeBackend(_config(reasoning_parser=None))
+
+    @pytest.fixture(scope="class")
+    async def spare(self) -> AsyncIterator[FakeBackend]:
+        fake = FakeBackend(_config(reasoning_parser=None), delay=0.005, max_running=2)
         await fake.start()
         yield fake
         await fake.stop()

@@ -311,7 +311,23 @@ async def test_sdk_raises_typed_errors(clients: Clients) -> None:
         ({"output_config": {"format": {"type": "json_schema"}}}, "output_config"),
         ({"output_format": {"type": "json_schema"}}, "output_format"),
         ({"context_management": {"edits": []}}, "context_management"),
-        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 16}}, "thinking.budget_tokens"),
+        ({"thinking": {"type": "enabled"}}, "thinking.budget_tokens"),
+        ({"thinking": {"type": "sometimes"}}, "thinking.type"),
+        ({"thinking": {"type": "adaptive", "display": "loud"}}, "thinking.display"),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {
+                        "role": "assistant",
+                        "content": [{"type": "thinking", "thinking": "x", "signature": "forged"}],
+                    },
+                    {"role": "user", "content": "go on"},
+                ]
+            },
+            "messages[1].content[0].signature",
+        ),
         ({"mcp_servers": [{"type": "url"}]}, "mcp_servers"),
         ({"container": "c1"}, "container"),
         ({"tools": [{"name": "x", "type": "web_search_20250305"}]}, "tools[0].type"),

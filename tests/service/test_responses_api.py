@@ -224,7 +224,7 @@ async def test_store_false_and_lru_bound(client: httpx.AsyncClient) -> None:
         ),
         ({"background": True}, "background"),
         ({"include": ["file_search_call.results"]}, "include"),
-        ({"reasoning": {"effort": "high"}}, "reasoning"),
+        ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
         ({"truncation": "auto"}, "truncation"),
         ({"prompt": {"id": "p"}}, "prompt"),
         ({"text": {"format": {"type": "grammar"}}}, "text.format.type"),

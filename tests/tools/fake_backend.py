@@ -6,6 +6,13 @@ seconds apart, for each of ``sampling.n`` choices; ``max_tokens`` cuts it short 
 finish reason ``length``; a stop string cuts the text before it (finish reason ``stop``).
 It reports every step, load change and abort to ``observer``.
 
+A model configured with a ``reasoning_parser`` (a name; ``auto`` counts as none) runs the
+echo of a chat request through that parser, so a prompt written in the model's markup
+(``<think> a b </think> c`` for ``qwen3``) comes back as thought and answer, and declares
+``Feature.REASONING`` and ``Feature.THINKING_SWITCH``: with thinking switched off the
+thought is dropped (as a template switch would keep the model from thinking). It
+declares neither an effort nor a budget, so those are refused by capability.
+
 Knobs, as keyword arguments or (so a worker process can be configured) environment
 variables read once in the constructor:
 
@@ -42,12 +49,14 @@ from backends.base import (
     GenerationRequest,
     ModelInfo,
     NotReady,
+    ReasoningDelta,
     RequestKind,
     Started,
     TextDelta,
     Usage,
 )
 from backends.hop_metrics import WorkerObserver
+from backends.reasoning import FORMATS, Phase, ReasoningFormat, Split
 
 
 def _env_float(name: str, default: float) -> float:
@@ -109,10 +118,18 @@ class FakeBackend:
     async def ready(self) -> bool:
         return self.started
 
+    @property
+    def reasoning(self) -> ReasoningFormat | None:
+        return FORMATS.get(getattr(self.config, "reasoning_parser", None) or "")
+
     def info(self) -> ModelInfo:
+        features = base.TEXT_GENERATION
+        if self.reasoning is not None:
+            features |= {base.Feature.REASONING, base.Feature.THINKING_SWITCH}
         return ModelInfo(
             max_context=getattr(self.config, "max_context", None) or 2048,
             extra={"engine": "fake", "worker_pid": str(os.getpid())},
+            features=features,
         )
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
@@ -134,9 +151,10 @@ class FakeBackend:
         completed = False
         try:
             yield Started(queued_at=queued, started_at=time.time())
-            total = 0
+            total = thought = 0
             for index in range(request.sampling.n):
                 budget = len(pieces[: request.sampling.max_tokens])
+                split = _Splitter(self.reasoning, request)
                 for piece in pieces[:budget]:
                     if fail_after is not None and total >= fail_after[0]:
                         raise fail_after[1]
@@ -147,9 +165,13 @@ class FakeBackend:
                     total += 1
                     if self.observer is not None:
                         self.observer.on_step(1, 1, self.delay)
-                    yield TextDelta(index=index, text=piece)
+                    for event in split.feed(index, piece):
+                        yield event
+                for event in split.finish(index):
+                    yield event
+                thought += split.tokens
                 yield Finished(index=index, reason="length" if budget < len(pieces) else "stop")
-            yield Usage(prompt_tokens=len(words), completion_tokens=total)
+            yield Usage(prompt_tokens=len(words), completion_tokens=total, reasoning_tokens=thought)
             completed = True
         finally:
             self.running -= 1
@@ -179,6 +201,40 @@ class FakeBackend:
         if head == "!error-after":
             return (int(words[1]), _build_error(words[2:]))
         return None
+
+
+class _Splitter:
+    """One choice's echo, through the model's reasoning parser when it has one."""
+
+    def __init__(self, fmt: ReasoningFormat | None, request: GenerationRequest) -> None:
+        self._parser = None
+        self._shown = request.reasoning.thinking is not False
+        self.tokens = 0
+        """Pieces that were thought (shown)."""
+        if fmt is not None and request.kind is RequestKind.CHAT:
+            in_thought = fmt.starts_in_thought(None, request.reasoning.thinking)
+            self._parser = fmt.parser(in_thought=in_thought)
+
+    def feed(self, index: int, piece: str) -> list[BackendEvent]:
+        if self._parser is None:
+            return [TextDelta(index=index, text=piece)]
+        events = self._events(index, self._parser.feed(piece), 1)
+        held = not events and self._parser.phase is Phase.THINKING
+        if self._shown and (held or (events and isinstance(events[0], ReasoningDelta))):
+            self.tokens += 1
+        return events
+
+    def finish(self, index: int) -> list[BackendEvent]:
+        return [] if self._parser is None else self._events(index, self._parser.finish(), 0)
+
+    def _events(self, index: int, split: Split, tokens: int) -> list[BackendEvent]:
+        events: list[BackendEvent] = []
+        if split.reasoning and self._shown:
+            events.append(ReasoningDelta(index, split.reasoning, tokens))
+            tokens = 0
+        if split.content:
+            events.append(TextDelta(index=index, text=split.content, num_tokens=tokens))
+        return events
 
 
 def _cut_at_stop(words: list[str], stops: tuple[str, ...]) -> list[str]:

@@ -63,6 +63,15 @@ def test_example_configs_parse(path: Path, monkeypatch: pytest.MonkeyPatch) -> N
             "(while parsing a block collection started at line 2)",
         ),
         ("server: {host: @x}\nmodels: []\n", ":1:16: not valid YAML: found character '@'"),
+        (
+            "models:\n  - {name: a, backend: openai, base_url: 'http://h', "
+            "reasoning_parser: auto}\n",
+            "models.0.openai.reasoning_parser: Input should be 'deepseek_r1'",
+        ),
+        (
+            "models:\n  - {name: a, backend: hf, source: x, reasoning_parser: r1}\n",
+            "models.0.hf.reasoning_parser",
+        ),
         ("- just a list", "top level must be a mapping"),
     ],
 )
@@ -186,3 +195,25 @@ def test_shared_fields_are_declared_once() -> None:
         assert len(owners) == 1, (name, owners)
     assert issubclass(schema.OpenAIModelConfig, schema.RemoteTimeouts)
     assert issubclass(schema.TritonModelConfig, schema.RemoteTimeouts)
+
+
+def test_reasoning_parser_names_are_the_parsers() -> None:
+    """config cannot import backends: its list of names is held equal here."""
+    from typing import get_args
+
+    from backends.reasoning import PARSER_NAMES
+    from config.schema import ReasoningParserName
+
+    assert get_args(ReasoningParserName) == PARSER_NAMES
+
+
+def test_reasoning_parser_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "models:\n  - {name: a, backend: hf, source: x}\n"
+        "  - {name: b, backend: hf, source: x, reasoning_parser: none}\n"
+        "  - {name: c, backend: openai, base_url: 'http://h'}\n"
+        "  - {name: d, backend: triton, url: 'h:1', triton_model: m, reasoning_parser: qwen3}\n"
+    )
+    parsers = [model.reasoning_parser for model in load_config(path).models]
+    assert parsers == ["auto", None, None, "qwen3"]

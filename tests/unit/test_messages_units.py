@@ -12,6 +12,7 @@ from gateway.access.errors import RateLimited
 from gateway.api.messages.render import MessageAssembler
 from gateway.api.messages.translate import messages_request
 from gateway.api.messages.wire import MessagesRequest
+from gateway.api.thought_seal import ThoughtSeal
 from gateway.errors import (
     HostNotAllowed,
     RequestTooLarge,
@@ -84,7 +85,7 @@ def test_param_map_names_the_clients_own_fields() -> None:
             },
         ],
     )
-    request, params = messages_request(wire, "r", 0.0)
+    request, params = messages_request(wire, "r", 0.0, ThoughtSeal(None))
     roles = [message.role for message in request.messages]
     assert roles == ["system", "user", "assistant", "tool", "user"]
     assert params("messages[0]") == "system"

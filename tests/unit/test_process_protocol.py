@@ -147,6 +147,8 @@ def test_unknown_names_fall_back_to_backend_error() -> None:
         base.ToolCallDelta(index=0, call_index=1, id="call_x", name="f", arguments_fragment="{"),
         base.Finished(index=0, reason="tool_calls"),
         Usage(prompt_tokens=5, completion_tokens=7, upstream_seconds=0.5),
+        base.ReasoningDelta(index=1, text="hm, \u00e9", num_tokens=3),
+        Usage(prompt_tokens=5, completion_tokens=7, reasoning_tokens=4),
     ],
     ids=lambda e: type(e).__name__,
 )

@@ -130,3 +130,48 @@ def test_constraints_map_onto_vllm_structured_outputs() -> None:
     auto = structured_outputs(replace(base, tools=tools))
     assert auto is not None
     assert json.loads(auto["structural_tag"])["format"]["type"] == "triggered_tags"
+
+
+class _Template:
+    """A tokenizer stand-in: its template text, and the arguments it was rendered with."""
+
+    chat_template = "{% if enable_thinking %}{% endif %}{{ m.reasoning_content }}"
+
+    def __init__(self) -> None:
+        self.seen: tuple[list[dict[str, object]], dict[str, object]] | None = None
+
+    def apply_chat_template(self, messages: list[dict[str, object]], **kwargs: object) -> str:
+        self.seen = (messages, kwargs)
+        return "prompt"
+
+
+def test_reasoning_controls_and_earlier_thoughts_reach_the_template() -> None:
+    from backends.base import ReasoningControls
+    from backends.tool_markup.prompt import render_chat
+
+    controls = ReasoningControls(thinking=False, template_kwargs='{"tokenize": true, "custom": 1}')
+    request = GenerationRequest(
+        request_id="r",
+        model="m",
+        kind=RequestKind.CHAT,
+        sampling=SamplingParams(max_tokens=4),
+        messages=(
+            ChatMessage("user", "hi"),
+            ChatMessage("assistant", "hello", reasoning="they greet me"),
+            ChatMessage("user", "again"),
+        ),
+        reasoning=controls,
+    )
+    tokenizer = _Template()
+    assert render_chat(tokenizer, request) == "prompt"
+    assert tokenizer.seen is not None
+    messages, kwargs = tokenizer.seen
+    assert messages[1] == {
+        "role": "assistant",
+        "content": "hello",
+        "reasoning_content": "they greet me",
+    }
+    assert "reasoning_content" not in messages[0]
+    # The switch the template reads, the client's own variables, never a render argument.
+    assert kwargs["enable_thinking"] is False and kwargs["custom"] == 1
+    assert kwargs["tokenize"] is False

@@ -15,9 +15,12 @@ from prometheus_client import CollectorRegistry
 from tritonclient.grpc import InferResult, service_pb2
 
 from backends.base import (
+    ChatMessage,
+    Feature,
     GenerationRequest,
     NotReady,
     Overloaded,
+    ReasoningDelta,
     RequestKind,
     SamplingParams,
     TextDelta,
@@ -325,3 +328,53 @@ async def test_an_unset_max_tokens_is_never_forwarded_raw(
     assert await sent_max_tokens(monkeypatch, unlimited()) == "unset"
     assert await sent_max_tokens(monkeypatch, unlimited(), default_max_tokens=5) == 5
     assert await sent_max_tokens(monkeypatch, completion(3), default_max_tokens=5) == 3
+
+
+def chat(max_tokens: int) -> GenerationRequest:
+    return GenerationRequest(
+        request_id="r",
+        model="t",
+        kind=RequestKind.CHAT,
+        sampling=SamplingParams(max_tokens=max_tokens),
+        messages=(ChatMessage("user", "hi"),),
+    )
+
+
+async def test_a_thought_is_split_off_the_text_with_the_configured_parser(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rendered prompt opened ``<think>`` (a DeepSeek-R1 template): what comes before
+    ``</think>`` is thought, wherever the chunks cut the marker; with no tokenizer, each
+    chunk that carried thought counts as a token."""
+    pieces = ["Let me", " think</th", "ink>\n", "Paris"]
+    items = [make_result(piece, out_tokens=1) for piece in pieces]
+    call = FakeCall([*items, make_result("", final=True, reason="stop", in_tokens=5)])
+    backend, _ = fake_backend(call, reasoning_parser="deepseek_r1")
+    monkeypatch.setattr(backend._prompter, "render", lambda request: "user: hi\n<think>\n")
+    assert Feature.REASONING in backend._reasoning_declared()
+    events = [e async for e in backend.generate(chat(10))]
+    thought = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+    answer = "".join(e.text for e in events if isinstance(e, TextDelta))
+    assert (thought, answer) == ("Let me think", "\nParis")
+    usage = events[-1]
+    assert isinstance(usage, Usage) and usage.reasoning_tokens == 2
+    assert usage.completion_tokens == 4
+
+
+async def test_a_completion_is_never_split() -> None:
+    call = FakeCall([make_result("a</think>b", out_tokens=1), make_result("", final=True)])
+    backend, _ = fake_backend(call, reasoning_parser="deepseek_r1")
+    events = [e async for e in backend.generate(completion(10))]
+    assert [e.text for e in events if isinstance(e, TextDelta)] == ["a</think>b"]
+    assert not any(isinstance(e, ReasoningDelta) for e in events)
+
+
+def test_reasoning_features_follow_the_template(monkeypatch: pytest.MonkeyPatch) -> None:
+    backend, _ = fake_backend(FakeCall([]), reasoning_parser="qwen3")
+    template = "{% if enable_thinking %}x{% endif %}{{ reasoning_effort }}"
+    monkeypatch.setattr(type(backend._prompter), "template", property(lambda self: template))
+    declared = backend._reasoning_declared()
+    assert {Feature.REASONING, Feature.THINKING_SWITCH, Feature.REASONING_EFFORT} <= declared
+    assert Feature.THINKING_BUDGET not in declared
+    plain, _ = fake_backend(FakeCall([]))
+    assert plain._reasoning_declared() == frozenset()

@@ -28,8 +28,9 @@ from gateway.api.messages.render import (
     message_start,
     new_id,
 )
-from gateway.api.messages.translate import messages_request, prompt_request
+from gateway.api.messages.translate import messages_request, prompt_request, thought_shown
 from gateway.api.messages.wire import CountTokensRequest, MessagesRequest
+from gateway.api.thought_seal import ThoughtSeal
 from gateway.errors import InternalError, anthropic_payload
 from gateway.observe.record import RequestRecord
 from gateway.service.chat_bodies import END_OF_FRAMES
@@ -42,8 +43,12 @@ _WireT = TypeVar("_WireT", bound=CountTokensRequest)
 
 
 class _MessagesApi(Endpoint):
-    def __init__(self, service: CompletionService) -> None:
+    """Stateless per request; ``seal`` signs the thinking blocks it answers with and
+    checks those sent back."""
+
+    def __init__(self, service: CompletionService, seal: ThoughtSeal) -> None:
         self._service = service
+        self._seal = seal
 
     @staticmethod
     def _parse(model: type[_WireT], body: Any, record: RequestRecord) -> _WireT:
@@ -62,29 +67,38 @@ class MessagesEndpoint(_MessagesApi):
 
     async def prepare(self, body: Any, record: RequestRecord) -> Prepared[Generation]:
         wire = self._parse(MessagesRequest, body, record)
-        request, params = messages_request(wire, record.request_id, record.arrival_time)
-        presenter = MessagesPresenter(self._service, new_id("msg"))
+        request, params = messages_request(wire, record.request_id, record.arrival_time, self._seal)
+        presenter = MessagesPresenter(
+            self._service, new_id("msg"), self._seal, shown=thought_shown(wire.thinking)
+        )
         return Prepared(request, wire.stream, presenter, params)
 
 
 class MessagesPresenter(GenerationPresenter):
     """Renders one message; owned by the task serving its request."""
 
-    __slots__ = ("_id",)
+    __slots__ = ("_id", "_seal", "_shown")
 
-    def __init__(self, service: CompletionService, message_id: str) -> None:
+    def __init__(
+        self, service: CompletionService, message_id: str, seal: ThoughtSeal, *, shown: bool
+    ) -> None:
         super().__init__(service)
         self._id = message_id
+        self._seal = seal
+        self._shown = shown
+
+    def _assembler(self) -> MessageAssembler:
+        return MessageAssembler(self._seal, shown=self._shown)
 
     async def body(self, generation: Generation) -> bytes:
-        output = MessageAssembler()
+        output = self._assembler()
         async with contextlib.aclosing(self.observed_events(generation)) as events:
             async for item in events:
                 output.feed(item)
         return orjson.dumps(message_body(self._id, generation.shown_model, output))
 
     async def frames(self, generation: Generation) -> AsyncGenerator[bytes, None]:
-        output = MessageAssembler()
+        output = self._assembler()
         yield message_start(self._id, generation.shown_model)
         try:
             async with contextlib.aclosing(self.observed_events(generation)) as events:
@@ -118,7 +132,9 @@ class CountTokensEndpoint(_MessagesApi):
     async def prepare(self, body: Any, record: RequestRecord) -> Prepared[Generation]:
         wire = self._parse(CountTokensRequest, body, record)
         sampling = SamplingParams(max_tokens=1, temperature=0.0)
-        request, params = prompt_request(wire, sampling, record.request_id, record.arrival_time)
+        request, params = prompt_request(
+            wire, sampling, record.request_id, record.arrival_time, self._seal
+        )
         # A forced tool call would hold the one token to a grammar: counting needs none.
         request = replace(request, tool_choice=None)
         return Prepared(request, False, CountTokensPresenter(self._service), params)

@@ -1,7 +1,10 @@
 """Backend events → an Anthropic ``Message`` and its stream events.
 
-One ``MessageAssembler`` per response, owned by the task serving it. Text opens a
-``text`` block; a tool call's first delta opens a ``tool_use`` block (ids ``toolu_...``)
+One ``MessageAssembler`` per response, owned by the task serving it. A thought opens a
+``thinking`` block (``thinking_delta`` fragments, then one ``signature_delta`` before its
+stop, as Anthropic streams them; the signature seals the thought for the next turn,
+``gateway.api.thought_seal``; with ``display: omitted`` only the signature is sent). Text
+opens a ``text`` block; a tool call's first delta opens a ``tool_use`` block (ids ``toolu_...``)
 whose ``input`` arrives as ``input_json_delta`` fragments. A finish on a stop string
 the backend names is ``stop_reason: stop_sequence`` with that ``stop_sequence``; one it
 does not name (Triton, llama.cpp) reads as ``end_turn``. A new block stops the one
@@ -23,7 +26,16 @@ from typing import Any
 import orjson
 from pydantic_core import from_json
 
-from backends.base import BackendEvent, Finished, FinishReason, TextDelta, ToolCallDelta, Usage
+from backends.base import (
+    BackendEvent,
+    Finished,
+    FinishReason,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+)
+from gateway.api.thought_seal import ThoughtSeal
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +70,18 @@ def usage_object(usage: Usage | None) -> dict[str, int]:
 @dataclass(slots=True)
 class _Block:
     index: int
-    kind: str  # "text" | "tool_use"
+    kind: str  # "text" | "tool_use" | "thinking"
     parts: list[str] = field(default_factory=list)
     call_id: str = ""
     name: str = ""
+    signature: str = ""  # a thinking block's, once it stopped
 
-    def render(self) -> dict[str, Any]:
+    def render(self, shown: bool = True) -> dict[str, Any]:
         if self.kind == "text":
             return {"type": "text", "text": "".join(self.parts)}
+        if self.kind == "thinking":
+            text = "".join(self.parts) if shown else ""
+            return {"type": "thinking", "thinking": text, "signature": self.signature}
         return {
             "type": "tool_use",
             "id": self.call_id,
@@ -89,9 +105,23 @@ def _input(parts: list[str]) -> Any:
 
 
 class MessageAssembler:
-    __slots__ = ("_blocks", "_calls", "_open", "_pinged", "reason", "stop_sequence", "usage")
+    __slots__ = (
+        "_blocks",
+        "_calls",
+        "_open",
+        "_pinged",
+        "_seal",
+        "_shown",
+        "reason",
+        "stop_sequence",
+        "usage",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, seal: ThoughtSeal | None = None, *, shown: bool = True) -> None:
+        """``seal`` signs thinking blocks (needed once a backend sends a thought);
+        ``shown``: thinking blocks carry their text (else only their signature)."""
+        self._seal = seal
+        self._shown = shown
         self._blocks: list[_Block] = []
         self._calls: dict[int, _Block] = {}  # by the backend's call index
         self._open: _Block | None = None
@@ -103,6 +133,8 @@ class MessageAssembler:
     def feed(self, item: BackendEvent) -> list[bytes]:
         if isinstance(item, TextDelta):
             return self._text(item.text) if item.text else []
+        if isinstance(item, ReasoningDelta):
+            return self._thinking(item.text) if item.text else []
         if isinstance(item, ToolCallDelta):
             return self._tool_call(item)
         if isinstance(item, Finished):
@@ -127,7 +159,8 @@ class MessageAssembler:
 
     @property
     def content(self) -> list[dict[str, Any]]:
-        return [block.render() for block in self._blocks]
+        self._sign()  # a whole message: the open thinking block is complete
+        return [block.render(self._shown) for block in self._blocks]
 
     def finish(self) -> list[bytes]:
         """Stop the open block; the ping goes out here when no block ever opened."""
@@ -141,7 +174,7 @@ class MessageAssembler:
         frames = self._stop()
         block = self._open = _Block(len(self._blocks), kind, call_id=call_id, name=name)
         self._blocks.append(block)
-        shown = block.render() if kind == "text" else {**block.render(), "input": {}}
+        shown = block.render() if kind != "tool_use" else {**block.render(), "input": {}}
         frames.append(event("content_block_start", index=block.index, content_block=shown))
         if not self._pinged:  # where Anthropic sends its first ping
             self._pinged = True
@@ -149,8 +182,35 @@ class MessageAssembler:
         return block, frames
 
     def _stop(self) -> list[bytes]:
-        block, self._open = self._open, None
-        return [] if block is None else [event("content_block_stop", index=block.index)]
+        block = self._open
+        frames: list[bytes] = []
+        if block is not None and block.kind == "thinking":
+            delta = {"type": "signature_delta", "signature": self._sign()}
+            frames.append(event("content_block_delta", index=block.index, delta=delta))
+        self._open = None
+        if block is not None:
+            frames.append(event("content_block_stop", index=block.index))
+        return frames
+
+    def _sign(self) -> str:
+        """Sign the open thinking block (if it is one) and return its signature."""
+        block = self._open
+        if block is None or block.kind != "thinking" or block.signature:
+            return block.signature if block is not None else ""
+        if self._seal is None:
+            raise AssertionError("a thinking block needs the assembler's seal")
+        block.signature = self._seal.seal("".join(block.parts))
+        return block.signature
+
+    def _thinking(self, text: str) -> list[bytes]:
+        block, frames = self._open, list[bytes]()
+        if block is None or block.kind != "thinking":
+            block, frames = self._start("thinking")
+        block.parts.append(text)
+        if self._shown:
+            delta = {"type": "thinking_delta", "thinking": text}
+            frames.append(event("content_block_delta", index=block.index, delta=delta))
+        return frames
 
     def _text(self, text: str) -> list[bytes]:
         block, frames = self._open, list[bytes]()

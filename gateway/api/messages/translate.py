@@ -3,7 +3,10 @@
 ``system`` becomes the system message; each Anthropic message becomes one chat message,
 except that a user turn's ``tool_result`` blocks become ``tool`` messages (before the
 turn's other content, where Anthropic requires them) and an assistant turn's
-``tool_use`` blocks become its ``tool_calls``. Image blocks become chat ``image_url``
+``tool_use`` blocks become its ``tool_calls`` and its ``thinking`` blocks its reasoning
+(their seals checked: ``gateway.api.thought_seal``). ``thinking`` becomes the reasoning
+controls (``enabled`` with its ``budget_tokens``, below ``max_tokens``; ``adaptive`` and
+``between_tools`` as enabled with no budget; ``disabled``). Image blocks become chat ``image_url``
 parts, so a backend without image input refuses them by its declared features
 (``gateway.service.capabilities``), like any other request; the ``ParamMap`` then names
 the block in this API's notation. Everything else the contract cannot express is refused
@@ -23,6 +26,7 @@ from backends.base import (
     ContentPart,
     GenerationRequest,
     InvalidRequest,
+    ReasoningControls,
     RequestKind,
     SamplingParams,
     ToolCall,
@@ -30,6 +34,7 @@ from backends.base import (
     ToolSpec,
 )
 from gateway.api.messages.wire import CountTokensRequest, MessagesRequest, WireMessage
+from gateway.api.thought_seal import ThoughtSeal
 from gateway.api.tool_wire import function_spec
 
 MAX_STOP_SEQUENCES = 16
@@ -39,6 +44,8 @@ _RENAMED = {
     "max_completion_tokens": "max_tokens",
     "user": "metadata.user_id",
     "prompt": "messages",
+    "chat_template_kwargs": "thinking.type",
+    "thinking_token_budget": "thinking.budget_tokens",
 }
 
 
@@ -67,7 +74,7 @@ class ParamMap:
 
 
 def messages_request(
-    wire: MessagesRequest, request_id: str, arrival: float
+    wire: MessagesRequest, request_id: str, arrival: float, seal: ThoughtSeal
 ) -> tuple[GenerationRequest, ParamMap]:
     stop = tuple(wire.stop_sequences or ())
     if len(stop) > MAX_STOP_SEQUENCES or any(not item for item in stop):
@@ -83,13 +90,24 @@ def messages_request(
     )
     if wire.container is not None:
         raise InvalidRequest("containers are not supported", param="container")
-    request, params = prompt_request(wire, sampling, request_id, arrival)
+    request, params = prompt_request(wire, sampling, request_id, arrival, seal)
+    budget = request.reasoning.budget_tokens
+    if budget is not None and budget >= wire.max_tokens:
+        raise InvalidRequest(
+            f"thinking.budget_tokens ({budget}) must be less than max_tokens "
+            f"({wire.max_tokens}): max_tokens counts the thought and the answer",
+            param="thinking.budget_tokens",
+        )
     user = wire.metadata.user_id if wire.metadata is not None else None
     return replace(request, user=user), params
 
 
 def prompt_request(
-    wire: CountTokensRequest, sampling: SamplingParams, request_id: str, arrival: float
+    wire: CountTokensRequest,
+    sampling: SamplingParams,
+    request_id: str,
+    arrival: float,
+    seal: ThoughtSeal,
 ) -> tuple[GenerationRequest, ParamMap]:
     """The request without its output controls: what ``count_tokens`` counts too."""
     refuse_unsupported(wire)
@@ -99,7 +117,7 @@ def prompt_request(
         messages.append(ChatMessage(role="system", content=_system(wire.system)))
         params.origins.append("system")
     for index, message in enumerate(wire.messages):
-        _append_message(messages, params, index, message)
+        _append_message(messages, params, index, message, seal)
     last = wire.messages[-1]
     if last.role == "assistant":
         # The contract has no "continue this turn": answering it as a new turn would
@@ -120,18 +138,51 @@ def prompt_request(
         tools=tools,
         tool_choice=choice,
         parallel_tool_calls=parallel,
+        reasoning=thinking_controls(wire.thinking),
     )
     return request, params
 
 
+_THINKING_ON = ("enabled", "adaptive", "between_tools")
+
+
+def thinking_controls(thinking: dict[str, Any] | None) -> ReasoningControls:
+    """``thinking`` as reasoning controls (the module doc says how each type maps)."""
+    if thinking is None:
+        return ReasoningControls()
+    kind = thinking.get("type")
+    if kind == "disabled":
+        return ReasoningControls(thinking=False)
+    if kind not in _THINKING_ON:
+        raise InvalidRequest(
+            "thinking.type must be 'enabled', 'adaptive', 'between_tools' or 'disabled'",
+            param="thinking.type",
+        )
+    display = thinking.get("display")
+    if display not in (None, "summarized", "omitted"):
+        raise InvalidRequest(
+            "thinking.display must be 'summarized' or 'omitted'", param="thinking.display"
+        )
+    budget = thinking.get("budget_tokens")
+    if kind == "enabled" and (
+        not isinstance(budget, int) or isinstance(budget, bool) or budget < 1
+    ):
+        raise InvalidRequest(
+            "thinking of type 'enabled' needs budget_tokens, a positive integer "
+            "(Anthropic's 1,024 minimum is not enforced)",
+            param="thinking.budget_tokens",
+        )
+    return ReasoningControls(thinking=True, budget_tokens=budget if kind == "enabled" else None)
+
+
+def thought_shown(thinking: dict[str, Any] | None) -> bool:
+    """Whether thinking blocks carry the thought's text (``display: omitted``: only its
+    signature, which holds it sealed for the next turn)."""
+    return thinking is None or thinking.get("display") != "omitted"
+
+
 def refuse_unsupported(wire: CountTokensRequest) -> None:
-    thinking = wire.thinking
     refusals: list[tuple[bool, str, str]] = [
-        (
-            thinking is not None and thinking.get("type") != "disabled",
-            "thinking",
-            "extended thinking is not supported",
-        ),
         (bool(wire.mcp_servers), "mcp_servers", "MCP servers are not supported"),
         (wire.output_config is not None, "output_config", "output_config is not supported"),
         (wire.output_format is not None, "output_format", "output_format is not supported"),
@@ -159,7 +210,11 @@ def _text(block: Any, where: str) -> str:
 
 
 def _append_message(
-    messages: list[ChatMessage], params: ParamMap, index: int, message: WireMessage
+    messages: list[ChatMessage],
+    params: ParamMap,
+    index: int,
+    message: WireMessage,
+    seal: ThoughtSeal,
 ) -> None:
     where = f"messages[{index}]"
     if isinstance(message.content, str):
@@ -167,7 +222,7 @@ def _append_message(
         params.origins.append(where)
         return
     if message.role == "assistant":
-        messages.append(_assistant(message.content, where))
+        messages.append(_assistant(message.content, where, seal))
         params.origins.append(where)
         return
     texts: list[str] = []
@@ -205,9 +260,10 @@ def _append_message(
     params.origins.append(where)
 
 
-def _assistant(blocks: list[dict[str, Any]], where: str) -> ChatMessage:
+def _assistant(blocks: list[dict[str, Any]], where: str, seal: ThoughtSeal) -> ChatMessage:
     texts: list[str] = []
     calls: list[ToolCall] = []
+    thoughts: list[str] = []
     for position, block in enumerate(blocks):
         at = f"{where}.content[{position}]"
         kind = block.get("type")
@@ -215,13 +271,34 @@ def _assistant(blocks: list[dict[str, Any]], where: str) -> ChatMessage:
             texts.append(_text(block, at))
         elif kind == "tool_use":
             calls.append(_tool_use(block, at))
+        elif kind == "thinking":
+            thoughts.append(_thinking(block, at, seal))
         else:
             raise InvalidRequest(
                 f"content block type {kind!r} is not supported in an assistant message; "
-                "use text or tool_use",
+                "use text, tool_use or thinking",
                 param=f"{at}.type",
             )
-    return ChatMessage(role="assistant", content="".join(texts), tool_calls=tuple(calls))
+    return ChatMessage(
+        role="assistant",
+        content="".join(texts),
+        tool_calls=tuple(calls),
+        reasoning="".join(thoughts),
+    )
+
+
+def _thinking(block: dict[str, Any], where: str, seal: ThoughtSeal) -> str:
+    """A thinking block's thought, from its signature (the seal holds it); its text, when
+    sent, must be the sealed one."""
+    text, signature = block.get("thinking", ""), block.get("signature")
+    if not isinstance(signature, str) or not signature:
+        raise InvalidRequest("a thinking block needs its signature", param=f"{where}.signature")
+    thought = seal.open(signature, f"{where}.signature")
+    if not isinstance(text, str) or (text and text != thought):
+        raise InvalidRequest(
+            "the thinking text is not the one its signature holds", param=f"{where}.thinking"
+        )
+    return thought
 
 
 def _tool_use(block: dict[str, Any], where: str) -> ToolCall:

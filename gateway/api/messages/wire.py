@@ -38,8 +38,9 @@ class CountTokensRequest(_Wire):
     system: str | list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
-    # Known fields we cannot honour: set to anything but "off" → 400 naming them.
+    # Checked in translate (thinking_controls), so each error names its exact field.
     thinking: dict[str, Any] | None = None
+    # Known fields we cannot honour: set to anything but "off" → 400 naming them.
     mcp_servers: list[Any] | None = None
     output_config: dict[str, Any] | None = None
     output_format: dict[str, Any] | None = None

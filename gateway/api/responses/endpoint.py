@@ -21,8 +21,14 @@ from gateway.api.base import Endpoint, GenerationPresenter, Prepared, parse_wire
 from gateway.api.responses.output import OutputAssembler
 from gateway.api.responses.render import EventWriter, ResponseShape, new_id, with_id
 from gateway.api.responses.store import ResponseNotFound, ResponseStore, StoredResponse
-from gateway.api.responses.translate import generation_request, input_items, wire_param
+from gateway.api.responses.translate import (
+    ENCRYPTED_INCLUDE,
+    generation_request,
+    input_items,
+    wire_param,
+)
 from gateway.api.responses.wire import ResponsesRequest
+from gateway.api.thought_seal import ThoughtSeal
 from gateway.errors import InternalError
 from gateway.observe.record import RequestRecord
 from gateway.service.generation import CompletionService, Generation
@@ -31,15 +37,17 @@ log = logging.getLogger(__name__)
 
 
 class ResponsesEndpoint(Endpoint):
-    """Stateless per request; ``store`` is owned by the app (closed by its lifespan)."""
+    """Stateless per request; ``store`` is owned by the app (closed by its lifespan);
+    ``seal`` signs thoughts handed out as ``encrypted_content`` and checks those sent."""
 
     path = "/v1/responses"
     wire = ResponsesRequest
     summary = "Create a model response"
 
-    def __init__(self, service: CompletionService, store: ResponseStore) -> None:
+    def __init__(self, service: CompletionService, store: ResponseStore, seal: ThoughtSeal) -> None:
         self.service = service
         self.store = store
+        self.seal = seal
 
     async def prepare(self, body: Any, record: RequestRecord) -> Prepared[Generation]:
         wire = parse_wire(ResponsesRequest, body)
@@ -57,17 +65,21 @@ class ResponsesEndpoint(Endpoint):
             history = previous.items
         conversation = [*history, *input_items(wire)]
         request = generation_request(
-            wire, conversation, len(history), record.request_id, record.arrival_time
-        )
+            wire, conversation, len(history), record.request_id, record.arrival_time,
+            seal=self.seal,
+        )  # fmt: skip
         shape = ResponseShape(new_id("resp"), int(record.arrival_time), wire.model, wire)
-        presenter = ResponsesPresenter(self, shape, conversation, keep=wire.stores)
+        sealed = ENCRYPTED_INCLUDE in (wire.include or ())
+        presenter = ResponsesPresenter(
+            self, shape, conversation, keep=wire.stores, seal=self.seal if sealed else None
+        )
         return Prepared(request, wire.stream, presenter, wire_param)
 
 
 class ResponsesPresenter(GenerationPresenter):
     """Renders one response; owned by the task serving its request."""
 
-    __slots__ = ("_conversation", "_endpoint", "_keep", "_shape")
+    __slots__ = ("_conversation", "_endpoint", "_keep", "_seal", "_shape")
 
     def __init__(
         self,
@@ -76,16 +88,18 @@ class ResponsesPresenter(GenerationPresenter):
         conversation: list[dict[str, Any]],
         *,
         keep: bool,
+        seal: ThoughtSeal | None,
     ) -> None:
         super().__init__(endpoint.service)
         self._endpoint = endpoint
         self._shape = shape
         self._conversation = conversation
         self._keep = keep
+        self._seal = seal
 
     async def body(self, generation: Generation) -> bytes:
         self._shape.model = generation.shown_model
-        output = OutputAssembler(lambda *_, **__: b"")
+        output = OutputAssembler(lambda *_, **__: b"", self._seal)
         async with contextlib.aclosing(self.observed_events(generation)) as events:
             async for event in events:
                 output.feed(event)
@@ -98,7 +112,7 @@ class ResponsesPresenter(GenerationPresenter):
         shape = self._shape
         shape.model = generation.shown_model
         emit = EventWriter()
-        output = OutputAssembler(emit)
+        output = OutputAssembler(emit, self._seal)
         yield emit("response.created", response=shape.render("in_progress", []))
         yield emit("response.in_progress", response=shape.render("in_progress", []))
         try:

@@ -57,6 +57,26 @@ def message_item(
     }
 
 
+def reasoning_text(text: str) -> dict[str, str]:
+    return {"type": "reasoning_text", "text": text}
+
+
+def reasoning_item(
+    item_id: str, text: str | None, status: ItemStatus, sealed: str | None = None
+) -> dict[str, Any]:
+    """A thought as vLLM renders it: the raw text in ``content``, an empty ``summary``;
+    ``sealed`` (the ``encrypted_content``) only when the request included it.
+    ``text=None``: the item as first announced."""
+    return {
+        "id": item_id,
+        "type": "reasoning",
+        "status": status,
+        "summary": [],
+        "content": [] if text is None else [reasoning_text(text)],
+        "encrypted_content": sealed,
+    }
+
+
 def function_call_item(
     item_id: str, call_id: str, name: str, arguments: str, status: ItemStatus
 ) -> dict[str, Any]:
@@ -70,7 +90,12 @@ def function_call_item(
     }
 
 
-_ITEM_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
+_ITEM_PREFIX = {
+    "message": "msg",
+    "function_call": "fc",
+    "function_call_output": "fco",
+    "reasoning": "rs",
+}
 
 
 def with_id(item: dict[str, Any]) -> dict[str, Any]:
@@ -92,6 +117,13 @@ def item_resource(item: dict[str, Any]) -> dict[str, Any]:
         elif isinstance(content, str):
             content = [{"type": "input_text", "text": content}]
         return {**resource, "role": item["role"], "content": content}
+    if kind == "reasoning":
+        return {
+            **resource,
+            "summary": item.get("summary") or [],
+            "content": item.get("content") or [],
+            "encrypted_content": item.get("encrypted_content"),
+        }
     fields = ("call_id", "name", "arguments") if kind == "function_call" else ("call_id", "output")
     return {**resource, **{name: item[name] for name in fields}}
 
@@ -101,7 +133,7 @@ def usage_object(usage: Usage) -> dict[str, Any]:
         "input_tokens": usage.prompt_tokens,
         "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": usage.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
         "total_tokens": usage.total_tokens,
     }
 
@@ -168,7 +200,10 @@ def _request_echo(wire: ResponsesRequest) -> dict[str, Any]:
         "metadata": dict(wire.metadata or {}),
         "parallel_tool_calls": wire.parallel_tool_calls is not False,
         "previous_response_id": wire.previous_response_id,
-        "reasoning": {"effort": None, "summary": None},
+        "reasoning": {
+            "effort": wire.reasoning.effort if wire.reasoning is not None else None,
+            "summary": wire.reasoning.summary if wire.reasoning is not None else None,
+        },
         "service_tier": "default",
         "store": wire.stores,
         "temperature": 1.0 if wire.temperature is None else wire.temperature,

@@ -1,14 +1,19 @@
 """``ResponsesRequest`` → the backend's ``GenerationRequest``: the same contract as chat.
 
 The conversation is a list of Responses *items* (messages, ``function_call``,
-``function_call_output``); each becomes one ``ChatMessage``, consecutive function calls
-folding into one assistant turn as chat expresses them. Everything the contract cannot
+``function_call_output``, ``reasoning``); each becomes one ``ChatMessage``, consecutive
+function calls folding into one assistant turn as chat expresses them, and a reasoning
+item's thought riding on the assistant turn after it (a thought with no assistant turn
+after it is dropped). A reasoning item's ``encrypted_content`` is opened and checked
+(``gateway.api.thought_seal``) when the client sent it; history kept by the gateway
+(``previous_response_id``) is read from its ``content``. Everything the contract cannot
 express is refused with a 400 naming the ``param`` in the Responses request's notation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ValidationError
@@ -18,6 +23,7 @@ from backends.base import (
     ChatMessage,
     GenerationRequest,
     InvalidRequest,
+    ReasoningControls,
     RequestKind,
     ResponseFormat,
     SamplingParams,
@@ -32,8 +38,10 @@ from gateway.api.responses.wire import (
     InputTextPart,
     JsonSchemaFormat,
     MessageItem,
+    ReasoningItem,
     ResponsesRequest,
 )
+from gateway.api.thought_seal import ThoughtSeal
 from gateway.api.tool_wire import checked_schema
 from gateway.errors import from_validation_error
 
@@ -56,6 +64,8 @@ def generation_request(
     offset: int,
     request_id: str,
     arrival: float,
+    *,
+    seal: ThoughtSeal,
 ) -> GenerationRequest:
     """``conversation`` is the stored history followed by this request's items; the
     latter start at ``offset``, so errors name them as ``input[i]``."""
@@ -63,7 +73,7 @@ def generation_request(
     messages: list[ChatMessage] = []
     if wire.instructions:
         messages.append(ChatMessage(role="system", content=wire.instructions))
-    messages.extend(chat_messages(conversation, offset))
+    messages.extend(chat_messages(conversation, offset, seal))
     if not any(message.role != "system" for message in messages):
         raise InvalidRequest("input must contain at least one item", param="input")
     tools = tool_specs(wire.tools or [])
@@ -84,7 +94,14 @@ def generation_request(
         tool_choice=tool_choice(wire.tool_choice, tools),
         parallel_tool_calls=wire.parallel_tool_calls,
         response_format=response_format(wire),
+        reasoning=reasoning_controls(wire),
     )
+
+
+def reasoning_controls(wire: ResponsesRequest) -> ReasoningControls:
+    """``reasoning.effort``; ``none`` switches the thought off."""
+    effort = wire.reasoning.effort if wire.reasoning is not None else None
+    return ReasoningControls(effort=effort, thinking=False if effort == "none" else None)
 
 
 _CHAT_PARAMS = {
@@ -92,6 +109,9 @@ _CHAT_PARAMS = {
     "max_completion_tokens": "max_output_tokens",
     "response_format": "text.format",
     "logprobs": "top_logprobs",
+    "reasoning_effort": "reasoning.effort",
+    "chat_template_kwargs": "reasoning.effort",
+    "thinking_token_budget": "reasoning",
 }
 
 
@@ -106,7 +126,9 @@ def wire_param(param: str) -> str:
 
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
-_INCLUDE_REFUSAL = f"only {LOGPROBS_INCLUDE!r} can be included"
+ENCRYPTED_INCLUDE = "reasoning.encrypted_content"
+_INCLUDES = {LOGPROBS_INCLUDE, ENCRYPTED_INCLUDE}
+_INCLUDE_REFUSAL = f"only {LOGPROBS_INCLUDE!r} and {ENCRYPTED_INCLUDE!r} can be included"
 
 
 def logprobs_of(wire: ResponsesRequest) -> int | None:
@@ -119,8 +141,7 @@ def logprobs_of(wire: ResponsesRequest) -> int | None:
 def refuse_unsupported(wire: ResponsesRequest) -> None:
     refusals: list[tuple[bool, str, str]] = [
         (bool(wire.background), "background", "background responses are not supported"),
-        (bool(set(wire.include or ()) - {LOGPROBS_INCLUDE}), "include", _INCLUDE_REFUSAL),
-        (_reasoning_set(wire.reasoning), "reasoning", "reasoning options are not supported"),
+        (bool(set(wire.include or ()) - _INCLUDES), "include", _INCLUDE_REFUSAL),
         (wire.truncation == "auto", "truncation", "only truncation 'disabled' is supported"),
         (wire.conversation is not None, "conversation", "conversations are not supported"),
         (wire.prompt is not None, "prompt", "prompt templates are not supported"),
@@ -131,24 +152,36 @@ def refuse_unsupported(wire: ResponsesRequest) -> None:
             raise InvalidRequest(message, param=param)
 
 
-def _reasoning_set(reasoning: dict[str, Any] | None) -> bool:
-    return reasoning is not None and any(value is not None for value in reasoning.values())
-
-
-def chat_messages(items: Sequence[Item], offset: int = 0) -> list[ChatMessage]:
+def chat_messages(
+    items: Sequence[Item], offset: int = 0, seal: ThoughtSeal | None = None
+) -> list[ChatMessage]:
     """One ``ChatMessage`` per item; a run of ``function_call`` items is one assistant
-    turn (appended to the assistant message right before it, as chat does)."""
+    turn (appended to the assistant message right before it, as chat does); a reasoning
+    item's thought goes on the assistant turn that follows it."""
     messages: list[ChatMessage] = []
+    thought: list[str] = []
     for position, item in enumerate(items):
         where = f"input[{position - offset}]" if position >= offset else "previous_response_id"
         kind = item.get("type", "message") if isinstance(item, dict) else None
+        if kind == "reasoning":
+            thought.append(
+                _thought(_parse(ReasoningItem, item, where), where, seal, position >= offset)
+            )
+            continue
         if kind == "message":
-            messages.append(_message(_parse(MessageItem, item, where), where))
+            message = _message(_parse(MessageItem, item, where), where)
+            if message.role == "assistant" and thought:
+                message = replace(message, reasoning="".join(thought))
+            thought.clear()
+            messages.append(message)
         elif kind == "function_call":
             call = _parse(FunctionCallItem, item, where)
             _append_call(
-                messages, ToolCall(id=call.call_id, name=call.name, arguments=call.arguments)
+                messages,
+                ToolCall(id=call.call_id, name=call.name, arguments=call.arguments),
+                "".join(thought),
             )
+            thought.clear()
         elif kind == "function_call_output":
             result = _parse(FunctionCallOutputItem, item, where)
             output = (
@@ -157,23 +190,38 @@ def chat_messages(items: Sequence[Item], offset: int = 0) -> list[ChatMessage]:
                 else _text_of(result.output, f"{where}.output")
             )
             messages.append(ChatMessage(role="tool", content=output, tool_call_id=result.call_id))
+            thought.clear()
         else:
             raise InvalidRequest(
-                f"input item type {kind!r} is not supported; use message, function_call "
-                "or function_call_output",
+                f"input item type {kind!r} is not supported; use message, function_call, "
+                "function_call_output or reasoning",
                 param=f"{where}.type",
             )
     return messages
 
 
-def _append_call(messages: list[ChatMessage], call: ToolCall) -> None:
+def _thought(item: ReasoningItem, where: str, seal: ThoughtSeal | None, sent: bool) -> str:
+    """A reasoning item's thought: sealed, as the client sent it (checked: a forged one
+    is refused), else its text (kept history is read from its text, which the gateway
+    wrote: its seal may be another process's)."""
+    parts = item.content if item.content is not None else item.summary
+    if item.encrypted_content is not None and (sent or not parts):
+        if seal is None:
+            raise InvalidRequest("encrypted_content cannot be read here", param=where)
+        return seal.open(item.encrypted_content, f"{where}.encrypted_content")
+    return "".join(part.text for part in parts)
+
+
+def _append_call(messages: list[ChatMessage], call: ToolCall, thought: str) -> None:
     last = messages[-1] if messages else None
     if last is not None and last.role == "assistant":
-        messages[-1] = ChatMessage(
-            role="assistant", content=last.content, tool_calls=(*last.tool_calls, call)
+        messages[-1] = replace(
+            last, tool_calls=(*last.tool_calls, call), reasoning=last.reasoning + thought
         )
     else:
-        messages.append(ChatMessage(role="assistant", content="", tool_calls=(call,)))
+        messages.append(
+            ChatMessage(role="assistant", content="", tool_calls=(call,), reasoning=thought)
+        )
 
 
 def _message(item: MessageItem, where: str) -> ChatMessage:

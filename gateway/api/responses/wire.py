@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from backends.base import ReasoningEffort
+
 MAX_METADATA_KEYS = 16
 MetadataKey = Annotated[str, StringConstraints(max_length=64)]
 MetadataValue = Annotated[str, StringConstraints(max_length=512)]
@@ -23,6 +25,18 @@ class _Wire(BaseModel):
 class TextParam(_Wire):
     format: dict[str, Any] | None = None
     verbosity: Literal["low", "medium", "high"] | None = None
+
+
+Summary = Literal["auto", "concise", "detailed"]
+
+
+class ReasoningParam(_Wire):
+    """``reasoning``: the effort asked (``none``: no thought); a summary is accepted but
+    none is made (the item carries the raw thought in ``content``, as vLLM does)."""
+
+    effort: ReasoningEffort | None = None
+    summary: Summary | None = None
+    generate_summary: Summary | None = None
 
 
 class ResponsesRequest(_Wire):
@@ -46,10 +60,10 @@ class ResponsesRequest(_Wire):
     max_tool_calls: int | None = Field(None, ge=1)
     service_tier: str | None = None
     prompt_cache_key: str | None = None
+    reasoning: ReasoningParam | None = None
     # Known fields we cannot honour: set to anything but their default → 400 naming them.
     background: bool | None = None
     include: list[str] | None = None
-    reasoning: dict[str, Any] | None = None
     truncation: Literal["auto", "disabled"] | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
     conversation: str | dict[str, Any] | None = None
@@ -74,6 +88,21 @@ class MessageItem(_Wire):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
     content: str | list[dict[str, Any]]
+
+
+class ReasoningTextPart(_Wire):
+    type: Literal["reasoning_text", "summary_text"]
+    text: str
+
+
+class ReasoningItem(_Wire):
+    """A thought handed back: its text in ``content`` (or, summaries being the thought
+    elsewhere, ``summary``), or sealed in ``encrypted_content`` (``thought_seal``)."""
+
+    type: Literal["reasoning"]
+    content: list[ReasoningTextPart] | None = None
+    summary: list[ReasoningTextPart] = Field(default_factory=list)
+    encrypted_content: str | None = None
 
 
 class FunctionCallItem(_Wire):

@@ -1,5 +1,7 @@
 // The playground: one chat completion streamed through the public API, as a client would
-// send it, with TTFT and decode tokens/s measured in the page.
+// send it, with TTFT and decode tokens/s measured in the page. A reasoning model's thought
+// (delta.reasoning_content) goes in a folded box above the answer, whose one-line summary
+// is always there, so nothing moves when a thought starts to stream.
 
 import { describeError, errorFrom } from "./api.js";
 import { seconds } from "./format.js";
@@ -11,6 +13,8 @@ export class Playground {
   constructor() {
     this.form = $("play-form");
     this.output = $("play-output");
+    this.thought = $("play-thought");
+    this.thoughtText = $("play-thought-text");
     this.error = $("play-error");
     this.send = $("play-send");
     this.stop = $("play-stop");
@@ -91,6 +95,11 @@ export class Playground {
     this.output.textContent = "";
     const text = document.createTextNode("");
     this.output.append(text);
+    this.thoughtText.textContent = "";
+    const thought = document.createTextNode("");
+    this.thoughtText.append(thought);
+    this.thought.open = false;
+    $("play-thought-size").textContent = "(none)";
     this.metrics({ ttft: null, tps: null, tokens: 0, total: null, model: "–" });
     this.controller = new AbortController();
     this.send.disabled = true;
@@ -118,8 +127,15 @@ export class Playground {
         if (chunk.error) throw Object.assign(new Error(chunk.error.message), { midStream: chunk.error });
         if (chunk.model) this.metrics({ model: chunk.model });
         if (chunk.usage) usageTokens = chunk.usage.completion_tokens;
-        const piece = chunk.choices?.[0]?.delta?.content;
-        if (piece) {
+        const delta = chunk.choices?.[0]?.delta;
+        const thinking = delta?.reasoning_content;
+        if (thinking) {
+          thought.appendData(thinking);
+          this.thoughtText.scrollTop = this.thoughtText.scrollHeight;
+          $("play-thought-size").textContent = `(${thought.length} characters)`;
+        }
+        const piece = delta?.content;
+        if (thinking || piece) {
           const now = performance.now();
           if (first === null) {
             first = now;
@@ -127,8 +143,10 @@ export class Playground {
           }
           last = now;
           deltas += 1;
-          text.appendData(piece);
-          this.output.scrollTop = this.output.scrollHeight;
+          if (piece) {
+            text.appendData(piece);
+            this.output.scrollTop = this.output.scrollHeight;
+          }
           this.metrics({ tokens: deltas });
         }
       }
