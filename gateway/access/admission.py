@@ -106,7 +106,7 @@ class Admission:
         registry = self.registry
 
         def may_use(name: str) -> bool:
-            if any(name in registry.route_targets(entry) for entry in allowed):
+            if any(name in registry.splits.targets(entry) for entry in allowed):
                 return True
             for model in registry.config.models:
                 if model.name == name:

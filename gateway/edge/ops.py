@@ -98,9 +98,9 @@ def _route_cards(state: AppState, client: Client, visible: set[str]) -> list[dic
                 "sticky": route.sticky,
             },
         }
-        for route in registry.routes()
+        for route in registry.splits.all()
         if (client.models is not None and route.name in client.models)
-        or any(target in visible for target in registry.route_targets(route.name))
+        or any(target in visible for target in registry.splits.targets(route.name))
     ]
 
 

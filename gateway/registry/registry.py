@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -27,7 +26,7 @@ from dataclasses import replace
 from backends.base import AdapterHost, AdapterSpec
 from backends.errors import InvalidRequest, ModelNotFound, NotReady, Overloaded
 from backends.factory import MemoryEstimate, memory_estimate
-from config.routes import MirrorConfig, RouteConfig
+from config.routes import MirrorConfig
 from config.schema import AppConfig
 from gateway.registry import routing
 from gateway.registry.adapters import with_adapter, without_adapter
@@ -36,7 +35,7 @@ from gateway.registry.entry import Backoff, Entry, Instance
 from gateway.registry.inplace import replica_status
 from gateway.registry.lifecycle import BackendFactory, Lifecycle
 from gateway.registry.model_metrics import RegistryMetrics
-from gateway.registry.split import SplitKey, pick
+from gateway.registry.split import SplitKey, Splits
 from gateway.registry.tasks import being_cancelled, join
 from gateway.registry.values import (
     SERVING_STATES,
@@ -86,7 +85,8 @@ class ModelRegistry:
         self._drain_timeout = drain_timeout
         self._index = routing.build_index(config.models)
         self._adapters = routing.build_adapter_index(config.models)
-        self._routes = {route.name: route for route in config.routes}
+        self.splits = Splits(config.routes, self._resolve)
+        """The split routes (read by the front door and ``/v1/models``)."""
         self._adapter_changes = asyncio.Lock()  # one run-time adapter change at a time
         # Adapters registered at run time, per base model (kept across hot reloads).
         self._added: dict[str, dict[str, AdapterSpec]] = {}
@@ -138,9 +138,9 @@ class ModelRegistry:
         target's, with reason ``split``. Count the split with ``record_split`` once the
         request is really sent there."""
         models = {entry.name: entry.config for entry in self._life.entries()}
-        split = self._routes.get(requested)
+        split = self.splits.get(requested)
         try:
-            target = None if split is None else self._split_target(split, key, may_use)
+            target = None if split is None else self.splits.choose(split, key, may_use)
             decision = routing.route(
                 target or requested, models, self._index, self._state_of, self._adapters
             )
@@ -157,17 +157,6 @@ class ModelRegistry:
             )
         return decision
 
-    def _split_target(
-        self, split: RouteConfig, key: SplitKey | None, may_use: Callable[[str], bool] | None
-    ) -> str:
-        targets = split.targets
-        if may_use is not None:
-            targets = tuple(t for t in targets if may_use(self._resolve(t[0])))
-        if not targets:
-            raise ModelNotFound(f"The model '{split.name}' does not exist", param="model")
-        key = key or SplitKey(f"{random.getrandbits(64):016x}")  # no key: a fresh draw
-        return pick(targets, key.for_route(split.sticky))
-
     def _resolve(self, name: str) -> str:
         """The model (or adapter) a configured name stands for."""
         adapter = self._adapters.get(name)
@@ -177,15 +166,6 @@ class ModelRegistry:
         """Count a request a split route sent to its target (once per request)."""
         if decision.route is not None and decision.target is not None:
             self._metrics.split(decision.route, decision.target)
-
-    def routes(self) -> tuple[RouteConfig, ...]:
-        """The configured split routes, in config order."""
-        return tuple(self._routes.values())
-
-    def route_targets(self, name: str) -> tuple[str, ...]:
-        """The models (or adapters) split route ``name`` may send to; () for other names."""
-        split = self._routes.get(name)
-        return () if split is None else tuple(self._resolve(t) for t in split.split)
 
     def mirror_of(self, name: str) -> tuple[str, MirrorConfig] | None:
         """Model ``name``'s mirror as configured now, with its shadow's model name; ``None``
@@ -299,7 +279,7 @@ class ModelRegistry:
         ]
 
     def _names_in_use(self) -> set[str]:
-        return {*self._index, *self._adapters, *self._routes}
+        return {*self._index, *self._adapters, *(route.name for route in self.splits.all())}
 
     def _keep_added_adapters(self, diff: ConfigDiff) -> None:
         """After a reload, adapters registered at run time stay with the models whose
@@ -333,7 +313,7 @@ class ModelRegistry:
         before the reload finish on the backend they started on."""
         diff = diff_configs(self._life.config, new)
         self._index = routing.build_index(new.models)
-        self._routes = {route.name: route for route in new.routes}
+        self.splits = Splits(new.routes, self._resolve)
         self._life.apply(diff, new)
         self._keep_added_adapters(diff)
         self._reindex_adapters()

@@ -210,8 +210,8 @@ def test_a_split_picks_among_the_targets_a_key_may_use() -> None:
     assert only_b == {"b"}
     with pytest.raises(ModelNotFound, match="'chat' does not exist"):
         registry.route("chat", SplitKey("r"), lambda name: False)
-    assert registry.route_targets("chat") == ("a", "b")  # alias resolved
-    assert registry.route_targets("a") == ()
+    assert registry.splits.targets("chat") == ("a", "b")  # alias resolved
+    assert registry.splits.targets("a") == ()
 
 
 async def test_reload_swaps_weights_and_mirrors_in_place() -> None:
