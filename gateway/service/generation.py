@@ -140,8 +140,8 @@ class CompletionService:
         if decision.adapter is not None:
             request = replace(request, adapter=decision.adapter)
             record.adapter = decision.adapter
-        if decision.route is not None:
-            self._registry.record_split(decision)
+        if decision.route is not None and record.route is None:  # once per request, not
+            self._registry.record_split(decision)  # per prompt of a multi-prompt completion
             record.route = decision.route
         for position, name in enumerate(candidates):
             try:

@@ -195,6 +195,22 @@ async def test_the_target_is_what_the_response_and_the_log_name(
     assert direct.json()["model"] == "b"
 
 
+async def test_a_multi_prompt_completion_is_one_routed_request(start: Start) -> None:
+    gateway = await start(config("a", "b", routes=split(a=1, b=1)))
+    for i in range(10):
+        prompts = ["one two", "three four", "five six"]
+        response = await gateway.http.post(
+            "/v1/completions",
+            json={"model": "chat", "prompt": prompts, "max_tokens": 4},
+            headers={"x-request-id": f"multi-{i}"},
+        )
+        assert response.status_code == 200, response.text
+        assert len(response.json()["choices"]) == 3
+    routed = [gateway.sample("llmso_route_requests_total", route="chat", target=t) for t in "ab"]
+    assert sum(routed) == 10  # one per request, not per prompt
+    assert [gateway.served(t) for t in "ab"] == [3 * n for n in routed]  # prompts stay together
+
+
 async def test_sticky_sessions_stay_on_one_target(start: Start) -> None:
     gateway = await start(config("a", "b", routes=split(a=1, b=1)))
     by_header: dict[str, set[str]] = {}
