@@ -37,7 +37,9 @@ class KeyConfig(_Frozen):
         description="SHA-256 (hex) of the key; a plain `key:` is hashed into this at load."
     )
     models: tuple[str, ...] | None = Field(
-        None, description="Names, aliases or `capability:X` this key may use; default all."
+        None,
+        description="Names, aliases, `capability:X` or split routes (granting their "
+        "targets) this key may use; default all.",
     )
     rpm: int | None = Field(None, gt=0, description="Requests per minute.")
     tpm: int | None = Field(None, gt=0, description="Tokens per minute (prompt + completion).")

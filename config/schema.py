@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from config.frontdoor import AuthConfig, LimitsConfig
+from config.routes import MirrorConfig, RouteConfig, check_routes
 from config.tracing import TracingConfig
 
 _NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$"
@@ -164,6 +165,11 @@ class ModelBase(_Frozen):
         description="Completion tokens for a request that sets no max_tokens, capped by the "
         "context left after the prompt where the backend knows it (default: that room, "
         "OpenAI's meaning; a proxy then sends no limit).",
+    )
+    mirror: MirrorConfig | None = Field(
+        None,
+        description="Copy a share of this model's requests to a shadow model: its answers "
+        "are logged and measured, never returned or charged (docs/routing.md).",
     )
 
     @field_validator("aliases", "capabilities", "fallback", mode="before")
@@ -504,6 +510,10 @@ class AppConfig(_Frozen):
         default_factory=TracingConfig, description="OpenTelemetry tracing (off by default)."
     )
     models: tuple[ModelConfig, ...] = Field(description="The served models (at least one).")
+    routes: tuple[RouteConfig, ...] = Field(
+        (),
+        description="Names whose requests are split between weighted targets (docs/routing.md).",
+    )
     auth: AuthConfig = Field(
         default_factory=AuthConfig, description="Client API keys, their models and limits."
     )
@@ -546,4 +556,9 @@ class AppConfig(_Frozen):
                     raise ValueError(
                         f"model {model.name!r}: fallback {target!r} is not a configured model"
                     )
+        return self
+
+    @model_validator(mode="after")
+    def _routes_fit_models(self) -> AppConfig:
+        check_routes(self.models, self.routes)
         return self

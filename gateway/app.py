@@ -46,6 +46,7 @@ from gateway.observe.metrics import GatewayMetrics
 from gateway.registry import ConfigWatcher, ModelRegistry, RegistryMetrics
 from gateway.service.embeddings import EmbeddingService
 from gateway.service.generation import CompletionService
+from gateway.service.mirror import MirrorMetrics
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
@@ -73,7 +74,9 @@ def build_app(
     )
     registry = ModelRegistry(config, RegistryMetrics(prometheus), factory)
     gateway_metrics = GatewayMetrics(prometheus)
-    service = CompletionService(registry, gateway_metrics, backend_metrics)
+    service = CompletionService(
+        registry, gateway_metrics, backend_metrics, MirrorMetrics(prometheus)
+    )
     admission = Admission(config, registry, gateway_metrics, prometheus)
     seal = ThoughtSeal(config.server.reasoning_secret)
     state = AppState(
@@ -129,6 +132,7 @@ def build_app(
             await batch_runner.stop()
             if watcher is not None:
                 await watcher.stop()
+            await service.stop()  # mirror copies: cancelled, not drained
             await registry.stop()
             await state.responses.store.close()
             if state.tracing is not None:

@@ -41,6 +41,7 @@ from gateway.access.store import GuardedStore, open_store
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.record import FinishSink, RequestRecord
 from gateway.registry import ModelRegistry
+from gateway.registry.split import SplitKey
 
 log = logging.getLogger(__name__)
 
@@ -96,13 +97,17 @@ class Admission:
 
     def model_filter(self, client: Client) -> Callable[[str], bool] | None:
         """``RequestRecord.may_use`` for ``client``: the routers of every route skip the
-        models it returns False for (``keys.allowed_candidates``). Reads the registry's
-        config at call time, so it follows reloads."""
-        if client.models is None:
+        models it returns False for (``keys.allowed_candidates``). An allow-list entry
+        naming a split route grants the route's targets, as one naming an alias grants its
+        model. Reads the registry's config at call time, so it follows reloads."""
+        allowed = client.models
+        if allowed is None:
             return None
         registry = self.registry
 
         def may_use(name: str) -> bool:
+            if any(name in registry.splits.targets(entry) for entry in allowed):
+                return True
             for model in registry.config.models:
                 if model.name == name:
                     return client.may_use(model)
@@ -140,7 +145,7 @@ class Ticket:
         if client is None:
             return request
         if self.record.may_use is not None:  # refuse early, before taking any allowance
-            self._check_model(request.model, self.record.may_use)
+            self._check_model(request, self.record.may_use)
         if request.priority != client.priority:
             request = replace(request, priority=client.priority)
         if not client.limited:
@@ -160,9 +165,11 @@ class Ticket:
             self._ask = ask
         return request
 
-    def _check_model(self, requested: str, may_use: Callable[[str], bool]) -> None:
+    def _check_model(self, request: GenerationRequest, may_use: Callable[[str], bool]) -> None:
+        requested = request.model
+        key = SplitKey(request.request_id, request.user)  # a split picks among allowed targets
         try:
-            decision = self._admission.registry.route(requested)
+            decision = self._admission.registry.route(requested, key, may_use)
         except ApiError:
             raise not_found(requested) from None
         allowed_candidates(requested, decision.key_checks, may_use)

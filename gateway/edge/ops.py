@@ -58,23 +58,50 @@ async def metrics(request: Request) -> Response:
 async def list_models(request: Request) -> Response:
     state = _state(request)
     client = state.door.identify(request.scope)  # only the key's models
-    data = [
-        card
-        for status in state.registry.list_models()
-        for card in _visible_cards(status, state.started_at, client)
-    ]
-    return json_response({"object": "list", "data": data})
+    return json_response({"object": "list", "data": _cards(state, client)})
 
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, request: Request) -> Response:
     state = _state(request)
     client = state.door.identify(request.scope)
-    for status in state.registry.list_models():
-        for card in _visible_cards(status, state.started_at, client):
-            if model_id == card["id"] or model_id in card["llmso"]["aliases"]:
-                return json_response(card)
+    for card in _cards(state, client):
+        if model_id == card["id"] or model_id in card["llmso"]["aliases"]:
+            return json_response(card)
     raise ModelNotFound(f"The model '{model_id}' does not exist", param="model")
+
+
+def _cards(state: AppState, client: Client) -> list[dict[str, Any]]:
+    """Every card the key may see: models and their adapters, then split routes."""
+    cards = [
+        card
+        for status in state.registry.list_models()
+        for card in _visible_cards(status, state.started_at, client)
+    ]
+    return cards + _route_cards(state, client, {card["id"] for card in cards})
+
+
+def _route_cards(state: AppState, client: Client, visible: set[str]) -> list[dict[str, Any]]:
+    """A card per split route the key may call: its allow-list names the route, or it may
+    use one of the targets (the route then picks among those)."""
+    registry = state.registry
+    return [
+        {
+            "id": route.name,
+            "object": "model",
+            "created": state.started_at,
+            "owned_by": "llmso",
+            "llmso": {
+                "aliases": [],
+                "capabilities": [],
+                "split": dict(route.split),
+                "sticky": route.sticky,
+            },
+        }
+        for route in registry.splits.all()
+        if (client.models is not None and route.name in client.models)
+        or any(target in visible for target in registry.splits.targets(route.name))
+    ]
 
 
 def _model_card(status: ModelStatus, started_at: int) -> dict[str, Any]:

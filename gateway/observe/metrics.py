@@ -1,8 +1,8 @@
 """Gateway-hop Prometheus families, on a registry owned by one app (never the global one).
 
 Labels are bounded: model, backend, status, and on ``llmso_requests_total`` the
-endpoint (the public route's path; ``batch:<path>`` for a batch's line). Histograms use
-base units (seconds, tokens).
+endpoint (the public route's path; ``batch:<path>`` for a batch's line, ``mirror:<path>``
+for a mirror's copy). Histograms use base units (seconds, tokens).
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ class GatewayMetrics:
         hop = ("model", "backend")
         self.requests = LoopCounter(
             "llmso_requests_total",
-            "Finished requests by outcome and API endpoint (a batch line's: batch:<its url>).",
+            "Finished requests by outcome and API endpoint (a batch line's: batch:<its url>; "
+            "a mirror's copy: mirror:<its url>).",
             (*hop, "status", "endpoint"),
             registry=registry,
         )

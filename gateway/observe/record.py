@@ -86,6 +86,8 @@ class RequestRecord:
     may_use: Callable[[str], bool] | None = None  # the client key's model allow-list
     batch_id: str | None = None  # set when the request is a line of that batch
     adapter: str | None = None  # the LoRA adapter that answered with its base ``model``
+    route: str | None = None  # the split route requested; ``model`` is the target it picked
+    mirror_of: str | None = None  # a mirror's: the id of the request it copies
     _last_token_mono: float | None = None
     _metrics: GatewayMetrics | None = None
     _sinks: Sequence[FinishSink] = ()
@@ -176,7 +178,10 @@ class RequestRecord:
 
     @property
     def endpoint_label(self) -> str:
-        """The ``endpoint`` label: the API path, ``batch:<path>`` for a batch's line."""
+        """The ``endpoint`` label: the API path, ``batch:<path>`` for a batch's line,
+        ``mirror:<path>`` for a mirror's copy."""
+        if self.mirror_of is not None:
+            return f"mirror:{self.endpoint}"
         return f"batch:{self.endpoint}" if self.batch_id else self.endpoint
 
     def _observe_finish(self, metrics: GatewayMetrics, series: ModelSeries) -> None:
@@ -205,6 +210,8 @@ class RequestRecord:
             "endpoint": self.endpoint or None,
             "model": self.model or self.requested_model or UNROUTED,
             "adapter": self.adapter,
+            "route": self.route,
+            "mirror_of": self.mirror_of,
             "key": self.key,
             "batch_id": self.batch_id,
             "backend": self.backend or None,

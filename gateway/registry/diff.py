@@ -18,6 +18,7 @@ IN_PLACE_FIELDS = frozenset(
         "max_concurrency",
         "preload",
         "memory_bytes",
+        "mirror",  # read per request (ModelRegistry.mirror_of)
     }
 )
 
@@ -83,4 +84,5 @@ def diff_configs(old: AppConfig, new: AppConfig) -> ConfigDiff:
         updated=tuple(updated),
         unchanged=tuple(unchanged),
         server_changed=old.server != new.server,
+        routes_changed=old.routes != new.routes,
     )

@@ -27,6 +27,7 @@ class RegistryMetrics:
         self._current: dict[str, ModelState] = {}
         self._decisions: dict[str, Any] = {}
         self._inflight: dict[str, Any] = {}
+        self._splits: dict[tuple[str, str], Any] = {}
         self.model_state = LoopGauge(
             "llmso_model_state",
             "1 for the model's current lifecycle state, 0 for others.",
@@ -56,6 +57,12 @@ class RegistryMetrics:
             "llmso_route_decisions_total",
             "Routing decisions by reason (and fallbacks).",
             ("reason",),
+            registry=registry,
+        )
+        self.route_requests = LoopCounter(
+            "llmso_route_requests_total",
+            "Requests a split route sent to each of its targets.",
+            ("route", "target"),
             registry=registry,
         )
         self.worker_restarts = LoopCounter(
@@ -103,6 +110,13 @@ class RegistryMetrics:
         child = self._decisions.get(reason)
         if child is None:
             child = self._decisions[reason] = self.route_decisions.labels(reason)
+        child.inc()
+
+    def split(self, route: str, target: str) -> None:
+        """Count one request of split ``route`` sent to ``target`` (both config names)."""
+        child = self._splits.get((route, target))
+        if child is None:
+            child = self._splits[route, target] = self.route_requests.labels(route, target)
         child.inc()
 
     def forget(self, model: str) -> None:

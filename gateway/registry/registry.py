@@ -10,8 +10,9 @@ budget by draining least recently used idle models, and never cuts off a request
 flight. A failed load or a crash marks the model ``failed`` with an exponential backoff;
 crashed models (and failed preloaded ones) restart on their own when it expires.
 
-This module holds the public surface (routing, leases, admin, hot reload, the idle
-sweeper); ``lifecycle.Lifecycle`` holds the machinery that moves models between states.
+This module holds the public surface (routing with traffic splits, mirrors, leases,
+admin, hot reload, the idle sweeper); ``lifecycle.Lifecycle`` holds the machinery that
+moves models between states.
 """
 
 from __future__ import annotations
@@ -19,10 +20,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import replace
 
 from backends.base import AdapterHost, AdapterSpec
 from backends.errors import InvalidRequest, ModelNotFound, NotReady, Overloaded
 from backends.factory import MemoryEstimate, memory_estimate
+from config.routes import MirrorConfig
 from config.schema import AppConfig
 from gateway.registry import routing
 from gateway.registry.adapters import with_adapter, without_adapter
@@ -31,6 +35,7 @@ from gateway.registry.entry import Backoff, Entry, Instance
 from gateway.registry.inplace import replica_status
 from gateway.registry.lifecycle import BackendFactory, Lifecycle
 from gateway.registry.model_metrics import RegistryMetrics
+from gateway.registry.split import SplitKey, Splits
 from gateway.registry.tasks import being_cancelled, join
 from gateway.registry.values import (
     SERVING_STATES,
@@ -80,6 +85,8 @@ class ModelRegistry:
         self._drain_timeout = drain_timeout
         self._index = routing.build_index(config.models)
         self._adapters = routing.build_adapter_index(config.models)
+        self.splits = Splits(config.routes, self._resolve)
+        """The split routes (read by the front door and ``/v1/models``)."""
         self._adapter_changes = asyncio.Lock()  # one run-time adapter change at a time
         # Adapters registered at run time, per base model (kept across hot reloads).
         self._added: dict[str, dict[str, AdapterSpec]] = {}
@@ -119,21 +126,55 @@ class ModelRegistry:
             if entry.config.preload
         )
 
-    def route(self, requested: str) -> RouteDecision:
-        """Candidates for a requested model name, alias or ``capability:<name>``."""
+    def route(
+        self,
+        requested: str,
+        key: SplitKey | None = None,
+        may_use: Callable[[str], bool] | None = None,
+    ) -> RouteDecision:
+        """Candidates for a requested model name, alias, adapter, ``capability:<name>`` or
+        split route. A route picks one of its targets that ``may_use`` (the client key's
+        allow-list) lets through, by ``key`` (``None``: a fresh draw); the decision is that
+        target's, with reason ``split``. Count the split with ``record_split`` once the
+        request is really sent there."""
         models = {entry.name: entry.config for entry in self._life.entries()}
+        split = self.splits.get(requested)
         try:
-            decision = routing.route(requested, models, self._index, self._state_of, self._adapters)
+            target = None if split is None else self.splits.choose(split, key, may_use)
+            decision = routing.route(
+                target or requested, models, self._index, self._state_of, self._adapters
+            )
         except ModelNotFound:
             self._metrics.decided("not_found")
             log.info("route %r: no such model or capability", requested)
             raise
+        if target is not None:
+            decision = replace(decision, reason="split", route=requested, target=target)
         self._metrics.decided(decision.reason)
         if log.isEnabledFor(logging.DEBUG):  # once per request: no join when it is off
             log.debug(
                 "route %r -> %s (%s)", requested, ", ".join(decision.candidates), decision.reason
             )
         return decision
+
+    def _resolve(self, name: str) -> str:
+        """The model (or adapter) a configured name stands for."""
+        adapter = self._adapters.get(name)
+        return adapter[1] if adapter is not None else self._index.get(name, name)
+
+    def record_split(self, decision: RouteDecision) -> None:
+        """Count a request a split route sent to its target (once per request)."""
+        if decision.route is not None and decision.target is not None:
+            self._metrics.split(decision.route, decision.target)
+
+    def mirror_of(self, name: str) -> tuple[str, MirrorConfig] | None:
+        """Model ``name``'s mirror as configured now, with its shadow's model name; ``None``
+        without one (or when the shadow left in a reload)."""
+        entry = self._life.entry(name)
+        mirror = entry.config.mirror if entry is not None else None
+        if mirror is None or mirror.model not in self._index:
+            return None
+        return self._index[mirror.model], mirror
 
     def lease(self, name: str, *, max_wait: float | None = None) -> _Leasing:
         """Hold ``name``'s backend for one request (``async with``); loads it first if
@@ -238,7 +279,7 @@ class ModelRegistry:
         ]
 
     def _names_in_use(self) -> set[str]:
-        return {*self._index, *self._adapters}
+        return {*self._index, *self._adapters, *(route.name for route in self.splits.all())}
 
     def _keep_added_adapters(self, diff: ConfigDiff) -> None:
         """After a reload, adapters registered at run time stay with the models whose
@@ -272,17 +313,19 @@ class ModelRegistry:
         before the reload finish on the backend they started on."""
         diff = diff_configs(self._life.config, new)
         self._index = routing.build_index(new.models)
+        self.splits = Splits(new.routes, self._resolve)
         self._life.apply(diff, new)
         self._keep_added_adapters(diff)
         self._reindex_adapters()
         if diff.server_changed:
             log.warning("config reload: the server section changed; it applies on restart")
         log.info(
-            "config applied: added=%s removed=%s reloaded=%s updated=%s",
+            "config applied: added=%s removed=%s reloaded=%s updated=%s routes_changed=%s",
             list(diff.added),
             list(diff.removed),
             list(diff.reloaded),
             list(diff.updated),
+            diff.routes_changed,
         )
         return diff
 

@@ -74,12 +74,16 @@ class Lease:
 @dataclass(frozen=True, slots=True)
 class RouteDecision:
     """Models to try in order (the match, then fallbacks) and why the first one matched:
-    ``exact``, ``alias``, ``capability`` or ``adapter``."""
+    ``exact``, ``alias``, ``capability``, ``adapter`` or ``split``."""
 
     candidates: tuple[str, ...]
     reason: str
     adapter: str | None = None
-    """The LoRA adapter named (reason ``adapter``): served by its base model alone."""
+    """The LoRA adapter named (reason ``adapter``, or a split's target): served by its base
+    model alone."""
+    route: str | None = None
+    """The split route requested (reason ``split``); ``target`` is the one it picked."""
+    target: str | None = None
 
     @property
     def key_checks(self) -> tuple[str, ...]:
@@ -103,7 +107,11 @@ class ConfigDiff:
     updated: tuple[str, ...] = ()
     unchanged: tuple[str, ...] = ()
     server_changed: bool = False
+    routes_changed: bool = False
+    """The ``routes:`` section changed (applied at once: routes hold no backend)."""
 
     @property
     def changed(self) -> bool:
-        return bool(self.added or self.removed or self.reloaded or self.updated)
+        return bool(
+            self.added or self.removed or self.reloaded or self.updated or self.routes_changed
+        )

@@ -1,9 +1,10 @@
 """The embedding service: routes an ``EmbeddingRequest`` and builds the response body.
 
 The request is parsed at the edge (``gateway.api.embeddings``); routed like generation
-(exact name, alias, ``capability:``, fallbacks while nothing was sent); the routed
-backend must declare ``Feature.EMBEDDINGS`` (``gateway.service.capabilities``). Each request is
-one ``RequestRecord``, so it shows in the metrics and the request log like a generation
+(exact name, alias, ``capability:``, a split route's target by request id or ``user``,
+fallbacks while nothing was sent; never mirrored); the routed backend must declare
+``Feature.EMBEDDINGS`` (``gateway.service.capabilities``). Each request is one
+``RequestRecord``, so it shows in the metrics and the request log like a generation
 request (prompt tokens in, zero generated). The service is stateless.
 """
 
@@ -21,6 +22,7 @@ from gateway.access.keys import allowed_candidates
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.record import RequestRecord
 from gateway.registry import ModelRegistry
+from gateway.registry.split import SplitKey
 from gateway.service.capabilities import require_embeddings
 from gateway.service.generation import FALLBACK_ERRORS
 
@@ -35,8 +37,13 @@ class EmbeddingService:
     async def embed(
         self, request: EmbeddingRequest, record: RequestRecord, encoding: str
     ) -> dict[str, Any]:
-        candidates = self._registry.route(request.model).candidates
-        candidates = allowed_candidates(request.model, candidates, record.may_use)
+        decision = self._registry.route(
+            request.model, SplitKey(request.request_id, request.user), record.may_use
+        )
+        candidates = allowed_candidates(request.model, decision.candidates, record.may_use)
+        if decision.route is not None:
+            self._registry.record_split(decision)
+            record.route = decision.route
         for position, name in enumerate(candidates):
             try:
                 result = await self._embed_on(name, request, record)

@@ -1,14 +1,16 @@
 """The completion service: routes a ``GenerationRequest`` and shapes what comes back.
 
-``open()`` picks a model through the registry, walking the fallback chain while nothing
-has been sent to the client yet, and returns a ``Generation`` whose first event is already
-in hand: errors that a backend raises before its first event (bad input, context too
-long, overloaded, upstream down) therefore become ordinary HTTP errors, never a broken
-stream. ``complete()`` collects a whole response; ``stream()`` yields SSE frames and, if
-the backend fails mid-way, one error event and ``[DONE]``.
+``open()`` picks a model through the registry (a split route's target by the request's
+session or id), walking the fallback chain while nothing has been sent to the client yet,
+and returns a ``Generation`` whose first event is already in hand: errors that a backend
+raises before its first event (bad input, context too long, overloaded, upstream down)
+therefore become ordinary HTTP errors, never a broken stream. Once a model has taken the
+request, a copy may go to the model's shadow (``gateway.service.mirror``). ``complete()``
+collects a whole response; ``stream()`` yields SSE frames and, if the backend fails
+mid-way, one error event and ``[DONE]``.
 
-The service is stateless between requests; each ``Generation`` is owned by the task
-serving its request.
+Between requests the service holds only its ``Mirrors`` (the copies in flight, cancelled
+by ``stop()``); each ``Generation`` is owned by the task serving its request.
 """
 
 from __future__ import annotations
@@ -34,12 +36,14 @@ from backends.base import (
     Usage,
 )
 from backends.hop_metrics import BackendMetrics
+from config.frontdoor import PRIORITY_RANK
 from gateway.access.keys import allowed_candidates
 from gateway.errors import error_payload
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.record import RequestRecord
 from gateway.observe.timing import timing_header
 from gateway.registry import ModelRegistry
+from gateway.registry.split import SplitKey, mirrored
 from gateway.service.capabilities import reasoning_controls, require_features
 from gateway.service.chat_bodies import (
     END_OF_FRAMES,
@@ -50,12 +54,16 @@ from gateway.service.chat_bodies import (
     new_id,
     sse,
 )
+from gateway.service.mirror import Copy, MirrorMetrics, Mirrors
 
 log = logging.getLogger(__name__)
 
 # Errors after which the next model of a fallback chain may answer instead: the request
 # itself was fine, this model could not take it.
 FALLBACK_ERRORS: tuple[type[BackendError], ...] = (NotReady, Overloaded)
+
+# A mirror's copy queues behind the shadow's own traffic and is shed first.
+_MIRROR_PRIORITY = PRIORITY_RANK["low"]
 
 
 @dataclass(slots=True)
@@ -113,28 +121,41 @@ class CompletionService:
         registry: ModelRegistry,
         metrics: GatewayMetrics,
         backend_metrics: BackendMetrics,
+        mirror_metrics: MirrorMetrics,
     ) -> None:
         self._registry = registry
         self._metrics = metrics
         self._backend_metrics = backend_metrics
         self._overhead: dict[tuple[str, str], Any] = {}  # children, one per model
+        self.mirrors = Mirrors(self._send_shadow, mirror_metrics)
+
+    async def stop(self) -> None:
+        """Cancel the mirror copies still in flight (the gateway is stopping)."""
+        await self.mirrors.stop()
 
     async def open(self, request: GenerationRequest, record: RequestRecord) -> Generation:
-        decision = self._registry.route(request.model)
+        key = SplitKey(request.request_id, request.session_id or request.user)
+        decision = self._registry.route(request.model, key, record.may_use)
         allowed = allowed_candidates(request.model, decision.key_checks, record.may_use)
         candidates = allowed if decision.adapter is None else decision.candidates
         if decision.adapter is not None:
             request = replace(request, adapter=decision.adapter)
             record.adapter = decision.adapter
+        if decision.route is not None and record.route is None:  # once per request, not
+            self._registry.record_split(decision)  # per prompt of a multi-prompt completion
+            record.route = decision.route
         for position, name in enumerate(candidates):
             try:
-                return await self._open_on(name, request, record)
+                generation = await self._open_on(name, request, record)
             except FALLBACK_ERRORS as exc:
                 if position + 1 >= len(candidates):
                     raise
                 following = candidates[position + 1]
                 self._registry.record_fallback(name, following, type(exc).__name__)
                 record.fallback_from.append(name)
+                continue
+            self._mirror(generation, request)
+            return generation
         raise AssertionError("route() returned no candidates")
 
     async def _open_on(
@@ -173,6 +194,42 @@ class CompletionService:
             response_id=new_id(request.kind),
             created=int(record.arrival_time),
         )
+
+    def _mirror(self, generation: Generation, request: GenerationRequest) -> None:
+        """Offer a copy of ``request`` to the shadow of the model that took it, when the
+        model has one and the request id falls in its share. A request naming a LoRA
+        adapter is not copied: the shadow has no such adapter."""
+        found = self._registry.mirror_of(generation.model)
+        if found is None or request.adapter is not None:
+            return
+        shadow, mirror = found
+        if not mirrored(request.request_id, mirror.share):
+            return
+        copy = replace(
+            request,
+            request_id=f"{request.request_id}-mirror",
+            model=shadow,
+            trace_headers=(),
+            priority=max(request.priority, _MIRROR_PRIORITY),
+        )
+        primary = generation.record
+        self.mirrors.offer(
+            Copy(
+                generation.model,
+                shadow,
+                copy,
+                primary.request_id,
+                mirror.max_inflight,
+                primary.endpoint,
+                primary.batch_id,
+            )
+        )
+
+    async def _send_shadow(
+        self, shadow: str, request: GenerationRequest, record: RequestRecord
+    ) -> None:
+        """A mirror's copy, on the shadow alone (no fallback), read whole and dropped."""
+        await self.complete(await self._open_on(shadow, request, record))
 
     async def complete(
         self, generation: Generation, legacy_functions: bool = False
