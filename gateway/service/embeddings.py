@@ -1,7 +1,7 @@
 """The embedding service: routes an ``EmbeddingRequest`` and builds the response body.
 
 The request is parsed at the edge (``gateway.api.embeddings``); routed like generation
-(exact name, alias, ``capability:``, fallbacks while nothing was sent); the routed
+(exact name, alias, ``capability:``, fallbacks while nothing was sent: ``routed``); the routed
 backend must declare ``Feature.EMBEDDINGS`` (``gateway.service.capabilities``). Each request is
 one ``RequestRecord``, so it shows in the metrics and the request log like a generation
 request (prompt tokens in, zero generated). The service is stateless.
@@ -17,12 +17,11 @@ import numpy as np
 
 from backends.base import BackendError, Started, Usage
 from backends.embeddings import EmbeddingRequest, EmbeddingResult
-from gateway.access.keys import allowed_candidates
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.record import RequestRecord
 from gateway.registry import ModelRegistry
 from gateway.service.capabilities import require_embeddings
-from gateway.service.generation import FALLBACK_ERRORS
+from gateway.service.routed import on_first_candidate
 
 
 class EmbeddingService:
@@ -35,19 +34,13 @@ class EmbeddingService:
     async def embed(
         self, request: EmbeddingRequest, record: RequestRecord, encoding: str
     ) -> dict[str, Any]:
-        candidates = self._registry.route(request.model).candidates
-        candidates = allowed_candidates(request.model, candidates, record.may_use)
-        for position, name in enumerate(candidates):
-            try:
-                result = await self._embed_on(name, request, record)
-            except FALLBACK_ERRORS as exc:
-                if position + 1 >= len(candidates):
-                    raise
-                self._registry.record_fallback(name, candidates[position + 1], type(exc).__name__)
-                record.fallback_from.append(name)
-                continue
-            return response_body(result, model=name, encoding=encoding)
-        raise AssertionError("route() returned no candidates")
+        result, name = await on_first_candidate(
+            self._registry,
+            request.model,
+            record,
+            lambda name: self._embed_on(name, request, record),
+        )
+        return response_body(result, model=name, encoding=encoding)
 
     async def _embed_on(
         self, name: str, request: EmbeddingRequest, record: RequestRecord
