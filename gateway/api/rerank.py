@@ -37,7 +37,7 @@ class RerankDocument(BaseModel):
     text: str
 
 
-class RerankRequest(_Wire):
+class RerankWire(_Wire):
     """The rerank request; unknown fields (``max_tokens_per_doc``...) are reported."""
 
     model: str = Field(min_length=1)
@@ -48,7 +48,7 @@ class RerankRequest(_Wire):
     user: str | None = None
 
 
-class ScoreRequestWire(_Wire):
+class ScoreWire(_Wire):
     """vLLM's score request; unknown fields are reported."""
 
     model: str = Field(min_length=1)
@@ -57,7 +57,7 @@ class ScoreRequestWire(_Wire):
     user: str | None = None
 
 
-def rerank_request(wire: RerankRequest, request_id: str, arrival: float) -> ScoreRequest:
+def rerank_request(wire: RerankWire, request_id: str, arrival: float) -> ScoreRequest:
     documents = tuple(doc if isinstance(doc, str) else doc.text for doc in wire.documents)
     return ScoreRequest(
         request_id=request_id,
@@ -70,7 +70,7 @@ def rerank_request(wire: RerankRequest, request_id: str, arrival: float) -> Scor
     )
 
 
-def score_request(wire: ScoreRequestWire, request_id: str, arrival: float) -> ScoreRequest:
+def score_request(wire: ScoreWire, request_id: str, arrival: float) -> ScoreRequest:
     first, second = _texts(wire.text_1, "text_1"), _texts(wire.text_2, "text_2")
     if len(first) != 1 and len(first) != len(second):
         raise InvalidRequest(
@@ -154,14 +154,14 @@ def _stand_in(request: ScoreRequest) -> str:
 
 class RerankEndpoint(Endpoint):
     path = "/v1/rerank"
-    wire = RerankRequest
+    wire = RerankWire
     summary = "Rerank documents by relevance to a query (Cohere / Jina shape, as vLLM)"
 
     def __init__(self, service: ScoreService) -> None:
         self._service = service
 
     async def prepare(self, body: Any, record: RequestRecord) -> Prepared[dict[str, Any]]:
-        wire = parse_wire(RerankRequest, body)
+        wire = parse_wire(RerankWire, body)
         record.requested_model = wire.model
         request = rerank_request(wire, record.request_id, record.arrival_time)
         top_n, documents = wire.top_n or 0, wire.return_documents
@@ -187,14 +187,14 @@ class RerankV2Endpoint(RerankEndpoint):
 
 class ScoreEndpoint(Endpoint):
     path = "/v1/score"
-    wire = ScoreRequestWire
+    wire = ScoreWire
     summary = "Score text pairs: one to one, one to many, many to many (vLLM shape)"
 
     def __init__(self, service: ScoreService) -> None:
         self._service = service
 
     async def prepare(self, body: Any, record: RequestRecord) -> Prepared[dict[str, Any]]:
-        wire = parse_wire(ScoreRequestWire, body)
+        wire = parse_wire(ScoreWire, body)
         record.requested_model = wire.model
         request = score_request(wire, record.request_id, record.arrival_time)
 

@@ -286,5 +286,5 @@ async def test_openapi_documents_the_routes(client: httpx.AsyncClient) -> None:
     assert len(ids) == len(set(ids))
     for path in (*RERANK_PATHS, "/v1/score", "/score", "/tokenize", "/detokenize"):
         assert "post" in spec["paths"][path], path
-    rerank = spec["components"]["schemas"]["RerankRequest"]
+    rerank = spec["components"]["schemas"]["RerankWire"]
     assert {"model", "query", "documents"} <= set(rerank["required"])

@@ -24,8 +24,8 @@ from backends.tokenizing import DetokenizeRequest, TokenizeRequest
 from gateway.api.base import parse_wire
 from gateway.api.rerank import (
     MAX_DOCUMENTS,
-    RerankRequest,
-    ScoreRequestWire,
+    RerankWire,
+    ScoreWire,
     rerank_body,
     rerank_request,
     score_request,
@@ -40,12 +40,12 @@ from gateway.api.tokenize import (
 
 def rerank(**fields: Any) -> ScoreRequest:
     body = {"model": "m", "query": "q", "documents": ["a", "b"], **fields}
-    return rerank_request(parse_wire(RerankRequest, body), "id", 1.0)
+    return rerank_request(parse_wire(RerankWire, body), "id", 1.0)
 
 
 def score(**fields: Any) -> ScoreRequest:
     body = {"model": "m", "text_1": "a", "text_2": ["b"], **fields}
-    return score_request(parse_wire(ScoreRequestWire, body), "id", 1.0)
+    return score_request(parse_wire(ScoreWire, body), "id", 1.0)
 
 
 def refused(call: Any, **fields: Any) -> str | None:
@@ -190,10 +190,13 @@ def test_tokenize_edge_defaults_as_vllm() -> None:
     assert refused(tokenized, messages=[{"role": "user", "content": "a"}], **both) == (
         "continue_final_message"
     )
-    wire = parse_wire(DetokenizeWire, {"model": "m", "tokens": [0, -1]})
-    with pytest.raises(InvalidRequest) as caught:
-        detokenize_request(wire, "d")
-    assert caught.value.param == "tokens[1]"
+    assert detokenize_request(parse_wire(DetokenizeWire, {"model": "m", "tokens": [0]}), "d") == (
+        DetokenizeRequest("d", "m", (0,))
+    )
+    for bad in (-1, 2**31):
+        with pytest.raises(InvalidRequest) as caught:
+            parse_wire(DetokenizeWire, {"model": "m", "tokens": [0, bad]})
+        assert caught.value.param == "tokens[1]"
 
 
 def test_whole_calls_cross_the_worker_wire() -> None:
