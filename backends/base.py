@@ -428,6 +428,10 @@ class Feature(Enum):
     OTHER_INPUT = "other_input"  # content parts other than text and image (audio, file)
     LOGIT_BIAS = "logit_bias"
     EMBEDDINGS = "embeddings"
+    # Text pairs scored (``/v1/score``, ``/v1/rerank``): ``backends.scoring``.
+    SCORE = "score"
+    # Text to token ids and back with the model's tokenizer: ``backends.tokenizing``.
+    TOKENIZE = "tokenize"
     PROMPT_TOKEN_IDS = "prompt_token_ids"
     SUFFIX = "suffix"
     # The prompt's own tokens scored (``echo`` with ``logprobs``, ``prompt_logprobs``).

@@ -45,11 +45,16 @@ def in_process_hf(
     config: HFModelConfig, observer: WorkerObserver, on_crash: CrashHandler | None = None
 ) -> Backend:
     """The in-process engine of an ``hf`` model: the pooling backend for ``task: embed``,
-    else the generation engine. Also what a process worker builds (its default factory)."""
+    the cross-encoder for ``task: score``, else the generation engine. Also what a process
+    worker builds (its default factory)."""
     if config.task == "embed":
         from backends.hf.embedding.backend import HFEmbeddingBackend
 
         return HFEmbeddingBackend(config)
+    if config.task == "score":
+        from backends.hf.embedding.cross_encoder import HFCrossEncoderBackend
+
+        return HFCrossEncoderBackend(config)
     from backends.hf.backend import HFBackend
 
     return HFBackend(config, observer, on_crash=on_crash)

@@ -287,10 +287,12 @@ class HFModelConfig(ModelBase):
         description="continuous, half precision on CPU: also try an inductor-compiled decode "
         "attention at load (a compile of ~20 s on 2 cores) and keep it where it is faster.",
     )
-    task: Literal["generate", "embed"] = Field(
+    task: Literal["generate", "embed", "score"] = Field(
         "generate",
         description="'embed': a pooling model served on /v1/embeddings (batches up to "
-        "max_num_seqs inputs per forward; pooling from its sentence-transformers config).",
+        "max_num_seqs inputs per forward; pooling from its sentence-transformers config), "
+        "and on /v1/score and /v1/rerank by cosine similarity; 'score': a cross-encoder "
+        "(one-label sequence classifier) served on /v1/score and /v1/rerank.",
     )
     reasoning_parser: ReasoningParserName | Literal["auto"] | None = Field(
         "auto",

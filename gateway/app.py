@@ -26,10 +26,12 @@ from gateway.api.chat import ChatEndpoint
 from gateway.api.completions import CompletionsEndpoint
 from gateway.api.embeddings import EmbeddingsEndpoint
 from gateway.api.messages.endpoint import CountTokensEndpoint, MessagesEndpoint
+from gateway.api.rerank import scoring_endpoints
 from gateway.api.responses import api as responses_api
 from gateway.api.responses.endpoint import ResponsesEndpoint
 from gateway.api.responses.stores import open_store
 from gateway.api.thought_seal import ThoughtSeal
+from gateway.api.tokenize import tokenize_endpoints
 from gateway.batch import routes as batch_routes
 from gateway.batch.files import FileStore
 from gateway.batch.runner import BatchRunner
@@ -47,6 +49,8 @@ from gateway.registry import ConfigWatcher, ModelRegistry, RegistryMetrics
 from gateway.service.embeddings import EmbeddingService
 from gateway.service.generation import CompletionService
 from gateway.service.mirror import MirrorMetrics
+from gateway.service.scoring import ScoreService
+from gateway.service.tokenizing import TokenizeService
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
@@ -105,6 +109,8 @@ def build_app(
         state.responses,
         MessagesEndpoint(service, seal),
         CountTokensEndpoint(service, seal),
+        *scoring_endpoints(ScoreService(registry, gateway_metrics)),
+        *tokenize_endpoints(TokenizeService(registry, gateway_metrics)),
     )
     batch_state = BatchState(config.batch.directory)
     batch_runner = BatchRunner(

@@ -25,8 +25,11 @@ The rooms:
 - ``loading/``: model sources, loading, quantization plans, the memory estimate;
 - ``adapters/``: LoRA: the adapter pool and the runner's stacked bank;
 - ``constrained/``: grammars and closing a constrained value within ``max_tokens``;
-- ``embedding/``: ``HFEmbeddingBackend`` (``task: embed``), a second backend with its
-  own engine thread; it shares only ``loading``.
+- ``embedding/``: ``HFEmbeddingBackend`` (``task: embed``) and ``HFCrossEncoderBackend``
+  (``task: score``), backends with their own engine thread; they share ``loading`` and
+  ``tokenize``;
+- ``tokenize.py``: ``ModelTokenizer``, /tokenize and /detokenize on a copy of a model's
+  tokenizer, for every hf backend.
 
 Imports point down: ``backend`` -> ``assemble`` -> ``engine`` -> ``model`` and
 ``constrained``; ``model`` -> ``loading``. ``adapters`` sits beside ``model`` (the packed

@@ -11,7 +11,8 @@ Lifecycle: ``start()`` loads weights and tokenizer on a thread of its own, build
 engine's parts there (``assemble``), and starts the engine thread; ``generate()`` may then
 be called concurrently; ``stop()`` ends every open stream with ``BackendCrashed`` and
 joins the thread. Closing a ``generate()`` iterator early (client gone) aborts its
-request at the engine's next step boundary.
+request at the engine's next step boundary. ``tokenize``/``detokenize`` never reach the
+engine: they use a copy of the tokenizer (``tokenize.ModelTokenizer``).
 """
 
 from __future__ import annotations
@@ -48,19 +49,23 @@ from backends.hf.engine.waiting import shed_limit
 from backends.hf.loading.load_thread import run_in_own_thread
 from backends.hf.loading.loader import LoadedModel, load, threads_for
 from backends.hf.model.packed_runner import DecoderRunner
+from backends.hf.tokenize import ModelTokenizer
 from backends.hop_metrics import WorkerObserver
 from backends.process_wide import exclusive
+from backends.tokenizing import DetokenizeRequest, TokenizeRequest, TokenizeResult
 from config.schema import HFModelConfig
 
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 30.0
-# Tools (Hermes markup, forced by grammar for required/named), both JSON modes, token ids.
+# Tools (Hermes markup, forced by grammar for required/named), both JSON modes, token ids,
+# and /tokenize with the model's own tokenizer.
 FEATURES = TEXT_GENERATION | {
     Feature.TOOLS,
     Feature.JSON_OBJECT,
     Feature.JSON_SCHEMA,
     Feature.PROMPT_TOKEN_IDS,
+    Feature.TOKENIZE,
 }
 
 
@@ -90,6 +95,7 @@ class HFBackend:
         self._on_crash = on_crash
         self._parts: EngineParts | None = None  # what the last load assembled
         self._loaded: LoadedModel | None = None  # its model, while started
+        self._tokens: ModelTokenizer | None = None  # /tokenize's copy, while started
         self._engine: Engine | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._not_started = 0
@@ -101,8 +107,9 @@ class HFBackend:
         if self._engine is not None:
             return
         self._loop = asyncio.get_running_loop()
-        parts = await run_in_own_thread(self._load, f"load-{self._config.name}")
+        parts, tokens = await run_in_own_thread(self._load, f"load-{self._config.name}")
         self._parts = parts
+        self._tokens = tokens
         self._loaded = loaded = parts.loaded
         limits = EngineLimits(
             max_context=loaded.max_context,
@@ -127,17 +134,20 @@ class HFBackend:
         self._failed = None
         self._engine.start()
 
-    def _load(self) -> EngineParts:
-        """Load weights and tokenizer, then assemble the engine's parts (worker thread),
-        all under the process's load lock (``backends.process_wide``): assembling
-        constructs tensors and imports libraries too."""
+    def _load(self) -> tuple[EngineParts, ModelTokenizer]:
+        """Load weights and tokenizer, then assemble the engine's parts and copy the
+        tokenizer for ``tokenize`` (worker thread), all under the process's load lock
+        (``backends.process_wide``): assembling constructs tensors and imports libraries
+        too."""
         with exclusive(f"load of {self._config.name}"):
-            return assemble(
+            parts = assemble(
                 self._config,
                 load(self._config),
                 observer=self._observer,
                 install_bank=self._install_bank,
             )
+            loaded = parts.loaded
+            return parts, ModelTokenizer(loaded.tokenizer, loaded.max_context)
 
     def _install_bank(self, bank: LoraBank | None) -> None:
         """Move the runner onto ``bank`` on the engine thread, between steps."""
@@ -177,6 +187,7 @@ class HFBackend:
                 "%s: engine thread did not stop within %ss", self._config.name, STOP_TIMEOUT_S
             )
         self._loaded = None
+        self._tokens = None
 
     @property
     def grammars(self) -> GrammarBook | None:
@@ -272,6 +283,18 @@ class HFBackend:
             if not complete:
                 sink.cancelled = True
                 engine.aborts.put(sink)
+
+    async def tokenize(self, request: TokenizeRequest) -> TokenizeResult:
+        return await self._tokenizer(request.model).tokenize(request)
+
+    async def detokenize(self, request: DetokenizeRequest) -> str:
+        return await self._tokenizer(request.model).detokenize(request)
+
+    def _tokenizer(self, model: str) -> ModelTokenizer:
+        tokens = self._tokens
+        if tokens is None or self._engine is None:
+            raise NotReady(f"model {model!r} is not loaded", retry_after=1.0)
+        return tokens
 
     # ------------------------------------------------------------------ engine thread -> loop
 

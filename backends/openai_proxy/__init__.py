@@ -9,6 +9,8 @@ Modules, from the wire inwards:
 - ``http1``    the data path's lean HTTP/1.1 keep-alive client (generation streams)
 - ``relay``    one upstream stream: open, read, translate; unhiding an empty stream's error
 - ``embeddings`` the ``/v1/embeddings`` relay's body and answer
+- ``rerank``   the ``/score`` and ``/rerank`` relay's bodies and answers
+- ``tokenize`` the ``/tokenize`` and ``/detokenize`` relay's bodies and answers
 - ``slots``    ``max_concurrency`` slots with a bounded wait
 - ``probes``   health probes and what the upstream says about itself (model id, context)
 - ``backend``  ``OpenAIProxyBackend``: lifecycle and the request path over the above;

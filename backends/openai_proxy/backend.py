@@ -27,6 +27,10 @@ LoRA adapters (``adapters``; ``AdapterHost``): a request for one is sent with th
 adapter's name as ``model``, to a replica that serves it; where none does, the adapter
 is loaded first on the least-loaded replica (``backends.replicas.adapters``, the vLLM
 calls in ``adapters.py``).
+
+Whole answers (embeddings, scores, tokenize): one POST with the same breaker, slots and
+retries as a stream's opening (a retry is safe: nothing has reached the client). What
+the upstream serves besides generation is the config's declaration (``declared``).
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from backends.base import (
 )
 from backends.embeddings import EmbeddingRequest, EmbeddingResult
 from backends.hop_metrics import BackendMetrics
+from backends.openai_proxy import rerank, tokenize
 from backends.openai_proxy.adapters import UpstreamAdapters
 from backends.openai_proxy.embeddings import (
     EMBEDDINGS_PATH,
@@ -64,7 +69,7 @@ from backends.openai_proxy.embeddings import (
     outcome_label,
     post_embeddings,
 )
-from backends.openai_proxy.engines import profile_for, split_base_url
+from backends.openai_proxy.engines import EngineProfile, profile_for, split_base_url
 from backends.openai_proxy.errors import is_retryable
 from backends.openai_proxy.http1 import Pool
 from backends.openai_proxy.payload import CHAT_PATH, build_body, estimate_prompt_tokens
@@ -85,6 +90,8 @@ from backends.replicas.adapters import Adapters
 from backends.replicas.attempts import GiveUp, first_success
 from backends.replicas.replica import Replica
 from backends.replicas.replica_set import ReplicaSet
+from backends.scoring import ScoreRequest, ScoreResult
+from backends.tokenizing import DetokenizeRequest, TokenizeRequest, TokenizeResult
 from config.schema import OpenAIModelConfig
 
 T = TypeVar("T")
@@ -124,11 +131,7 @@ class OpenAIProxyBackend:
         self._streams: set[UpstreamStream] = set()
         self._stopping = False
         self._prober = Prober(config, self._profile)
-        # An upstream serving an embedding model says so with the `embed` capability.
-        embeds = "embed" in config.capabilities
-        # Token-id prompts and suffix are forwarded; the upstream accepts or refuses them.
-        relayed = self._profile.features | {Feature.PROMPT_TOKEN_IDS, Feature.SUFFIX}
-        self._features = frozenset({Feature.EMBEDDINGS}) if embeds else relayed
+        self._features = declared(config, self._profile)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -373,6 +376,59 @@ class OpenAIProxyBackend:
             )
         return EmbeddingResult(vectors, tokens, queued_at, started_at, upstream_seconds=waited)
 
+    async def score(self, request: ScoreRequest) -> ScoreResult:
+        """Relay to the upstream's /rerank or /score (``rerank.py``)."""
+        queued_at = time.time()
+        path, body = rerank.score_body(request, self._upstream_model)
+        answer, started_at, waited = await self._whole(path, body, request.timeout, path)
+        scores, tokens = rerank.parse_scores(answer, path, len(request.text_2))
+        if tokens is None:  # an upstream without usage: count ~4 characters a token
+            tokens = sum((len(t) + 3) // 4 for t in request.text_1 + request.text_2)
+        return ScoreResult(scores, tokens, queued_at, started_at, upstream_seconds=waited)
+
+    async def tokenize(self, request: TokenizeRequest) -> TokenizeResult:
+        body = tokenize.tokenize_body(request, self._upstream_model)
+        path = tokenize.TOKENIZE_PATH
+        answer, _, _ = await self._whole(path, body, self._config.first_token_timeout, path)
+        return tokenize.parse_tokenize(answer, self.info().max_context)
+
+    async def detokenize(self, request: DetokenizeRequest) -> str:
+        body = tokenize.detokenize_body(request, self._upstream_model)
+        path = tokenize.DETOKENIZE_PATH
+        answer, _, _ = await self._whole(path, body, self._config.first_token_timeout, path)
+        return tokenize.parse_detokenize(answer)
+
+    async def _whole(
+        self, path: str, body: bytes, limit_s: float, what: str
+    ) -> tuple[Any, float, float]:
+        """POST ``body`` to ``path`` under a replica's server root for one whole JSON
+        answer, within ``limit_s`` seconds, slot and retries included: ``(answer,
+        time.time() when sent, seconds spent on the upstream)``."""
+        session = self._admit()
+
+        async def attempt(replica: Replica) -> Any:
+            try:
+                return await post_json(session, split_base_url(replica.url)[0] + path, body)
+            except BackendError as error:
+                self._hop.count(outcome_label(error))
+                raise
+
+        try:
+            async with asyncio.timeout(limit_s):
+                await self._slots.take()
+                try:
+                    started_at = time.time()
+                    answer, replica, _ = await self._walk(None, attempt)
+                finally:
+                    self._slots.free()
+        except TimeoutError:
+            raise UpstreamTimeout(f"upstream {what} took over {limit_s:g}s") from None
+        replica.release()
+        self._hop.count("200")
+        waited = time.time() - started_at
+        self._hop.latency.observe(waited)
+        return answer, started_at, waited
+
     async def _post_embeddings(
         self, session: aiohttp.ClientSession, body: bytes, expected: int
     ) -> tuple[tuple[tuple[float, ...], ...], int | None]:
@@ -540,6 +596,30 @@ class OpenAIProxyBackend:
 
     def _set_up(self) -> None:
         self._up_gauge.set(1 if self._replicas.up else 0)
+
+
+POOLING_TAGS = frozenset({"embed", "score", "rerank"})
+"""Capabilities that mark the upstream as a pooling model: it does not generate."""
+
+
+def declared(config: OpenAIModelConfig, profile: EngineProfile) -> frozenset[Feature]:
+    """What the relay serves for ``config``: its ``capabilities`` say what the upstream
+    is. ``embed``: /v1/embeddings; ``score`` or ``rerank``: /v1/score and /v1/rerank
+    (vLLM's /score and /rerank); any of those: a pooling model, so no generation;
+    else the engine's generation features, with token-id prompts and ``suffix``
+    forwarded for the upstream to accept or refuse. ``tokenize`` declares vLLM's
+    /tokenize and /detokenize, which an ``engine: vllm`` upstream always serves."""
+    tags = set(config.capabilities)
+    features: set[Feature] = set()
+    if not tags & POOLING_TAGS:
+        features |= profile.features | {Feature.PROMPT_TOKEN_IDS, Feature.SUFFIX}
+    if "embed" in tags:
+        features.add(Feature.EMBEDDINGS)
+    if tags & {"score", "rerank"}:
+        features.add(Feature.SCORE)
+    if "tokenize" in tags or profile.kind == "vllm":
+        features.add(Feature.TOKENIZE)
+    return frozenset(features)
 
 
 def _endpoints(config: OpenAIModelConfig) -> list[tuple[str, str | None]]:

@@ -9,8 +9,10 @@ Lifecycle: ``start()`` spawns a worker and waits up to ``config.load_timeout`` f
 load; ``stop()`` terminates it (SIGTERM, then SIGKILL). If the worker dies on its own,
 every in-flight request ends with ``BackendCrashed``, ``ready()`` turns False and
 ``on_crash(reason)`` is called on the event loop; ``start()`` may then be called again.
-An embedding model (``task: embed``) works the same way through ``embed``: the call
-travels to the worker, and cancelling it cancels the engine's wait there.
+An embedding model (``task: embed``) works the same way through ``embed``, and every
+model through ``score``, ``tokenize`` and ``detokenize`` where its engine declares them:
+each call travels to the worker as one message (``protocol.ASK``) and its answer comes
+back as one; cancelling it cancels the engine's wait there.
 
 Ownership: all state belongs to the event loop that called ``start()``; ``start`` and
 ``stop`` are serialised by a lock.
@@ -22,6 +24,7 @@ import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
+from typing import TypeVar
 
 from backends.base import (
     TEXT_GENERATION,
@@ -32,15 +35,27 @@ from backends.base import (
     GenerationRequest,
     ModelInfo,
     NotReady,
+    UpstreamBadResponse,
 )
 from backends.embeddings import EmbeddingRequest, EmbeddingResult
 from backends.hop_metrics import BackendMetrics
 from backends.process.connection import End, WorkerProcess
+from backends.scoring import ScoreRequest, ScoreResult
+from backends.tokenizing import DetokenizeRequest, TokenizeRequest, TokenizeResult
 from config.schema import AdapterConfig, HFModelConfig
 
 log = logging.getLogger(__name__)
 # Registering an adapter reads its folder and stacks it into a bank once, in the worker.
 _ADAPTER_CALL_S = 120.0
+# Tokenizing runs no model: an answer later than this means a stuck worker.
+_TOKENIZE_CALL_S = 30.0
+# What each task declares before a worker said so itself (hf: backends.factory).
+_DECLARED = {
+    "embed": frozenset({Feature.EMBEDDINGS, Feature.SCORE, Feature.TOKENIZE}),
+    "score": frozenset({Feature.SCORE, Feature.TOKENIZE}),
+    "generate": TEXT_GENERATION | {Feature.TOKENIZE},
+}
+T = TypeVar("T")
 
 DEFAULT_FACTORY = "backends.factory:in_process_hf"
 FACTORY_ENV = "LLMSO_WORKER_BACKEND"
@@ -166,15 +181,33 @@ class ProcessBackend:
 
     def _declared(self) -> frozenset[Feature]:
         """What the model serves before any worker told us (the config's ``task``)."""
-        return frozenset({Feature.EMBEDDINGS}) if self._config.task == "embed" else TEXT_GENERATION
+        return _DECLARED[self._config.task]
 
     async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
         """``Embedder.embed`` in the worker; only reached when it declared embeddings."""
+        # The engine enforces request.timeout itself; the margin only catches a stuck worker.
+        limit = request.timeout + self._stop_timeout
+        return await self._ask("embed", request, limit, EmbeddingResult)
+
+    async def score(self, request: ScoreRequest) -> ScoreResult:
+        """``Scorer.score`` in the worker; only reached when it declared scoring."""
+        limit = request.timeout + self._stop_timeout
+        return await self._ask("score", request, limit, ScoreResult)
+
+    async def tokenize(self, request: TokenizeRequest) -> TokenizeResult:
+        return await self._ask("tokenize", request, _TOKENIZE_CALL_S, TokenizeResult)
+
+    async def detokenize(self, request: DetokenizeRequest) -> str:
+        return await self._ask("detokenize", request, _TOKENIZE_CALL_S, str)
+
+    async def _ask(self, method: str, request: object, limit_s: float, kind: type[T]) -> T:
         worker = self._worker
         if worker is None or not worker.is_ready:
             raise NotReady(f"model {self._config.name!r} is not loaded")
-        # The engine enforces request.timeout itself; the margin only catches a stuck worker.
-        return await worker.embed(request, request.timeout + self._stop_timeout)
+        answer = await worker.ask(method, request, limit_s)
+        if not isinstance(answer, kind):
+            raise UpstreamBadResponse(f"the worker answered {method} with {type(answer).__name__}")
+        return answer
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[BackendEvent]:
         worker = self._worker

@@ -34,7 +34,6 @@ from backends.base import (
     NotReady,
     UpstreamTimeout,
 )
-from backends.embeddings import EmbeddingRequest, EmbeddingResult
 from backends.errors import WorkerStartError
 from backends.hop_metrics import WorkerObserver
 from backends.process import protocol as p
@@ -114,7 +113,7 @@ class WorkerProcess:
         self._tasks: list[asyncio.Task[None]] = []
         self._streams: dict[int, RequestStream] = {}
         self._calls: dict[int, asyncio.Future[object]] = {}
-        self._embeds: dict[int, asyncio.Future[EmbeddingResult]] = {}
+        self._asks: dict[int, asyncio.Future[object]] = {}
         self._keys = itertools.count(1)
         self._ready: asyncio.Future[ModelInfo] | None = None
         self._crash_reason: str | None = None
@@ -224,8 +223,9 @@ class WorkerProcess:
         if self._streams.pop(key, None) is not None and cancel and self.alive:
             self._send((p.CANCEL, key))
 
-    async def embed(self, request: EmbeddingRequest, limit_s: float) -> EmbeddingResult:
-        """One embedding call in the worker; cancelling the caller cancels it there.
+    async def ask(self, method: str, request: object, limit_s: float) -> object:
+        """One whole call of the engine's ``method`` (``protocol.ASKS``) in the worker;
+        cancelling the caller cancels it there.
 
         Raises what the worker's engine raised (same class), ``BackendCrashed`` if the
         worker dies meanwhile, or ``UpstreamTimeout`` after ``limit_s`` (a stuck worker).
@@ -233,9 +233,9 @@ class WorkerProcess:
         if not self.is_ready:
             raise NotReady(f"model {self.name!r}: worker is not running")
         key = next(self._keys)
-        future: asyncio.Future[EmbeddingResult] = asyncio.get_running_loop().create_future()
-        self._embeds[key] = future
-        self._send((p.EMBED, key, request))
+        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self._asks[key] = future
+        self._send((p.ASK, key, method, request))
         done = False
         try:
             result = await asyncio.wait_for(asyncio.shield(future), limit_s)
@@ -243,13 +243,13 @@ class WorkerProcess:
             return result
         except TimeoutError:
             raise UpstreamTimeout(
-                f"model {self.name!r}: the worker gave no embeddings within {limit_s:g} s"
+                f"model {self.name!r}: the worker gave no {method} answer within {limit_s:g} s"
             ) from None
         except BackendError:
             done = True
             raise
         finally:
-            if self._embeds.pop(key, None) is not None and not done and self.alive:
+            if self._asks.pop(key, None) is not None and not done and self.alive:
                 self._send((p.CANCEL, key))
 
     async def call(self, name: str, limit_s: float, arg: object = None) -> object:
@@ -325,11 +325,11 @@ class WorkerProcess:
         for stream in self._streams.values():
             stream.push(BackendCrashed(message))
         self._streams.clear()
-        futures: list[asyncio.Future[Any]] = [*self._calls.values(), *self._embeds.values()]
+        futures: list[asyncio.Future[Any]] = [*self._calls.values(), *self._asks.values()]
         for future in futures:
             if not future.done():
                 future.set_exception(BackendCrashed(message))
-        self._embeds.clear()
+        self._asks.clear()
 
     def _close_writer(self) -> None:
         if self._writer is not None:
@@ -351,9 +351,9 @@ class WorkerProcess:
             if stream is not None:
                 stream.push(END if tag == p.END else p.decode_error(message[2]))
             elif tag == p.ERROR:
-                self._settle_embed(message[1], p.decode_error(message[2]))
-        elif tag == p.EMBEDDED:
-            self._settle_embed(message[1], message[2])
+                self._settle_ask(message[1], p.decode_error(message[2]))
+        elif tag == p.ANSWER:
+            self._settle_ask(message[1], message[2])
         elif tag == p.OBSERVE:
             self._observe(message[1], message[2])
         elif tag == p.REPLY:
@@ -372,8 +372,8 @@ class WorkerProcess:
         else:
             log.error("model %s: unknown message %r from worker", self.name, tag)
 
-    def _settle_embed(self, key: int, outcome: EmbeddingResult | BackendError) -> None:
-        future = self._embeds.get(key)
+    def _settle_ask(self, key: int, outcome: object) -> None:
+        future = self._asks.get(key)
         if future is None or future.done():
             return
         if isinstance(outcome, BackendError):

@@ -10,8 +10,10 @@ Messages are tuples whose first item is a tag:
 parent -> worker
     ``(INIT, config, factory_spec)``  first message; build and start the engine
     ``(GENERATE, key, request)``      start one request; ``key`` is a parent-chosen int
-    ``(EMBED, key, request)``         one ``EmbeddingRequest``; ``key`` as for GENERATE
-    ``(CANCEL, key)``                 the client left: abort the request (or embedding)
+    ``(ASK, key, method, request)``   one whole call (``method`` in ``ASKS``: ``embed``,
+                                      ``score``, ``tokenize``, ``detokenize``) with its
+                                      request; ``key`` as for GENERATE
+    ``(CANCEL, key)``                 the client left: abort the request (or call)
     ``(CALL, call_id, name, arg)``    a small RPC (``name`` in ``CALLS``)
     ``(STOP,)``                       stop the engine and exit
 
@@ -20,8 +22,8 @@ worker -> parent
     ``(LOAD_ERROR, message)``         the engine failed to start; the worker exits
     ``(EVENT, key, fields)``          one ``BackendEvent`` of request ``key``, as a tuple
     ``(END, key)``                    request ``key`` finished normally
-    ``(EMBEDDED, key, result)``       the ``EmbeddingResult`` of embedding ``key``
-    ``(ERROR, key, ErrorPayload)``    request or embedding ``key`` failed with a ``BackendError``
+    ``(ANSWER, key, result)``         what call ``key``'s method returned
+    ``(ERROR, key, ErrorPayload)``    request or call ``key`` failed with a ``BackendError``
     ``(REPLY, call_id, value)``       answer to a ``CALL`` (an ``ErrorPayload`` when it raised)
     ``(OBSERVE, method, args)``       one ``WorkerObserver`` call to replay in the parent
     ``(CRASHED, reason)``             the engine died on its own; the worker exits next
@@ -51,7 +53,7 @@ from backends.errors import BACKEND_ERRORS, BackendError
 
 INIT = "init"
 GENERATE = "gen"
-EMBED = "embed"
+ASK = "ask"
 CANCEL = "cancel"
 CALL = "call"
 STOP = "stop"
@@ -59,13 +61,16 @@ READY = "ready"
 LOAD_ERROR = "load_error"
 EVENT = "ev"
 END = "end"
-EMBEDDED = "embedded"
+ANSWER = "answer"
 ERROR = "err"
 REPLY = "reply"
 OBSERVE = "obs"
 CRASHED = "crashed"
 
 CALLS = frozenset({"ready", "add_adapter", "remove_adapter"})
+ASKS = frozenset({"embed", "score", "tokenize", "detokenize"})
+"""Backend methods a worker answers with one value: ``Embedder``, ``Scorer`` and
+``TextTokenizer`` calls; each request and result pickles as it is (one per call)."""
 OBSERVER_METHODS = frozenset(
     {"on_step", "on_load", "on_abort", "on_preempt", "on_prefix_cache", "on_step_error"}
 )

@@ -3,7 +3,7 @@
 It reads an ``INIT`` message from the inherited socket ``N``, builds the engine backend
 named by the factory spec (``module:Class``, called as ``Class(config, observer,
 on_crash=...)`` the way ``backends.factory`` builds ``HFBackend``), starts it, says
-``READY`` and then serves ``GENERATE``/``CANCEL``/``CALL`` messages until the parent
+``READY`` and then serves ``GENERATE``/``ASK``/``CANCEL``/``CALL`` messages until the parent
 says ``STOP``, closes the socket, dies or sends SIGTERM.
 
 Ownership: everything here runs on the worker's event loop, except the observer, which
@@ -41,8 +41,10 @@ from backends.base import (
     NotReady,
     UnsupportedFeature,
 )
-from backends.embeddings import Embedder, EmbeddingRequest
+from backends.embeddings import Embedder
 from backends.process import protocol as p
+from backends.scoring import Scorer
+from backends.tokenizing import TextTokenizer
 
 log = logging.getLogger("llmso.worker")
 
@@ -53,6 +55,14 @@ EXIT_ENGINE_CRASHED = 3
 SHUTDOWN_GRACE_S = 10.0
 PARENT_POLL_S = 1.0
 _PR_SET_PDEATHSIG = 1
+
+# Each whole call's protocol, and the param a model without it is refused on.
+_ASKED: dict[str, tuple[type, str]] = {
+    "embed": (Embedder, "input"),
+    "score": (Scorer, "model"),
+    "tokenize": (TextTokenizer, "model"),
+    "detokenize": (TextTokenizer, "model"),
+}
 
 BackendClass = Callable[..., Backend]
 """A backend class named by ``module:Class``, built in the worker as
@@ -251,9 +261,9 @@ class Worker:
             _, key, request = message
             task = asyncio.create_task(self._serve(key, request), name=f"request-{key}")
             self._requests[key] = task
-        elif tag == p.EMBED:
-            _, key, request = message
-            task = asyncio.create_task(self._embed(key, request), name=f"embed-{key}")
+        elif tag == p.ASK:
+            _, key, method, request = message
+            task = asyncio.create_task(self._ask(key, method, request), name=f"{method}-{key}")
             self._requests[key] = task
         elif tag == p.CANCEL:
             running = self._requests.get(message[1])
@@ -301,15 +311,17 @@ class Worker:
 
         await self._answer_request(key, f"request {request.request_id}", relay)
 
-    async def _embed(self, key: int, request: EmbeddingRequest) -> None:
-        """Answer one embedding call; a cancel from the parent cancels the engine's wait."""
+    async def _ask(self, key: int, method: str, request: Any) -> None:
+        """Answer one whole call (``protocol.ASKS``); a cancel from the parent cancels the
+        engine's wait."""
 
-        async def embed(backend: Backend) -> p.Message:
-            if not isinstance(backend, Embedder):
-                raise UnsupportedFeature("this model does not serve embeddings", param="input")
-            return (p.EMBEDDED, key, await backend.embed(request))
+        async def ask(backend: Backend) -> p.Message:
+            kind, param = _ASKED.get(method, (type(None), "model"))
+            if not isinstance(backend, kind):
+                raise UnsupportedFeature(f"this model does not serve {method}", param=param)
+            return (p.ANSWER, key, await getattr(backend, method)(request))
 
-        await self._answer_request(key, f"embedding {request.request_id}", embed)
+        await self._answer_request(key, f"{method} {request.request_id}", ask)
 
     async def _answer_request(
         self, key: int, what: str, work: Callable[[Backend], Awaitable[p.Message]]

@@ -80,12 +80,18 @@ def document(app: FastAPI, routes: Mapping[str, tuple[type[BaseModel], str]]) ->
             "api-key": {"type": "apiKey", "in": "header", "name": "api-key"},
             "x-api-key": {"type": "apiKey", "in": "header", "name": "x-api-key"},
         }
+        operation_ids: set[str] = set()
         for path, (wire, summary) in routes.items():
             body = wire.model_json_schema(ref_template="#/components/schemas/{model}")
             schemas.update(body.pop("$defs", {}))
             schemas[wire.__name__] = body
             envelope = "AnthropicErrorResponse" if speaks_anthropic(path) else "ErrorResponse"
-            schema["paths"][path] = {"post": _operation(wire.__name__, summary, envelope)}
+            operation = _operation(wire.__name__, summary, envelope)
+            # One wire type may serve several paths (/v1/rerank, /rerank): ids stay unique.
+            if operation["operationId"] in operation_ids:
+                operation["operationId"] += "_" + path.strip("/").replace("/", "_")
+            operation_ids.add(operation["operationId"])
+            schema["paths"][path] = {"post": operation}
         app.openapi_schema = schema
         return schema
 
@@ -96,7 +102,7 @@ def _operation(name: str, summary: str, envelope: str) -> dict[str, Any]:
     error = {"application/json": {"schema": {"$ref": f"#/components/schemas/{envelope}"}}}
     responses: dict[str, Any] = {
         "200": {
-            "description": "The completion; an SSE stream of chunks when `stream` is true.",
+            "description": "The answer; an SSE stream of chunks when `stream` is true.",
             "content": {
                 "application/json": {"schema": {"type": "object"}},
                 "text/event-stream": {"schema": {"type": "string"}},

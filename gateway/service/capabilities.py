@@ -3,7 +3,8 @@
 Which features a request needs is read off the ``GenerationRequest`` here, in one place;
 what a backend can honour is its own declaration, ``ModelInfo.features``. The service runs
 the check after routing and before the backend sees the request, so a fallback model is
-checked against its own declaration.
+checked against its own declaration. A whole endpoint a model does not serve (embeddings,
+scoring, tokenizing) is refused the same way, naming the field that chose the model.
 
 Reasoning controls are checked only where the backend declares ``Feature.REASONING`` (the
 model thinks, and its thought is split off): a model without a reasoning parser ignores
@@ -27,6 +28,8 @@ from backends.base import (
     UnsupportedFeature,
 )
 from backends.embeddings import Embedder
+from backends.scoring import Scorer
+from backends.tokenizing import TextTokenizer
 
 _REASONING_FEATURES = frozenset(
     {Feature.REASONING_EFFORT, Feature.THINKING_SWITCH, Feature.THINKING_BUDGET}
@@ -129,5 +132,27 @@ def require_embeddings(backend: Backend, model: str, info: ModelInfo) -> Embedde
         raise UnsupportedFeature(
             f"model '{model}' does not support embeddings; it serves chat and completions",
             param="input",
+        )
+    return backend
+
+
+def require_scorer(backend: Backend, model: str, info: ModelInfo) -> Scorer:
+    """The backend as a ``Scorer``, or ``UnsupportedFeature`` naming ``model``."""
+    if Feature.SCORE not in info.features or not isinstance(backend, Scorer):
+        raise UnsupportedFeature(
+            f"model '{model}' does not serve /v1/score or /v1/rerank: it is not an embedding "
+            "model, a cross-encoder, or an upstream declared with the `score` capability",
+            param="model",
+        )
+    return backend
+
+
+def require_tokenizer(backend: Backend, model: str, info: ModelInfo) -> TextTokenizer:
+    """The backend as a ``TextTokenizer``, or ``UnsupportedFeature`` naming ``model``."""
+    if Feature.TOKENIZE not in info.features or not isinstance(backend, TextTokenizer):
+        raise UnsupportedFeature(
+            f"model '{model}' does not serve /tokenize or /detokenize: its backend has no "
+            "tokenizer of its own (an upstream needs the `tokenize` capability)",
+            param="model",
         )
     return backend

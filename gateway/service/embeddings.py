@@ -2,7 +2,7 @@
 
 The request is parsed at the edge (``gateway.api.embeddings``); routed like generation
 (exact name, alias, ``capability:``, a split route's target by request id or ``user``,
-fallbacks while nothing was sent; never mirrored); the routed backend must declare
+fallbacks while nothing was sent; never mirrored: ``routed``); the routed backend must declare
 ``Feature.EMBEDDINGS`` (``gateway.service.capabilities``). Each request is one
 ``RequestRecord``, so it shows in the metrics and the request log like a generation
 request (prompt tokens in, zero generated). The service is stateless.
@@ -18,13 +18,12 @@ import numpy as np
 
 from backends.base import BackendError, Started, Usage
 from backends.embeddings import EmbeddingRequest, EmbeddingResult
-from gateway.access.keys import allowed_candidates
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.record import RequestRecord
 from gateway.registry import ModelRegistry
 from gateway.registry.split import SplitKey
 from gateway.service.capabilities import require_embeddings
-from gateway.service.generation import FALLBACK_ERRORS
+from gateway.service.routed import on_first_candidate
 
 
 class EmbeddingService:
@@ -37,24 +36,14 @@ class EmbeddingService:
     async def embed(
         self, request: EmbeddingRequest, record: RequestRecord, encoding: str
     ) -> dict[str, Any]:
-        decision = self._registry.route(
-            request.model, SplitKey(request.request_id, request.user), record.may_use
+        result, name = await on_first_candidate(
+            self._registry,
+            request.model,
+            record,
+            lambda name: self._embed_on(name, request, record),
+            SplitKey(request.request_id, request.user),
         )
-        candidates = allowed_candidates(request.model, decision.candidates, record.may_use)
-        if decision.route is not None:
-            self._registry.record_split(decision)
-            record.route = decision.route
-        for position, name in enumerate(candidates):
-            try:
-                result = await self._embed_on(name, request, record)
-            except FALLBACK_ERRORS as exc:
-                if position + 1 >= len(candidates):
-                    raise
-                self._registry.record_fallback(name, candidates[position + 1], type(exc).__name__)
-                record.fallback_from.append(name)
-                continue
-            return response_body(result, model=name, encoding=encoding)
-        raise AssertionError("route() returned no candidates")
+        return response_body(result, model=name, encoding=encoding)
 
     async def _embed_on(
         self, name: str, request: EmbeddingRequest, record: RequestRecord

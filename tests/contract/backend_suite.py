@@ -18,8 +18,12 @@ closing a stream early aborts its work; ``stop()`` ends open streams with
 declares them and whose test double can honour them (``structured = True``), structured
 output (``json_schema``: the text parses and validates) and forced tool calls (``required``:
 a ``ToolCallDelta`` stream naming the tool, arguments that validate, ``tool_calls`` reason);
-and the reasoning tier (``reasoning_suite.ReasoningContract``: a thought apart from the
+the reasoning tier (``reasoning_suite.ReasoningContract``: a thought apart from the
 answer where the backend declares one, controls served or refused by capability).
+Scoring and tokenizing are served or refused by the same declaration: a backend that
+declares ``Feature.SCORE`` / ``Feature.TOKENIZE`` implements the method, one that does not
+is refused with a 400 naming ``model``; a real tokenizer (``tokenizes = True``) also
+round-trips the prompt and renders a chat.
 """
 
 from __future__ import annotations
@@ -52,7 +56,10 @@ from backends.base import (
     TextDelta,
     ToolChoice,
     ToolSpec,
+    UnsupportedFeature,
 )
+from backends.tokenizing import DetokenizeRequest, TokenizeRequest
+from gateway.service.capabilities import require_scorer, require_tokenizer
 from tests.contract.events import collect
 from tests.contract.reasoning_suite import ReasoningContract
 
@@ -83,6 +90,9 @@ class BackendContract(ReasoningContract):
     structured = False
     """Whether the backend under test honours the structured features it declares (a
     real engine); a test double that only relays them (a fake upstream) leaves it off."""
+    tokenizes = False
+    """Whether a declared ``Feature.TOKENIZE`` has a real tokenizer behind it here (an
+    engine; a fake upstream without /tokenize leaves it off)."""
     city_schema = {
         "type": "object",
         "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
@@ -179,6 +189,43 @@ class BackendContract(ReasoningContract):
         for name, arguments in calls:
             assert name == "get_city"
             jsonschema.validate(orjson.loads(arguments), self.city_schema)
+
+    async def test_score_and_tokenize_served_or_refused_by_declaration(
+        self, backend: Backend
+    ) -> None:
+        info = backend.info()
+        for feature, require in (
+            (Feature.SCORE, require_scorer),
+            (Feature.TOKENIZE, require_tokenizer),
+        ):
+            if feature in info.features:
+                require(backend, self.model, info)  # declared: the method is there
+                continue
+            with pytest.raises(UnsupportedFeature) as caught:
+                require(backend, self.model, info)
+            assert caught.value.param == "model"
+
+    async def test_declared_tokenizer_round_trips(self, backend: Backend) -> None:
+        if Feature.TOKENIZE not in backend.info().features or not self.tokenizes:
+            pytest.skip("no tokenizer declared, or none real behind this test double")
+        tokenizer = require_tokenizer(backend, self.model, backend.info())
+        plain = await tokenizer.tokenize(
+            TokenizeRequest("contract", self.model, prompt=self.prompt, add_special_tokens=False)
+        )
+        assert plain.tokens and plain.max_model_len > 0
+        text = await tokenizer.detokenize(DetokenizeRequest("contract", self.model, plain.tokens))
+        assert text.strip() == self.prompt
+        chat = await tokenizer.tokenize(
+            TokenizeRequest(
+                "contract",
+                self.model,
+                messages=(ChatMessage("user", self.prompt),),
+                add_special_tokens=False,
+                return_token_strs=True,
+            )
+        )
+        assert len(chat.tokens) > len(plain.tokens)  # the template's turn markers
+        assert chat.token_strs is not None and len(chat.token_strs) == len(chat.tokens)
 
     async def test_invalid_request_is_refused_before_started(self, backend: Backend) -> None:
         with pytest.raises(InvalidRequest):

@@ -152,6 +152,7 @@ class TestProcessHFContract(BackendContract):
     ``kill -9`` test, which leaves the module's worker dead)."""
 
     structured = True
+    tokenizes = True  # /tokenize crosses the worker boundary as one ASK message
 
     model = NAME
     min_refused = 3  # max_queue=2: two wait, three are refused

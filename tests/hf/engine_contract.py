@@ -15,6 +15,7 @@ class EngineContract(BackendContract):
     """See the module docstring; ``spare`` must have ``max_queue=2``."""
 
     structured = True
+    tokenizes = True
 
     flood = 5
     min_refused = 3  # max_queue=2: two wait, three are refused

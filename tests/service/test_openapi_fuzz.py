@@ -46,6 +46,8 @@ def test_openapi_documents_every_route() -> None:
     assert {"/v1/models", "/health", "/ready", "/metrics", "/admin/usage"} <= paths
     assert {"/v1/files", "/v1/files/{file_id}/content", "/v1/batches"} <= paths
     assert {"/v1/batches/{batch_id}", "/v1/batches/{batch_id}/cancel"} <= paths
+    assert {"/v1/rerank", "/rerank", "/v2/rerank", "/v1/score", "/score"} <= paths
+    assert {"/tokenize", "/detokenize"} <= paths
     upload = spec["paths"]["/v1/files"]["post"]["requestBody"]["content"]
     assert "file" in upload["multipart/form-data"]["schema"]["properties"]
     chat = spec["paths"]["/v1/chat/completions"]["post"]

@@ -151,7 +151,7 @@ def test_engine_skips_cancelled_jobs() -> None:
     _, engine = idle_backend(max_queue=4)
     from backends.hf.embedding.backend import _Job
 
-    job = _Job(("a",), (), None, 0.0)
+    job = _Job(queued_at=0.0, texts=("a",), token_ids=(), dimensions=None)
     job.future.cancel()
     engine.inbox.put_nowait(job)
     engine.start()

@@ -1,33 +1,34 @@
-"""``HFEmbeddingBackend``: an in-process pooling model (``task: embed``) for /v1/embeddings.
+"""``HFEmbeddingBackend``: an in-process pooling model (``task: embed``) for
+/v1/embeddings, and for /v1/score and /v1/rerank by cosine similarity.
 
-Ownership: the engine thread owns model and tokenizer and everything it computes; the
-event loop owns the backend object. Work crosses into the thread through one bounded
-inbox of jobs (full → ``Overloaded``, a 429); each job carries a
-``concurrent.futures.Future`` that the thread resolves, so results and errors come back
-without a callback protocol. Cancelling the awaiting task cancels that future, and the
-thread skips a cancelled job that has not started (``set_running_or_notify_cancel``).
+Ownership: the engine thread (``jobs.JobThread``) owns model and tokenizer and
+everything it computes; the event loop owns the backend object. ``/tokenize`` uses a
+copy of the tokenizer (``backends.hf.tokenize``).
 
 Batching: the thread takes every job waiting in the inbox (up to ``max_queue``), sorts
 all their inputs by length, and runs forwards of up to ``max_num_seqs`` inputs each, so
 concurrent requests share forwards and padding stays small (the same length sorting
 sentence-transformers does in ``encode``).
+
+Scoring: a pair's score is the cosine similarity of its two texts' vectors, what vLLM
+answers for an embedding model. Every text of ``text_1`` and ``text_2`` is embedded once,
+in the same batched forwards as embeddings (a query against many documents once), and
+counts its prompt tokens, as vLLM counts them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
-import queue
-import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from backends.base import (
-    BackendError,
     BackendEvent,
     ContextLengthExceeded,
     Feature,
@@ -35,11 +36,10 @@ from backends.base import (
     InvalidRequest,
     ModelInfo,
     NotReady,
-    Overloaded,
     UnsupportedFeature,
-    UpstreamTimeout,
 )
 from backends.embeddings import EmbeddingRequest, EmbeddingResult
+from backends.hf.embedding.jobs import Job, JobThread
 from backends.hf.embedding.pooling import (
     PoolingConfigError,
     PoolingSpec,
@@ -50,27 +50,26 @@ from backends.hf.embedding.pooling import (
 from backends.hf.loading.load_thread import run_in_own_thread
 from backends.hf.loading.loader import ModelLoadError, pick_device, threads_for
 from backends.hf.loading.model_source import ModelSourceError, resolve_source
+from backends.hf.tokenize import ModelTokenizer
 from backends.process_wide import exclusive
+from backends.scoring import ScoreRequest, ScoreResult
+from backends.tokenizing import DetokenizeRequest, TokenizeRequest, TokenizeResult
 from config.schema import HFModelConfig
 
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 30.0
-_EMBED_FEATURES = frozenset({Feature.EMBEDDINGS})
+_EMBED_FEATURES = frozenset({Feature.EMBEDDINGS, Feature.SCORE, Feature.TOKENIZE})
 _NO_EVENTS: tuple[BackendEvent, ...] = ()
 
 
-@dataclass(slots=True)
-class _Job:
+@dataclass(slots=True, kw_only=True)
+class _Job(Job[EmbeddingResult]):
     """One request's inputs; ``texts`` are tokenised on the engine thread."""
 
     texts: tuple[str, ...]
     token_ids: tuple[tuple[int, ...], ...]
     dimensions: int | None
-    queued_at: float
-    future: concurrent.futures.Future[EmbeddingResult] = field(
-        default_factory=concurrent.futures.Future
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,63 +85,21 @@ class _Loaded:
     memory_bytes: int
 
 
-class PoolingEngine:
+class PoolingEngine(JobThread[_Job, EmbeddingResult]):
     """The thread that runs batched forwards; see the module docstring."""
 
     def __init__(self, loaded: _Loaded, *, max_batch: int, max_queue: int, threads: int) -> None:
+        super().__init__(name="llmso-embed", max_queue=max_queue, threads=threads)
         self._loaded = loaded
         self._max_batch = max_batch
-        self._threads = threads
-        self.inbox: queue.Queue[_Job | None] = queue.Queue(maxsize=max_queue)
-        self.thread = threading.Thread(target=self._run, name="llmso-embed", daemon=True)
 
-    def start(self) -> None:
-        self.thread.start()
+    def compute(self, jobs: list[_Job], started: float) -> list[EmbeddingResult]:
+        return [
+            EmbeddingResult(vectors, tokens, queued_at=job.queued_at, started_at=started)
+            for job, (vectors, tokens) in zip(jobs, self._vectors(jobs), strict=True)
+        ]
 
-    def request_stop(self) -> None:
-        # The stop marker may wait for room; the thread drains the inbox meanwhile.
-        threading.Thread(target=self.inbox.put, args=(None,), daemon=True).start()
-
-    def _run(self) -> None:
-        import torch
-
-        torch.set_num_threads(self._threads)
-        while True:
-            first = self.inbox.get()
-            jobs = [first] if first is not None else []
-            stopping = first is None
-            while not stopping:
-                try:
-                    more = self.inbox.get_nowait()
-                except queue.Empty:
-                    break
-                stopping = more is None
-                if more is not None:
-                    jobs.append(more)
-            live = [job for job in jobs if job.future.set_running_or_notify_cancel()]
-            if live:
-                self._serve(live)
-            if stopping:
-                return
-
-    def _serve(self, jobs: list[_Job]) -> None:
-        started = time.time()
-        try:
-            results = self._compute(jobs)
-        except Exception as exc:  # one bad batch must not kill the thread
-            log.exception("embedding batch failed")
-            error = (
-                exc if isinstance(exc, BackendError) else BackendError(f"embedding failed: {exc}")
-            )
-            for job in jobs:
-                job.future.set_exception(error)
-            return
-        for job, (vectors, tokens) in zip(jobs, results, strict=True):
-            job.future.set_result(
-                EmbeddingResult(vectors, tokens, queued_at=job.queued_at, started_at=started)
-            )
-
-    def _compute(self, jobs: list[_Job]) -> list[tuple[tuple[tuple[float, ...], ...], int]]:
+    def _vectors(self, jobs: list[_Job]) -> list[tuple[tuple[tuple[float, ...], ...], int]]:
         import torch
 
         loaded = self._loaded
@@ -242,16 +199,16 @@ class HFEmbeddingBackend:
         self._config = config
         self._loaded: _Loaded | None = None
         self._engine: PoolingEngine | None = None
+        self._tokens: ModelTokenizer | None = None
 
     async def start(self) -> None:
         if self._engine is not None:
             return
         # Not asyncio.to_thread: an executor thread would keep an idle OpenMP pool that
         # throttles every engine's steps in this process (backends/hf/loading/load_thread.py).
-        loaded = await run_in_own_thread(
-            lambda: load_pooling_model(self._config), f"load-{self._config.name}"
-        )
+        loaded, tokens = await run_in_own_thread(self._load, f"load-{self._config.name}")
         self._loaded = loaded
+        self._tokens = tokens
         self._engine = PoolingEngine(
             loaded,
             max_batch=self._config.max_num_seqs,
@@ -259,6 +216,10 @@ class HFEmbeddingBackend:
             threads=threads_for(self._config),
         )
         self._engine.start()
+
+    def _load(self) -> tuple[_Loaded, ModelTokenizer]:
+        loaded = load_pooling_model(self._config)
+        return loaded, ModelTokenizer(loaded.tokenizer, loaded.max_length)
 
     async def stop(self) -> None:
         engine, self._engine = self._engine, None
@@ -269,6 +230,7 @@ class HFEmbeddingBackend:
         if engine.thread.is_alive():
             log.error("%s: embedding thread did not stop in %ss", self._config.name, STOP_TIMEOUT_S)
         self._loaded = None
+        self._tokens = None
 
     async def ready(self) -> bool:
         return self._engine is not None and self._engine.thread.is_alive()
@@ -303,17 +265,42 @@ class HFEmbeddingBackend:
         if engine is None or loaded is None:
             raise NotReady(f"model {request.model!r} is not loaded", retry_after=1.0)
         self._check(request, loaded)
-        job = _Job(request.texts, request.token_ids, request.dimensions, time.time())
-        try:
-            engine.inbox.put_nowait(job)
-        except queue.Full:
-            raise Overloaded("too many embedding requests waiting for this model") from None
-        try:
-            async with asyncio.timeout(request.timeout):
-                return await asyncio.wrap_future(job.future)
-        except TimeoutError:
-            job.future.cancel()
-            raise UpstreamTimeout(f"embedding took longer than {request.timeout:g}s") from None
+        job = _Job(
+            queued_at=time.time(),
+            texts=request.texts,
+            token_ids=request.token_ids,
+            dimensions=request.dimensions,
+        )
+        return await engine.run(job, request.timeout, "embedding")
+
+    async def score(self, request: ScoreRequest) -> ScoreResult:
+        """Cosine similarity of each pair's vectors (see the module docstring)."""
+        embedded = await self.embed(
+            EmbeddingRequest(
+                request_id=request.request_id,
+                model=request.model,
+                texts=request.text_1 + request.text_2,
+                arrival_time=request.arrival_time,
+                timeout=request.timeout,
+            )
+        )
+        return ScoreResult(
+            cosines(embedded.vectors, len(request.text_1)),
+            embedded.prompt_tokens,
+            queued_at=embedded.queued_at,
+            started_at=embedded.started_at,
+        )
+
+    async def tokenize(self, request: TokenizeRequest) -> TokenizeResult:
+        return await self._tokenizer(request.model).tokenize(request)
+
+    async def detokenize(self, request: DetokenizeRequest) -> str:
+        return await self._tokenizer(request.model).detokenize(request)
+
+    def _tokenizer(self, model: str) -> ModelTokenizer:
+        if self._tokens is None or self._engine is None:
+            raise NotReady(f"model {model!r} is not loaded", retry_after=1.0)
+        return self._tokens
 
     @staticmethod
     def _check(request: EmbeddingRequest, loaded: _Loaded) -> None:
@@ -334,3 +321,15 @@ class HFEmbeddingBackend:
                     f"input[{index}] holds a token id outside 0..{loaded.vocab_size - 1}",
                     param="input",
                 )
+
+
+def cosines(vectors: tuple[tuple[float, ...], ...], queries: int) -> tuple[float, ...]:
+    """The cosine of each pair: ``vectors`` holds ``queries`` query vectors then one per
+    document; one query pairs with every document, else query i with document i."""
+    matrix = np.asarray(vectors, dtype=np.float64)
+    firsts, seconds = matrix[:queries], matrix[queries:]
+    if queries == 1:
+        firsts = np.repeat(firsts, len(seconds), axis=0)
+    dots = (firsts * seconds).sum(axis=1)
+    norms = np.linalg.norm(firsts, axis=1) * np.linalg.norm(seconds, axis=1)
+    return tuple(float(c) for c in dots / np.maximum(norms, 1e-12))
