@@ -6,8 +6,8 @@
 The default model (the packaged SmolLM2-135M-Instruct, whose GGUF is Q4_1) served five
 ways over HTTP, the systems alternating level by level as in ``make bench``:
 
-- llmso's hf continuous engine (``max_num_seqs`` 64, prefix caching off, every other
-  setting its default) with ``quantization: none``
+- llmso's hf continuous engine (the models suite's config: ``max_num_seqs`` 64, prefix
+  caching off) with ``quantization: none``
   (bf16), ``int8``, ``int4`` (groups of 32) and ``gguf`` (the GGUF's own Q4_1 layout,
   mapped to int4 groups of 32);
 - llama.cpp's server (llama-cpp-python) on the same GGUF file, from the venv given (the
