@@ -56,10 +56,12 @@ def _float_list(text: str) -> tuple[float, ...]:
 def _add_run(sub: Any) -> None:
     p = sub.add_parser("run", help="Load-test one OpenAI-compatible server.")
     p.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000/v1")
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", required=True, help="The model name sent in each request.")
     p.add_argument("--label", default=None, help="Name of this system in tables and plots.")
-    p.add_argument("--api", choices=("chat", "completions"), default="chat")
-    p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--api", choices=("chat", "completions"), default="chat", help="Which API.")
+    p.add_argument(
+        "--stream", action=argparse.BooleanOptionalAction, default=True, help="SSE or one body."
+    )
     load = p.add_mutually_exclusive_group()
     load.add_argument(
         "--concurrency", type=positive_ints, default=None, help="Closed loop: 1,4,16."
@@ -68,8 +70,8 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--num-requests", type=int, default=None, help="Per level (default max(8, 2c)).")
     p.add_argument("--duration", type=float, default=None, help="Seconds per level (cap).")
     p.add_argument("--warmup", type=int, default=2, help="Requests per level not measured.")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--max-tokens", type=int, default=64, help="Per request.")
+    p.add_argument("--temperature", type=float, default=0.0, help="Per request.")
     p.add_argument(
         "--ignore-eos",
         action=argparse.BooleanOptionalAction,
@@ -77,10 +79,10 @@ def _add_run(sub: Any) -> None:
         help="Send ignore_eos: true so every request generates exactly max_tokens.",
     )
     p.add_argument("--prompts", type=Path, default=None, help="JSON-lines prompt file.")
-    p.add_argument("--slo-ttft-ms", type=float, default=None)
+    p.add_argument("--slo-ttft-ms", type=float, default=None, help="Goodput: TTFT bound.")
     p.add_argument("--slo-itl-ms", type=float, default=None, help="Bound on each request's TPOT.")
     p.add_argument("--timeout", type=float, default=300.0, help="Seconds per request.")
-    p.add_argument("--api-key", default=None)
+    p.add_argument("--api-key", default=None, help="Sent as a bearer token.")
     p.add_argument("--seed", type=int, default=0, help="Poisson arrival seed.")
     p.add_argument("--server-pid", type=int, default=None, help="Measure this process group's CPU.")
     p.add_argument("--out", type=Path, default=None, help="Write results.{json,md,png} here.")
@@ -88,20 +90,22 @@ def _add_run(sub: Any) -> None:
 
 def _add_compare(sub: Any) -> None:
     p = sub.add_parser("compare", help="Run several systems from a YAML/JSON spec, alternating.")
-    p.add_argument("--spec", type=Path, required=True)
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--spec", type=Path, required=True, help="Systems and load (bench/spec.py).")
+    p.add_argument("--out", type=Path, required=True, help="Write results.{json,md,png} here.")
     p.add_argument("--workdir", type=Path, default=None, help="Scratch (configs, logs).")
 
 
 def _add_suite(sub: Any) -> None:
     p = sub.add_parser("suite", help="A built-in comparison: models, prefix, gpu or overhead.")
-    p.add_argument("name", choices=("models", "prefix", "gpu", "overhead"))
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("name", choices=("models", "prefix", "gpu", "overhead"), help="The suite.")
+    p.add_argument("--out", type=Path, required=True, help="Write results.{json,md,png} here.")
     p.add_argument("--root", type=Path, default=Path.cwd(), help="Repository root.")
     p.add_argument("--model-path", default=None, help="Model folder (all but overhead).")
     p.add_argument("--quick", action="store_true", help="Tiny smoke run.")
-    p.add_argument("--concurrency", type=positive_ints, default=None)
-    p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
+    p.add_argument("--concurrency", type=positive_ints, default=None, help="Levels: 1,4,16.")
+    p.add_argument(
+        "--dtype", default="bfloat16", choices=("float32", "bfloat16"), help="Model weights."
+    )
     p.add_argument("--no-vllm", action="store_true", help="Leave vLLM out of the models suite.")
     p.add_argument("--systems", default=None, help="Only these labels, comma-separated.")
     p.add_argument(
@@ -112,13 +116,13 @@ def _add_suite(sub: Any) -> None:
     p.add_argument(
         "--rounds", type=int, default=None, help="Measure each level N times (interleaved)."
     )
-    p.add_argument("--workdir", type=Path, default=None)
+    p.add_argument("--workdir", type=Path, default=None, help="Scratch (configs, logs).")
     p.add_argument("--dry-run", action="store_true", help="Print the spec as JSON and exit.")
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="llmso bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true", help="Debug logging.")
     sub = p.add_subparsers(dest="command", required=True)
     _add_run(sub)
     _add_compare(sub)

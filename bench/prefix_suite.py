@@ -78,7 +78,7 @@ def prefix_suite(
             f"vLLM: {vllm_version or 'not installed'}, --enforce-eager, --enable-prefix-caching, "
             "VLLM_CPU_KVCACHE_SPACE=2, max_num_seqs 64",
             "llmso: hf continuous, prefix_cache_tokens 8192 (16-token blocks), on vs off; "
-            "every other setting the shipped default",
+            "max_num_seqs 64 (not the shipped 32), max_queue 1024 (the config in results.json)",
             f"torch intra-op threads: {threads}",
             *kv_notes(model_path, dtype, vllm_space_gib=2, prefix_tokens=8192),
         ),

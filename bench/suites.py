@@ -257,7 +257,9 @@ def models_suite(
             "transformers-generate is sequential in-process (concurrency 1 only)",
             f"torch intra-op threads: {gateway_threads} for the gateway, {threads} for the "
             "reference",
-            "llmso hf: the shipped defaults (compile_attention false, adaptive_threads off)",
+            "llmso hf: compile_attention false, adaptive_threads off (their defaults); "
+            "max_num_seqs 64, prefix caching off (not the shipped defaults; the config is in "
+            "results.json)",
             "vLLM-CPU: its own default on 2 CPUs, one OpenMP thread on CPU 0, CPU 1 left "
             "to its API server (VLLM_CPU_OMP_THREADS_BIND=auto, its log)",
             "each system starts once the previous one is ready (hf: /ready)",

@@ -36,7 +36,8 @@ HEADER = """# Config reference
 Every key of an llmso config file, generated from the schema's descriptions
 (`python -m config.reference --write`; `tests/unit/test_config_reference.py` fails when this
 file and the schema differ). How the file is read (`${VAR}` substitution, one-line errors,
-hot reload) is in the README's Configuration section; worked examples are in `config/examples/`.
+hot reload) and the environment settings are in [configuration.md](configuration.md); worked
+examples are in `config/examples/`.
 
 `models:` is a list; each entry's `backend:` picks its section below. A key written
 `a.b` is nested: `b:` inside `a:`. A type `X | None` may be left out or set to `null`.

@@ -57,10 +57,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--base-url", default=None, help="e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--model", default=None, help="Validate this profile model only.")
     p.add_argument("--rates", type=_rates, default=None, help="Default: the profile's peak.")
-    p.add_argument("--num-requests", type=int, default=60)
+    p.add_argument("--num-requests", type=int, default=60, help="Per replayed rate.")
     p.add_argument("--prompts", type=Path, default=None, help="JSON-lines prompts to replay.")
     p.add_argument("--max-num-seqs", type=int, default=None, help="The gateway's setting.")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="Arrivals and prompt draw.")
     return p
 
 

