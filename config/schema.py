@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from config.frontdoor import AuthConfig, LimitsConfig
+from config.pricing import PricingConfig
 from config.tracing import TracingConfig
 
 _NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$"
@@ -164,6 +165,12 @@ class ModelBase(_Frozen):
         description="Completion tokens for a request that sets no max_tokens, capped by the "
         "context left after the prompt where the backend knows it (default: that room, "
         "OpenAI's meaning; a proxy then sends no limit).",
+    )
+    pricing: PricingConfig | None = Field(
+        None,
+        description="Prices in USD per million tokens (`input`, `cached_input`, `output`, "
+        "`batch_discount`; docs/spend.md): each answer's cost, charged to its key's budget. "
+        "Default: none (answers cost 0).",
     )
 
     @field_validator("aliases", "capabilities", "fallback", mode="before")
