@@ -282,3 +282,26 @@ async def test_cached_tokens_in_messages_usage(relayed: httpx.AsyncClient) -> No
     streamed = await relayed.post("/v1/messages", json={**body, "stream": True})
     delta = next(e for e in named_events(streamed.text) if e["type"] == "message_delta")
     assert delta["usage"]["cache_read_input_tokens"] == CACHED
+
+
+async def test_an_upstream_without_usage_is_charged_the_tokens_the_gateway_counted() -> None:
+    async with FakeUpstream(FakeOptions(chunks=3, usage=False)) as upstream:
+        model = {
+            "name": "up",
+            "backend": "openai",
+            "base_url": upstream.url + "/v1",
+            "upstream_model": "fake-model",
+            "pricing": UPSTREAM_PRICES,
+        }
+        app = build_app(AppConfig.model_validate({"models": [model]}))
+        transport = httpx.ASGITransport(app=app)
+        async with app.lifespan(), httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            body = {"model": "up", "messages": [{"role": "user", "content": PROMPT}]}
+            answer = await c.post("/v1/chat/completions", json=body)
+    usage = answer.json()["usage"]
+    # Three chunks counted as three tokens; the prompt estimated (~4 characters a token).
+    assert usage["completion_tokens"] == 3 and usage["prompt_tokens"] > 0
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 0}
+    pricing = PricingConfig(**UPSTREAM_PRICES)
+    expected = cost_pico(pricing, usage["prompt_tokens"], 0, 3)
+    assert answer.headers["x-llmso-cost"] == usd_text(expected)
