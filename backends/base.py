@@ -391,7 +391,10 @@ class Usage:
     ``prompt_tokens`` once; the prompt tokens the upstream processed again to continue
     it are the gateway's cost, ``resume_prompt_tokens``, never billed to the client.
 
-    ``reasoning_tokens``: the part of ``completion_tokens`` that was thought."""
+    ``reasoning_tokens``: the part of ``completion_tokens`` that was thought.
+    ``cached_tokens``: the part of ``prompt_tokens`` read from a prefix cache instead of
+    computed (the hf engine's hits, an upstream's ``prompt_tokens_details.cached_tokens``;
+    0 where the backend cannot tell), priced at the cached rate."""
 
     prompt_tokens: int
     completion_tokens: int
@@ -399,6 +402,7 @@ class Usage:
     resumes: int = 0
     resume_prompt_tokens: int = 0
     reasoning_tokens: int = 0
+    cached_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:

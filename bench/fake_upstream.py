@@ -4,6 +4,7 @@ Run it standalone (the overhead benchmark does)::
 
     python -m bench.fake_upstream --port P [--host 127.0.0.1] [--chunks 16]
         [--delay-ms D] [--ttft-ms T] [--model fake-model] [--no-usage] [--mlx-usage]
+        [--cached-tokens K]
 
 Flags:
   --port P        TCP port to listen on (0 = any free port; the chosen one is printed).
@@ -15,6 +16,9 @@ Flags:
   --model NAME    the served model id; other ids get 404 like vLLM (default fake-model).
   --no-usage      ignore stream_options.include_usage, like llama.cpp.
   --mlx-usage     label the usage chunk ``object: chat.completion``, like mlx-lm.
+  --cached-tokens K  report up to K prompt tokens as read from a prefix cache
+                  (``usage.prompt_tokens_details.cached_tokens``, as vLLM does with
+                  ``--enable-prompt-tokens-details``); 0 (default) sends no such field.
   --tag T         ignored; lets a test find the processes it started.
 
 Endpoints: POST /v1/chat/completions and /v1/completions (streaming with SSE or not;
@@ -87,6 +91,7 @@ class FakeOptions:
     model: str = "fake-model"
     usage: bool = True
     mlx_usage: bool = False
+    cached_tokens: int = 0
 
 
 class FakeUpstream:
@@ -296,6 +301,8 @@ class _Plan:
     prompt_tokens: int
     logprobs: int | None
     include_usage: bool
+    cached: int | None
+    """Prompt tokens reported as cached (None: no ``prompt_tokens_details``)."""
 
     @staticmethod
     def of(body: dict[str, Any], options: FakeOptions, *, chat: bool) -> _Plan:
@@ -320,6 +327,7 @@ class _Plan:
             prompt_tokens=len(_prompt_text(body, chat=chat).split()) + 1,
             logprobs=logprobs,
             include_usage=bool(stream_options.get("include_usage")) and options.usage,
+            cached=options.cached_tokens or None,
         )
 
     @property
@@ -331,13 +339,17 @@ class _Plan:
         prefix = "chatcmpl" if self.chat else "cmpl"
         return {"id": f"{prefix}-fake", "object": obj, "created": 0, "model": self.model}
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
         completion = self.tokens * self.n
-        return {
+        usage: dict[str, Any] = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion,
             "total_tokens": self.prompt_tokens + completion,
         }
+        if self.cached is not None:
+            cached = min(self.cached, self.prompt_tokens)
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        return usage
 
     def events(self, options: FakeOptions) -> list[bytes]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
@@ -522,6 +534,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="fake-model")
     parser.add_argument("--no-usage", action="store_true")
     parser.add_argument("--mlx-usage", action="store_true")
+    parser.add_argument("--cached-tokens", type=int, default=0)
     parser.add_argument("--tag", default="", help="Ignored; lets a test find its processes.")
     args = parser.parse_args(argv)
     options = FakeOptions(
@@ -531,6 +544,7 @@ def main(argv: list[str] | None = None) -> None:
         model=args.model,
         usage=not args.no_usage,
         mlx_usage=args.mlx_usage,
+        cached_tokens=args.cached_tokens,
     )
     runner: Any = asyncio.run
     with contextlib.suppress(ImportError):

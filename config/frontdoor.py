@@ -16,6 +16,7 @@ _KEY_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 Priority = Literal["high", "normal", "low"]
+BudgetPeriod = Literal["day", "week", "month"]
 
 PRIORITY_RANK: dict[str, int] = {"high": -1, "normal": 0, "low": 1}
 """``GenerationRequest.priority`` for each name: lower is served first."""
@@ -48,6 +49,17 @@ class KeyConfig(_Frozen):
         None, gt=0, description="Token budget per UTC day (resets at 00:00 UTC)."
     )
     priority: Priority = Field("normal", description="Scheduling priority of this key's requests.")
+    max_budget: float | None = Field(
+        None,
+        gt=0,
+        description="Spend limit in USD per `budget_period`, at the models' `pricing:`: once "
+        "reached, requests get 429 budget_exceeded until the period ends (docs/spend.md).",
+    )
+    budget_period: BudgetPeriod = Field(
+        "month",
+        description="The calendar period `max_budget` covers, in UTC: `day`, `week` (from "
+        "Monday 00:00) or `month` (from the 1st); spend starts from 0 in each.",
+    )
 
     @model_validator(mode="before")
     @classmethod

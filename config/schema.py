@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from config.frontdoor import AuthConfig, LimitsConfig
+from config.pricing import PricingConfig
 from config.routes import MirrorConfig, RouteConfig, check_routes
 from config.tracing import TracingConfig
 
@@ -170,6 +171,12 @@ class ModelBase(_Frozen):
         None,
         description="Copy a share of this model's requests to a shadow model: its answers "
         "are logged and measured, never returned or charged (docs/routing.md).",
+    )
+    pricing: PricingConfig | None = Field(
+        None,
+        description="Prices in USD per million tokens (`input`, `cached_input`, `output`, "
+        "`batch_discount`; docs/spend.md): each answer's cost, charged to its key's budget. "
+        "Default: none (answers cost 0).",
     )
 
     @field_validator("aliases", "capabilities", "fallback", mode="before")

@@ -589,8 +589,13 @@ class OpenAIProxyBackend:
             prompt, completion = translator.usage
         else:
             prompt, completion = estimate_prompt_tokens(request), translator.counted_tokens
-        reasoning = min(translator.reasoning_tokens, completion)
-        return Usage(prompt, completion, upstream_seconds=stream.waited, reasoning_tokens=reasoning)
+        return Usage(
+            prompt,
+            completion,
+            upstream_seconds=stream.waited,
+            reasoning_tokens=min(translator.reasoning_tokens, completion),
+            cached_tokens=min(translator.reported_cached, prompt),
+        )
 
     # ------------------------------------------------------------------ health
 

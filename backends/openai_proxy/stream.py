@@ -25,7 +25,9 @@ turns that off for the rest of the stream (it splits itself). Completions are re
 raw. Reasoning tokens: the upstream's ``completion_tokens_details.reasoning_tokens``
 when it reports more than 0 (vLLM 0.32 reports 0 even after a thought), else counted
 here the same way as above: each chunk that carried thought (or, split here, held back
-a marker inside one) counts as one token, or as many as its logprobs.
+a marker inside one) counts as one token, or as many as its logprobs. Cached prompt
+tokens: the usage's ``prompt_tokens_details.cached_tokens`` (vLLM sends it with
+``--enable-prompt-tokens-details``, OpenAI always), 0 where the upstream says nothing.
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ class ChunkTranslator:
         "counted_reasoning",
         "counted_tokens",
         "done",
+        "reported_cached",
         "reported_reasoning",
         "usage",
     )
@@ -131,6 +134,8 @@ class ChunkTranslator:
         """``(prompt_tokens, completion_tokens)`` reported by the upstream."""
         self.reported_reasoning = 0
         """The upstream's ``completion_tokens_details.reasoning_tokens`` (0: none said)."""
+        self.reported_cached = 0
+        """The upstream's ``prompt_tokens_details.cached_tokens`` (0: none said)."""
         self.counted_tokens = 0
         """Completion tokens counted from the deltas (fallback when ``usage`` is None)."""
         self.counted_reasoning = 0
@@ -175,6 +180,9 @@ class ChunkTranslator:
                     details = usage.get("completion_tokens_details")
                     if isinstance(details, dict):
                         self.reported_reasoning = int(details.get("reasoning_tokens") or 0)
+                    prompt_details = usage.get("prompt_tokens_details")
+                    if isinstance(prompt_details, dict):
+                        self.reported_cached = int(prompt_details.get("cached_tokens") or 0)
             self._end_run(out)
         finally:
             if self._run:  # a read that raised: its run is dropped with the stream

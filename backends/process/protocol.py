@@ -149,6 +149,7 @@ def encode_event(event: BackendEvent) -> tuple[Any, ...]:
             event.completion_tokens,
             event.upstream_seconds,
             event.reasoning_tokens,
+            event.cached_tokens,
         )
     if isinstance(event, PromptLogprobs):  # once per request: pickled as it is
         return (_PROMPT, event)
@@ -185,7 +186,9 @@ def decode_event(fields: tuple[Any, ...]) -> BackendEvent:
     if kind == _FINISHED:
         return Finished(fields[1], fields[2], fields[3], fields[4])
     if kind == _USAGE:
-        return Usage(fields[1], fields[2], fields[3], reasoning_tokens=fields[4])
+        return Usage(
+            fields[1], fields[2], fields[3], reasoning_tokens=fields[4], cached_tokens=fields[5]
+        )
     if kind == _TOOL:
         return ToolCallDelta(*fields[1:])
     if kind == _PROMPT and isinstance(fields[1], PromptLogprobs):

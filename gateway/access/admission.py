@@ -4,8 +4,9 @@
 metrics. Each request, online or a batch line, gets a ``Ticket``: ``identify`` names
 its client key, ``admit`` checks the key's model allow-list and takes the request's
 share of its limits, all or nothing (a refusal is a typed 429/503 and consumes no
-allowance), and ``finish`` settles the reservation against the tokens really used and
-counts the request per key. Nothing here reads HTTP: the edge (``gateway.edge.door``)
+allowance), and ``finish`` settles the reservation against the tokens really used,
+charges the request's cost to the key's spend budget, and counts the request (and its
+cost) per key. Nothing here reads HTTP: the edge (``gateway.edge.door``)
 finds the presented key, and shows a ticket's ``Verdict`` as OpenAI's
 ``x-ratelimit-*`` headers.
 
@@ -19,12 +20,13 @@ import math
 import secrets
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry
 
 from backends.base import ApiError, GenerationRequest
 from config.schema import AppConfig
-from gateway.access.errors import QuotaExceeded, RateLimited
+from gateway.access.errors import BudgetExceeded, QuotaExceeded, RateLimited
 from gateway.access.keys import (
     ANONYMOUS,
     OPEN_DOOR,
@@ -35,9 +37,10 @@ from gateway.access.keys import (
     allowed_candidates,
     not_found,
 )
-from gateway.access.limits import Ask, Settlement, Verdict
+from gateway.access.limits import Ask, KeyLimits, Settlement, Verdict
 from gateway.access.metrics import KeyMetrics
 from gateway.access.store import GuardedStore, open_store
+from gateway.observe.cost import usd_text
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.record import FinishSink, RequestRecord
 from gateway.registry import ModelRegistry
@@ -50,6 +53,7 @@ _REFUSALS = {
     "tpm": "Rate limit reached for tokens per minute",
     "parallel": "Too many requests in flight for this key",
 }
+_PERIODIC = {"day": "daily", "week": "weekly", "month": "monthly"}
 
 
 class Admission:
@@ -148,9 +152,10 @@ class Ticket:
             self._check_model(request, self.record.may_use)
         if request.priority != client.priority:
             request = replace(request, priority=client.priority)
+        # Kept on the record too: what a stream cut before its usage is billed.
+        self._prompt_estimate = self.record.prompt_estimate = estimate_prompt_tokens(request)
         if not client.limited:
             return request
-        self._prompt_estimate = estimate_prompt_tokens(request)
         sampling = request.sampling
         completion = sampling.max_tokens
         if completion is None:
@@ -160,7 +165,7 @@ class Ticket:
         verdict = await self._admission.store.admit(ask)
         self.verdict = verdict
         if not verdict.allowed:
-            raise _refusal(verdict, cost)
+            raise _refusal(verdict, cost, client.limits)
         if verdict.reason is None:
             self._ask = ask
         return request
@@ -190,15 +195,21 @@ class Ticket:
         usage_known = record.input_tokens > 0
         prompt = record.input_tokens if usage_known else 0
         completion = record.output_tokens if usage_known else record.streamed_tokens
+        cost = record.cost()
         ask = self._ask
         if ask is not None:
             spent = prompt + completion if usage_known else self._prompt_estimate + completion
             day = self.verdict.day if self.verdict is not None else ""
-            settlement = Settlement(ask.key, ask.limits, ask.lease, day, spent - ask.cost)
+            settlement = Settlement(
+                ask.key, ask.limits, ask.lease, day, spent - ask.cost, cost or 0
+            )
             await self._admission.store.settle(settlement)
         record.finish()
         name = self.client.name if self.client is not None else UNAUTHENTICATED
-        self._admission.key_metrics.observe(name, record.status, prompt, completion)
+        metrics = self._admission.key_metrics
+        metrics.observe(name, record.status, prompt, completion)
+        if cost is not None:
+            metrics.charge(name, record.model, cost)
 
 
 def estimate_prompt_tokens(request: GenerationRequest) -> int:
@@ -210,8 +221,10 @@ def estimate_prompt_tokens(request: GenerationRequest) -> int:
     return math.ceil(size / 4) + 1 + len(request.prompt_token_ids)
 
 
-def _refusal(verdict: Verdict, cost: int) -> ApiError:
+def _refusal(verdict: Verdict, cost: int, limits: KeyLimits) -> ApiError:
     reason = verdict.reason or ""
+    if reason == "spend":
+        return BudgetExceeded(budget_message(verdict, limits), retry_after=verdict.retry_after)
     if reason == "budget":
         return QuotaExceeded(
             "You exceeded your daily token budget; it resets at 00:00 UTC.",
@@ -231,4 +244,16 @@ def _refusal(verdict: Verdict, cost: int) -> ApiError:
         f"{max(1, math.ceil(verdict.retry_after))}s.",
         retry_after=verdict.retry_after,
         kind=kind,
+    )
+
+
+def budget_message(verdict: Verdict, limits: KeyLimits) -> str:
+    """The refusal of a key over its spend budget: the budget, the spend, the reset."""
+    resets = datetime.fromtimestamp(verdict.budget_resets_at, UTC)
+    period = _PERIODIC[limits.budget_period]
+    budget = usd_text(limits.max_budget or 0)
+    return (
+        f"Budget exceeded: this key spent ${usd_text(verdict.spent)} of its {period} "
+        f"max_budget of ${budget}; it resets at {resets:%Y-%m-%dT%H:%M:%SZ} "
+        f"(in {max(1, math.ceil(verdict.retry_after))}s)."
     )

@@ -1,5 +1,6 @@
-"""The refusals of admission: over a rate limit, out of daily quota, or the limit store
-down under ``on_store_error: deny``. ``ApiError``s, so the one renderer shows them."""
+"""The refusals of admission: over a rate limit, out of daily quota, over the spend
+budget, or the limit store down under ``on_store_error: deny``. ``ApiError``s, so the one
+renderer shows them (in the envelope of the route's API)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,14 @@ class QuotaExceeded(_Retryable):
     status = 429
     error_type = "insufficient_quota"
     code = "insufficient_quota"
+
+
+class BudgetExceeded(_Retryable):
+    """The key spent its ``max_budget`` for the current ``budget_period``."""
+
+    status = 429
+    error_type = "budget_exceeded"
+    code = "budget_exceeded"
 
 
 class StoreUnavailable(_Retryable):

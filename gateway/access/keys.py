@@ -15,9 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from config.frontdoor import PRIORITY_RANK, AuthConfig
+from config.frontdoor import PRIORITY_RANK, AuthConfig, KeyConfig
 from gateway.access.limits import KeyLimits
 from gateway.errors import Unauthorized
+from gateway.observe.cost import pico_of_usd
 from gateway.registry import ModelNotFound
 from gateway.registry.routing import CAPABILITY_PREFIX
 
@@ -59,7 +60,13 @@ class Client:
         limits = self.limits
         return any(
             value is not None
-            for value in (limits.rpm, limits.tpm, limits.max_parallel, limits.tokens_per_day)
+            for value in (
+                limits.rpm,
+                limits.tpm,
+                limits.max_parallel,
+                limits.tokens_per_day,
+                limits.max_budget,
+            )
         )
 
     def may_use(self, model: Named) -> bool:
@@ -91,7 +98,7 @@ class KeyRing:
                 bytes.fromhex(key.key_sha256),
                 Client(
                     key.name,
-                    KeyLimits(key.rpm, key.tpm, key.max_parallel, key.tokens_per_day),
+                    _limits(key),
                     PRIORITY_RANK[key.priority],
                     key.models,
                 ),
@@ -120,6 +127,13 @@ class KeyRing:
         if found is None:
             raise Unauthorized("Incorrect API key provided.")
         return found
+
+
+def _limits(key: KeyConfig) -> KeyLimits:
+    budget = None if key.max_budget is None else pico_of_usd(key.max_budget)
+    return KeyLimits(
+        key.rpm, key.tpm, key.max_parallel, key.tokens_per_day, budget, key.budget_period
+    )
 
 
 def allowed_candidates(

@@ -9,6 +9,9 @@ before ``now``; a charge past the reservation moves it forward (debt that later
 requests wait out). ``max_parallel`` is a set of leases, each with an expiry so a
 lost release (a crashed gateway) cannot hold a slot forever. ``tokens_per_day`` is a
 counter named after the UTC day, so it resets at 00:00 UTC by construction.
+``max_budget`` (picodollars, ``gateway.observe.cost``) is checked against the spend of
+the current ``budget_period`` (``gateway.access.periods``) at admission, reserving
+nothing, and each settlement adds the request's cost to the period it ends in.
 
 An admission is all or nothing: a refused request consumes no allowance. The Redis
 store (``gateway.access.redis_store``) runs the same arithmetic in one Lua script.
@@ -20,6 +23,9 @@ import math
 import time
 from dataclasses import dataclass
 
+from config.frontdoor import BudgetPeriod
+from gateway.access.periods import DAY, bounds, label
+
 WINDOW = 60.0
 _EPS = 1e-9
 
@@ -30,6 +36,8 @@ class KeyLimits:
     tpm: int | None = None
     max_parallel: int | None = None
     tokens_per_day: int | None = None
+    max_budget: int | None = None  # picodollars per budget_period
+    budget_period: BudgetPeriod = "month"
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,24 +62,28 @@ class Window:
 @dataclass(frozen=True, slots=True)
 class Verdict:
     allowed: bool
-    reason: str | None = None  # rpm | tpm | too_large | parallel | budget | store
+    reason: str | None = None  # rpm | tpm | too_large | parallel | budget | spend | store
     retry_after: float = 0.0
     requests: Window | None = None
     tokens: Window | None = None
     day: str = ""
     day_used: int = 0
     inflight: int = 0
+    spent: int = 0  # picodollars spent in the current budget period (with a max_budget)
+    budget_resets_at: float = 0.0  # the period's end, seconds since the epoch
 
 
 @dataclass(frozen=True, slots=True)
 class Settlement:
-    """The end of one admitted request: ``delta`` = real tokens minus the reservation."""
+    """The end of one admitted request: ``delta`` = real tokens minus the reservation;
+    ``cost``: what it cost, in picodollars (charged with a ``max_budget``)."""
 
     key: str
     limits: KeyLimits
     lease: str
     day: str
     delta: int
+    cost: int = 0
 
 
 # --------------------------------------------------------------------------- arithmetic
@@ -135,6 +147,7 @@ class MemoryStore:
         self._tpm: dict[str, float] = {}
         self._leases: dict[str, dict[str, float]] = {}
         self._day: dict[tuple[str, str], int] = {}
+        self._spend: dict[str, tuple[str, int]] = {}  # key -> (period, picodollars spent)
         self.now = time.time
 
     async def admit(self, ask: Ask) -> Verdict:
@@ -156,8 +169,11 @@ class MemoryStore:
         leases = self._live_leases(key, now)
         refused: tuple[str, float] | None = None
         used = self._day.get((key, day), 0)
+        spent, resets_at = self._spent(key, limits, now)
         if limits.tokens_per_day is not None and used >= limits.tokens_per_day:
             refused = ("budget", seconds_to_midnight(now))
+        elif limits.max_budget is not None and spent >= limits.max_budget:
+            refused = ("spend", resets_at - now)
         elif limits.max_parallel is not None and len(leases) >= limits.max_parallel:
             refused = ("parallel", 1.0)
         new_rpm = new_tpm = None
@@ -188,6 +204,22 @@ class MemoryStore:
         day_key = (key, settlement.day)
         if limits.tokens_per_day is not None and day_key in self._day:
             self._day[day_key] = max(0, self._day[day_key] + settlement.delta)
+        if limits.max_budget is not None and settlement.cost > 0:
+            spent, _ = self._spent(key, limits, now)
+            start, _ = bounds(now, limits.budget_period)
+            self._spend[key] = (label(limits.budget_period, start), spent + settlement.cost)
+
+    def _spent(self, key: str, limits: KeyLimits, now: float) -> tuple[int, float]:
+        """The key's spend in the period holding ``now``, and that period's end (0s
+        without a ``max_budget``). One entry per key: a new period starts from 0."""
+        if limits.max_budget is None:
+            return 0, 0.0
+        start, end = bounds(now, limits.budget_period)
+        found = self._spend.get(key)
+        spent = (
+            found[1] if found is not None and found[0] == label(limits.budget_period, start) else 0
+        )
+        return spent, end * DAY
 
     def _live_leases(self, key: str, now: float) -> dict[str, float]:
         leases = self._leases.setdefault(key, {})
@@ -216,6 +248,7 @@ class MemoryStore:
             requests = gcra_window(self._rpm.get(key, 0.0), now, limits.rpm)
         if limits.tpm is not None:
             tokens = gcra_window(self._tpm.get(key, 0.0), now, limits.tpm)
+        spent, resets_at = self._spent(key, limits, now)
         return Verdict(
             refused is None,
             refused[0] if refused else None,
@@ -225,4 +258,6 @@ class MemoryStore:
             day,
             self._day.get((key, day), 0),
             len(self._live_leases(key, now)),
+            spent,
+            resets_at,
         )

@@ -2,7 +2,8 @@
 
 Labels are bounded: ``key`` is a configured key name, ``anonymous`` (auth off) or
 ``unauthenticated`` (no valid key); ``status`` is the request outcome; ``type`` is
-``prompt`` or ``completion``. Owned by one app, used on its event loop only.
+``prompt`` or ``completion``; ``model`` a configured model. Owned by one app, used on its
+event loop only.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from backends.metric_types import LoopCounter, LoopGauge
+from gateway.observe.cost import usd
 
 
 class KeyMetrics:
@@ -29,6 +31,12 @@ class KeyMetrics:
             ("key", "type"),
             registry=registry,
         )
+        self.spend = LoopCounter(
+            "llmso_spend_total",
+            "USD charged for answers, at the models' pricing, by model and client key.",
+            ("model", "key"),
+            registry=registry,
+        )
         self.store_errors = LoopCounter(
             "llmso_limit_store_errors_total",
             "Limit store calls that failed or timed out.",
@@ -42,6 +50,7 @@ class KeyMetrics:
         self.store_up.set(1)
         self.request_tally: dict[str, Tally[str]] = {}
         self.token_tally: dict[str, Tally[str]] = {}
+        self.spend_tally: dict[str, Tally[str]] = {}  # key -> model -> picodollars
         self._children: dict[tuple[int, str, str], Any] = {}  # labels() once per series
 
     def _child(self, family: LoopCounter, key: str, value: str) -> Any:
@@ -60,6 +69,11 @@ class KeyMetrics:
             tokens = _tally(self.token_tally, key)
             tokens["prompt"] += prompt
             tokens["completion"] += completion
+
+    def charge(self, key: str, model: str, cost: int) -> None:
+        """Count ``cost`` picodollars spent by ``key`` on ``model``."""
+        self._child(self.spend, model, key).inc(usd(cost))
+        _tally(self.spend_tally, key)[model] += cost
 
 
 def _tally(tallies: dict[str, Tally[str]], key: str) -> Tally[str]:

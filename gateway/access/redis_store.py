@@ -3,7 +3,9 @@
 Each admission and each settlement is ONE Lua script run atomically on the server, with
 the server's own clock (``TIME``), so replicas whose clocks disagree still agree on
 every window. The arithmetic is ``gateway.access.limits``' (GCRA for rpm and tpm, a
-sorted set of expiring leases for max_parallel, a counter per UTC day for the budget).
+sorted set of expiring leases for max_parallel, a counter per UTC day for the token
+budget, a counter of picodollars per budget period for the spend budget, its period
+from ``gateway.access.periods``' calendar in Lua).
 Keys share a hash tag per client key (``llmso:{team-a}:rpm``), so a cluster keeps one
 client key's state on one shard.
 
@@ -21,10 +23,14 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from gateway.access.limits import Ask, KeyLimits, Settlement, Verdict, gcra_window
+from gateway.access.periods import CALENDAR_LUA, DAY
 
-# KEYS: rpm tat, tpm tat, lease set, day counter prefix.
-# ARGV: rpm, tpm, max_parallel, tokens_per_day (0 = none), cost, lease, lease ttl, peek.
-_ADMIT = """
+# KEYS: rpm tat, tpm tat, lease set, day counter prefix, spend counter prefix.
+# ARGV: rpm, tpm, max_parallel, tokens_per_day (0 = none), cost, lease, lease ttl, peek,
+# max_budget in picodollars (0 = none), budget period.
+_ADMIT = (
+    CALENDAR_LUA
+    + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local rpm, tpm = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -38,10 +44,18 @@ local inflight = redis.call('ZCARD', KEYS[3])
 local used = tonumber(redis.call('GET', daykey) or '0')
 local rtat = tonumber(redis.call('GET', KEYS[1]) or '0')
 local ttat = tonumber(redis.call('GET', KEYS[2]) or '0')
+local maxspend, spent, resets = tonumber(ARGV[9]), '0', 0
+if maxspend > 0 then
+  local first, after = period_bounds(math.floor(now / 86400), ARGV[10])
+  spent = redis.call('GET', KEYS[5] .. ARGV[10] .. ':' .. first) or '0'
+  resets = after
+end
 local reason, wait = '', 0
 if ARGV[8] == '0' then
   if budget > 0 and used >= budget then
     reason, wait = 'budget', 86400 - (now % 86400)
+  elseif maxspend > 0 and tonumber(spent) >= maxspend then
+    reason, wait = 'spend', resets * 86400 - now
   elseif par > 0 and inflight >= par then
     reason, wait = 'parallel', 1
   end
@@ -76,11 +90,17 @@ if ARGV[8] == '0' then
     end
   end
 end
-return {reason, tostring(wait), tostring(rtat), tostring(ttat), tostring(now), used, inflight, day}
+return {reason, tostring(wait), tostring(rtat), tostring(ttat), tostring(now), used, inflight, day,
+  spent, tostring(resets)}
 """
+)
 
-# KEYS: tpm tat, lease set, day counter. ARGV: tpm (0 = none), delta, lease, budget (0/1).
-_SETTLE = """
+# KEYS: tpm tat, lease set, day counter, spend counter prefix.
+# ARGV: tpm (0 = none), delta, lease, budget (0/1), cost in picodollars, budget period
+# ('' = no max_budget). The cost goes to the period the request ends in.
+_SETTLE = (
+    CALENDAR_LUA
+    + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local tpm, delta = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -93,8 +113,15 @@ end
 if ARGV[4] == '1' and delta ~= 0 and redis.call('EXISTS', KEYS[3]) == 1 then
   if redis.call('INCRBY', KEYS[3], delta) < 0 then redis.call('SET', KEYS[3], 0, 'KEEPTTL') end
 end
+if ARGV[6] ~= '' and ARGV[5] ~= '0' then
+  local first, after = period_bounds(math.floor(now / 86400), ARGV[6])
+  local key = KEYS[4] .. ARGV[6] .. ':' .. first
+  redis.call('INCRBY', key, ARGV[5])
+  redis.call('EXPIRE', key, math.ceil(after * 86400 - now) + 86400)
+end
 return 1
 """
+)
 
 
 class RedisStore:
@@ -115,7 +142,7 @@ class RedisStore:
 
     def _keys(self, key: str) -> list[str]:
         base = f"{self._prefix}:{{{key}}}"
-        return [f"{base}:rpm", f"{base}:tpm", f"{base}:par", f"{base}:day:"]
+        return [f"{base}:rpm", f"{base}:tpm", f"{base}:par", f"{base}:day:", f"{base}:spend:"]
 
     async def admit(self, ask: Ask) -> Verdict:
         return await self._run(ask.key, ask.limits, ask.cost, ask.lease, peek=False)
@@ -125,14 +152,16 @@ class RedisStore:
 
     async def settle(self, settlement: Settlement) -> None:
         limits = settlement.limits
-        _, tpm_key, par_key, day_prefix = self._keys(settlement.key)
+        _, tpm_key, par_key, day_prefix, spend_prefix = self._keys(settlement.key)
         await self._settle(
-            keys=[tpm_key, par_key, day_prefix + settlement.day],
+            keys=[tpm_key, par_key, day_prefix + settlement.day, spend_prefix],
             args=[
                 limits.tpm or 0,
                 settlement.delta,
                 settlement.lease,
                 1 if limits.tokens_per_day else 0,
+                settlement.cost,
+                limits.budget_period if limits.max_budget else "",
             ],
         )
 
@@ -153,6 +182,8 @@ class RedisStore:
                 lease,
                 self._lease_ttl,
                 1 if peek else 0,
+                limits.max_budget or 0,
+                limits.budget_period,
             ],
         )
         reason = reply[0].decode() or None
@@ -167,4 +198,6 @@ class RedisStore:
             day=reply[7].decode(),
             day_used=int(reply[5]),
             inflight=int(reply[6]),
+            spent=int(reply[8]),
+            budget_resets_at=float(reply[9]) * DAY if limits.max_budget else 0.0,
         )

@@ -140,7 +140,7 @@ async def _merged(
 ) -> AsyncGenerator[BackendEvent, None]:
     """``scores``: filled with each prompt's scored tokens (by prompt number) as they come."""
     per = plan.best_of
-    prompt_tokens = completion_tokens = resumes = resume_prompt_tokens = 0
+    prompt_tokens = completion_tokens = resumes = resume_prompt_tokens = cached_tokens = 0
     upstream: float | None = None
     for number, part in enumerate(parts):
         request = plan.requests[number]
@@ -173,9 +173,17 @@ async def _merged(
                 completion_tokens += event.completion_tokens
                 resumes += event.resumes
                 resume_prompt_tokens += event.resume_prompt_tokens
+                cached_tokens += event.cached_tokens
                 if event.upstream_seconds is not None:
                     upstream = max(upstream or 0.0, event.upstream_seconds)
-    yield Usage(prompt_tokens, completion_tokens, upstream, resumes, resume_prompt_tokens)
+    yield Usage(
+        prompt_tokens,
+        completion_tokens,
+        upstream,
+        resumes,
+        resume_prompt_tokens,
+        cached_tokens=cached_tokens,
+    )
 
 
 def keep_best(body: dict[str, Any], plan: CompletionPlan) -> dict[str, Any]:

@@ -15,7 +15,8 @@ ends, under the batch's lease (``store.py``). A replica that dies mid-batch leav
 started lines unfinished; whoever resumes the batch (itself restarted, or another
 replica once the lease expired) runs them again, counts them in ``metadata``
 (``llmso_reruns``) and skips every finished line. A line is charged when it finishes,
-after its output is stored, so a crash never charges a line twice.
+after its output is stored, so a crash never charges a line twice; its cost is the
+model's price less its ``batch_discount`` (the record's ``batch_id`` says it is a line).
 
 ``BatchRunner`` owns its task, its lease id (``owner``), its slots and its count of
 lines in flight; all on the app's event loop.
@@ -222,7 +223,9 @@ class BatchRunner:
             ticket = self._admission.open(record, client)
             try:
                 status, payload, retry_after = await _call(endpoint, line, record, ticket.admit)
-                again = status == 429 and time.time() < batch.expires_at
+                # A 429 is tried again while its Retry-After ends inside the batch's
+                # window (a spent budget resetting next month fails the line now).
+                again = status == 429 and time.time() + (retry_after or 0) < batch.expires_at
                 if not again:
                     # Stored first, charged after: a crash between never charges twice.
                     await self._store(batch, line, record, status, payload)

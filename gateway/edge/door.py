@@ -8,7 +8,8 @@ and at the end finishes the ticket (settlement, per-key counts). A handler calls
 ``admit(scope, request)`` once it has parsed the body: the ticket's admission (the key's
 model allow-list, its share of the limits). ``Pass`` (one per request, in the scope
 under ``PASS``) carries the ticket, and adds OpenAI's ``x-ratelimit-*`` headers (and
-CORS ones) to whatever response the handler sends. ``serve_other`` is every other route:
+CORS ones) to whatever response the handler sends, and ``x-llmso-cost`` (USD) to a whole
+answer a model gave. ``serve_other`` is every other route:
 the ``Host`` check and CORS, nothing counted.
 
 ``FrontDoor`` is owned by the app and immutable; its policy (keys, limits) is the app's
@@ -25,9 +26,11 @@ from gateway.access.limits import Verdict, Window, openai_duration
 from gateway.edge.asgi_types import ASGIApp, Message, Receive, Scope, Send
 from gateway.edge.web import BodyDeadline, WebGuard, presented_key, request_id
 from gateway.errors import MethodNotAllowed, error_body
+from gateway.observe.cost import usd_text
 from gateway.observe.record import RequestRecord
 
 PASS = "llmso.pass"
+COST_HEADER = b"x-llmso-cost"
 _JSON = (b"content-type", b"application/json")
 
 
@@ -112,12 +115,17 @@ class Pass:
         if message["type"] == "http.response.start":
             self.started = True
             headers = list(message.get("headers", ()))
-            headers.extend(await self._headers(message["status"]))
+            headers.extend(await self._headers(message["status"], headers))
             message = {**message, "headers": headers}
         await self._send(message)
 
-    async def _headers(self, status: int) -> list[tuple[bytes, bytes]]:
+    async def _headers(
+        self, status: int, headers: list[tuple[bytes, bytes]]
+    ) -> list[tuple[bytes, bytes]]:
         extra: list[tuple[bytes, bytes]] = []
+        cost = self._cost(status, headers)
+        if cost is not None:
+            extra.append((COST_HEADER, cost))
         if self.origin is not None:
             extra.extend(self._web.cors_headers(self.origin))
         if status == 408:
@@ -126,6 +134,18 @@ class Pass:
         if verdict is not None:
             extra.extend(rate_limit_headers(verdict))
         return extra
+
+    def _cost(self, status: int, headers: list[tuple[bytes, bytes]]) -> bytes | None:
+        """What a whole (not streamed) successful answer of a model cost, in USD ("0"
+        for a model without prices); a stream's cost is known only at its end (the log
+        line, ``llmso_spend_total``)."""
+        record = self.ticket.record
+        if not record.model or not 200 <= status < 300:
+            return None
+        for name, value in headers:
+            if name == b"content-type" and value.startswith(b"text/event-stream"):
+                return None
+        return usd_text(record.cost() or 0).encode()
 
 
 def door_record(scope: Scope) -> RequestRecord | None:

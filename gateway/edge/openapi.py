@@ -55,8 +55,8 @@ _ERRORS = {
     "408": "The body did not arrive within `server.body_timeout`.",
     "413": "Body larger than `server.max_body_bytes`.",
     "415": "Body is not `application/json`.",
-    "429": "Rate limited (`rate_limit_exceeded`), budget spent (`insufficient_quota`) or "
-    "the model's queue is full; see `Retry-After`.",
+    "429": "Rate limited (`rate_limit_exceeded`), daily tokens spent (`insufficient_quota`), "
+    "spend budget spent (`budget_exceeded`) or the model's queue is full; see `Retry-After`.",
     "500": "Internal error.",
     "502": "The upstream answered garbage.",
     "503": "Model loading or down, or the limit store is down under `deny`.",
@@ -106,6 +106,13 @@ def _operation(name: str, summary: str, envelope: str) -> dict[str, Any]:
             "content": {
                 "application/json": {"schema": {"type": "object"}},
                 "text/event-stream": {"schema": {"type": "string"}},
+            },
+            "headers": {
+                "x-llmso-cost": {
+                    "description": "The answer's cost in USD at the model's `pricing:` "
+                    "(a decimal string; whole answers only, not streams).",
+                    "schema": {"type": "string"},
+                }
             },
         }
     }

@@ -30,7 +30,7 @@ LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 _EXPOSED = (
     b"x-request-id, retry-after, x-ratelimit-limit-requests, x-ratelimit-remaining-requests, "
     b"x-ratelimit-reset-requests, x-ratelimit-limit-tokens, x-ratelimit-remaining-tokens, "
-    b"x-ratelimit-reset-tokens"
+    b"x-ratelimit-reset-tokens, x-llmso-cost"
 )
 _ALLOWED_HEADERS = (
     b"authorization, api-key, x-api-key, anthropic-version, content-type, x-request-id"

@@ -2,7 +2,9 @@
 
 A ``RequestRecord`` is owned by the task serving its request and is mutated only there.
 ``finish()`` is idempotent: the first call observes metrics and writes the one structured
-JSON log line the design asks for; later calls do nothing.
+JSON log line the design asks for; later calls do nothing. ``cost()`` prices what the
+request is billed (``billed()``) at the answering model's ``pricing:``
+(``gateway.observe.cost``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from backends.base import (
     ToolCallDelta,
     Usage,
 )
+from config.pricing import PricingConfig
+from gateway.observe.cost import cost_pico, usd
 from gateway.observe.logs import REQUEST_LOGGER
 from gateway.observe.metrics import GatewayMetrics, ModelSeries
 
@@ -68,6 +72,7 @@ class RequestRecord:
     input_tokens: int = 0
     output_tokens: int = 0
     reasoning_tokens: int = 0  # the part of output_tokens that was thought
+    cached_tokens: int = 0  # the part of input_tokens read from a prefix cache
     reasoning_ignored: str | None = None  # controls a model without a reasoning parser dropped
     upstream_seconds: float | None = None
     resumes: int = 0  # times a broken upstream stream resumed on another replica
@@ -88,20 +93,30 @@ class RequestRecord:
     adapter: str | None = None  # the LoRA adapter that answered with its base ``model``
     route: str | None = None  # the split route requested; ``model`` is the target it picked
     mirror_of: str | None = None  # a mirror's: the id of the request it copies
+    prompt_estimate: int = 0  # the admission's prompt estimate, billed for a cut stream
+    pricing: PricingConfig | None = None  # the answering model's prices (set by ``bind``)
     _last_token_mono: float | None = None
     _metrics: GatewayMetrics | None = None
     _sinks: Sequence[FinishSink] = ()
     _series: ModelSeries | None = None
     _finished: bool = False
 
-    def bind(self, model: str, backend: str, metrics: GatewayMetrics) -> None:
-        """Attach the model that will answer; from here on the request counts as in flight.
+    def bind(
+        self,
+        model: str,
+        backend: str,
+        metrics: GatewayMetrics,
+        pricing: PricingConfig | None = None,
+    ) -> None:
+        """Attach the model that will answer (and its prices); from here on the request
+        counts as in flight.
 
         A fallback binds again to the next model: the first binding is then undone.
         """
         if self._series is not None:
             self._series.inflight.dec()
         self.model, self.backend, self._metrics = model, backend, metrics
+        self.pricing = pricing
         self._series = metrics.series(model, backend)
         self.queue_start_time = time.time()
         if self.routed_at is None:
@@ -123,6 +138,7 @@ class RequestRecord:
             self.input_tokens = event.prompt_tokens
             self.output_tokens = event.completion_tokens
             self.reasoning_tokens = event.reasoning_tokens
+            self.cached_tokens = event.cached_tokens
             self.upstream_seconds = event.upstream_seconds
             self.resumes = event.resumes
             self.resume_prompt_tokens = event.resume_prompt_tokens
@@ -151,6 +167,26 @@ class RequestRecord:
         if first is None or last is None or self.text_events < 2:
             return None
         return (last - first) / (self.text_events - 1)
+
+    def billed(self) -> tuple[int, int, int]:
+        """``(prompt, cached, completion)`` tokens the request is charged: the backend's
+        usage; for a request cut short before it (a client gone mid-stream), the prompt
+        estimate and the tokens generated so far; nothing when nothing was generated."""
+        if self.input_tokens > 0:
+            cached = min(self.cached_tokens, self.input_tokens)
+            return self.input_tokens, cached, self.output_tokens
+        if self.streamed_tokens > 0:
+            return self.prompt_estimate, 0, self.streamed_tokens
+        return 0, 0, 0
+
+    def cost(self) -> int | None:
+        """What the request costs so far, in picodollars; ``None`` when no model with
+        prices answered it. A batch line's at the batch discount."""
+        pricing = self.pricing
+        if pricing is None:
+            return None
+        prompt, cached, completion = self.billed()
+        return cost_pico(pricing, prompt, cached, completion, batch=self.batch_id is not None)
 
     def track(self, metrics: GatewayMetrics, sinks: Sequence[FinishSink] = ()) -> None:
         """Count this request even if it never reaches a model (label ``unrouted``), and
@@ -204,6 +240,7 @@ class RequestRecord:
             metrics.adapter_finished(self.model, self.adapter, self.status, self.output_tokens)
 
     def log_fields(self) -> dict[str, object]:
+        cost = self.cost()
         return {
             "event": "request_finished",
             "request_id": self.request_id,
@@ -223,6 +260,7 @@ class RequestRecord:
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
             "reasoning_tokens": self.reasoning_tokens,
+            "cached_tokens": self.cached_tokens,
             "reasoning_ignored": self.reasoning_ignored,
             "status": self.status,
             "error_type": self.error_type,
@@ -230,4 +268,5 @@ class RequestRecord:
             "resumes": self.resumes,
             "resume_prompt_tokens": self.resume_prompt_tokens,
             "closed_by_budget": self.closed_by_budget,
+            "cost_usd": None if cost is None else usd(cost),
         }

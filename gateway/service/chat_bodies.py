@@ -6,6 +6,8 @@ A reasoning model's thought goes in the message (or delta) twice, as
 ``reasoning_content`` (DeepSeek's name, which LiteLLM and most clients read) and as
 ``reasoning`` (vLLM's), and its tokens in ``usage.completion_tokens_details``; neither
 field is sent for a model that did not think. Legacy completions carry raw text only.
+Usage always says how many prompt tokens were read from a prefix cache
+(``prompt_tokens_details.cached_tokens``, 0 when none or unknown), as OpenAI does.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def usage_dict(usage: Usage) -> dict[str, Any]:
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
     }
     if usage.reasoning_tokens:
         rendered["completion_tokens_details"] = {"reasoning_tokens": usage.reasoning_tokens}

@@ -50,7 +50,7 @@ class EmbeddingService:
     ) -> EmbeddingResult:
         async with self._registry.lease(name) as lease:
             embedder = require_embeddings(lease.backend, name, lease.backend.info())
-            record.bind(name, lease.config.backend, self._metrics)
+            record.bind(name, lease.config.backend, self._metrics, lease.config.pricing)
             result = await embedder.embed(replace(request, model=name))
         if len(result.vectors) != request.size:
             raise BackendError(

@@ -174,7 +174,7 @@ class CompletionService:
             if ignored:
                 record.reasoning_ignored = ignored
             events = release.events = lease.backend.generate(routed)
-            record.bind(name, lease.config.backend, self._metrics)
+            record.bind(name, lease.config.backend, self._metrics, lease.config.pricing)
             try:
                 first = await anext(events)
             except StopAsyncIteration:

@@ -40,7 +40,7 @@ class ScoreService:
     async def _on(self, name: str, request: ScoreRequest, record: RequestRecord) -> ScoreResult:
         async with self._registry.lease(name) as lease:
             scorer = require_scorer(lease.backend, name, lease.backend.info())
-            record.bind(name, lease.config.backend, self._metrics)
+            record.bind(name, lease.config.backend, self._metrics, lease.config.pricing)
             result = await scorer.score(replace(request, model=name))
         if len(result.scores) != len(request.text_2):
             raise BackendError(

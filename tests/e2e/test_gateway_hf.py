@@ -413,6 +413,7 @@ def test_echo_logprobs_of_a_token_id_prompt(
         "prompt_tokens": tokens,
         "completion_tokens": 0,
         "total_tokens": tokens,
+        "prompt_tokens_details": {"cached_tokens": 0},  # a scored prompt skips the cache
     }
     # One generated token after the echoed prompt (lm-evaluation-harness's max_tokens 1).
     one = scored(server, prompt=SCORED, echo=True, logprobs=1, max_tokens=1, temperature=0)

@@ -109,6 +109,8 @@ async def test_repeated_prompt_reuses_all_but_the_last_block(
         result = await collect(on.generate(completion(PROMPTS[5], TOKENS)))
         assert result.text() == reference[5]
         assert result.usage.prompt_tokens == observer.prefix[-1][0]
+        # The hit is what the request reports as cached prompt tokens (priced apart).
+        assert result.usage.cached_tokens == observer.prefix[-1][1]
     queried, hit = observer.prefix[-1]
     assert queried - 16 <= hit < queried
 

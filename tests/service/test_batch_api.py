@@ -1,7 +1,8 @@
 """``/v1/files`` and ``/v1/batches`` in-process with the echo backend, driven by the
 official ``openai`` SDK over ASGI: a batch's lines run through the online endpoints,
 charged to the key that created it; bad input files fail the batch as OpenAI's do; a
-cancel; a batch resumed by a second app on the same state directory; leases; limits."""
+cancel; a batch resumed by a second app on the same state directory; leases; limits;
+lines charged at the batch discount."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import openai
 import orjson
 import pytest
 
+from gateway.access.periods import DAY, bounds
 from gateway.batch.objects import Batch
 from gateway.batch.store import BatchState
 from tests.tools.frontdoor_app import (
@@ -406,3 +408,42 @@ async def test_the_console_lists_every_keys_batches_with_progress(
     assert (await app.http.get("/admin/batches", headers=key_a)).status_code == 401
     refused = await app.http.get("/admin/batches?limit=0", headers=admin)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "limit"
+
+
+async def test_lines_are_charged_at_the_batch_discount_and_a_spent_budget_fails_them(
+    make: AppFactory, tmp_path: Path
+) -> None:
+    """Two lines at half price (7 prompt + 2 completion tokens: 0.0011 USD online, so
+    0.00055 each), then a key whose budget the first line spends: its second line fails
+    at once with 429 budget_exceeded, since the budget resets after the batch's window."""
+    prices = {"input": 100.0, "output": 200.0, "batch_discount": 0.5}
+    models = [{"name": "alpha", "backend": "openai", "base_url": "http://u", "pricing": prices}]
+    config = batch_config(tmp_path, max_concurrency=1)
+    config.update(keys(team("team-a", KEY_A), team("team-b", KEY_B, max_budget=0.0005)))
+    app = await make(make_config(models=models, **config))
+    done = await wait_for(sdk(app), (await submit(sdk(app), jsonl(*lines(2)))).id, "completed")
+    assert done.request_counts is not None and done.request_counts.completed == 2
+    usage = await app.http.get("/admin/usage", headers={"authorization": f"Bearer {ADMIN}"})
+    spend = {entry["name"]: entry["spend"]["usd"] for entry in usage.json()["keys"]}
+    assert spend["team-a"] == pytest.approx(0.0011)  # two lines at half of 0.0011
+    online = await app.http.post(
+        "/v1/chat/completions",
+        json=chat_line("x")["body"],
+        headers={"authorization": f"Bearer {KEY_A}"},
+    )
+    assert online.headers["x-llmso-cost"] == "0.0011"
+
+    month_end = bounds(time.time(), "month")[1] * DAY
+    if month_end - time.time() < 86400 + 60:
+        pytest.skip("the budget resets within the batch's 24 h window today")
+    spent = await submit(sdk(app, KEY_B), jsonl(*lines(2)))
+    done = await wait_for(sdk(app, KEY_B), spent.id, "completed")
+    assert done.request_counts is not None
+    assert (done.request_counts.completed, done.request_counts.failed) == (1, 1)
+    (failed,) = await read_lines(sdk(app, KEY_B), done.error_file_id)
+    assert failed["response"]["status_code"] == 429
+    assert failed["response"]["body"]["error"]["code"] == "budget_exceeded"
+
+
+def lines(count: int) -> list[dict[str, Any]]:
+    return [chat_line(f"line-{i}") for i in range(count)]

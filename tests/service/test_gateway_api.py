@@ -162,7 +162,12 @@ async def test_chat_completion_shape(client: httpx.AsyncClient) -> None:
     assert body["model"] == "alpha"
     assert body["choices"][0]["message"]["content"] == "Hello from alpha"
     assert body["choices"][0]["finish_reason"] == "stop"
-    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+    assert body["usage"] == {
+        "prompt_tokens": 5,
+        "completion_tokens": 3,
+        "total_tokens": 8,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     assert len(response.headers["x-request-id"]) == 32
     assert "total;dur=" in response.headers["server-timing"]
 

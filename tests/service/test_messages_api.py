@@ -182,7 +182,12 @@ async def test_stream_event_sequence(clients: Clients) -> None:
     deltas = [event["delta"] for event in events if event["type"] == "content_block_delta"]
     assert deltas == [{"type": "text_delta", "text": "a"}, {"type": "text_delta", "text": " b"}]
     assert events[6]["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
-    assert events[6]["usage"] == {"input_tokens": 3, "output_tokens": 2}
+    assert events[6]["usage"] == {
+        "input_tokens": 3,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": 2,
+    }
 
 
 async def test_stream_helper_with_tool_use(clients: Clients) -> None:

@@ -153,6 +153,18 @@ def test_translator_chat_deltas_finish_and_usage() -> None:
     t.translate_all([b"[DONE]"], out)
     assert out == [TextDelta(0, "Hi"), Finished(0, "length")]
     assert t.usage == (5, 1) and t.done and t.all_finished
+    assert t.reported_cached == 0  # an upstream that says nothing about its cache
+
+
+def test_translator_reads_the_upstreams_cached_prompt_tokens() -> None:
+    t = ChunkTranslator(chat=True, n=1)
+    usage = {
+        "prompt_tokens": 40,
+        "completion_tokens": 2,
+        "prompt_tokens_details": {"cached_tokens": 32, "audio_tokens": None},
+    }
+    t.translate_all([orjson.dumps({"choices": [], "usage": usage})], [])
+    assert t.usage == (40, 2) and t.reported_cached == 32
 
 
 def test_translator_names_the_stop_string_vllm_reports() -> None:

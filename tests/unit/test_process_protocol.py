@@ -149,6 +149,7 @@ def test_unknown_names_fall_back_to_backend_error() -> None:
         Usage(prompt_tokens=5, completion_tokens=7, upstream_seconds=0.5),
         base.ReasoningDelta(index=1, text="hm, \u00e9", num_tokens=3),
         Usage(prompt_tokens=5, completion_tokens=7, reasoning_tokens=4),
+        Usage(prompt_tokens=9, completion_tokens=2, cached_tokens=8),
     ],
     ids=lambda e: type(e).__name__,
 )

@@ -28,12 +28,17 @@ def test_chat_response_matches_schema(want_logprobs: bool) -> None:
         created=1,
         model="m",
         choices=[choice],
-        usage=Usage(3, 2),
+        usage=Usage(3, 2, cached_tokens=2),
         want_logprobs=want_logprobs,
     )
     validate("CreateChatCompletionResponse", body)
     assert body["choices"][0]["message"]["content"] == "Hi there"
-    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    assert body["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 2,
+        "total_tokens": 5,
+        "prompt_tokens_details": {"cached_tokens": 2},
+    }
 
 
 @pytest.mark.parametrize("want_logprobs", [False, True])

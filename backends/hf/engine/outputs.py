@@ -117,7 +117,9 @@ def finish_choice(choice: Choice, reason: FinishReason, out: StepOutputs) -> Non
             (
                 state.sink,
                 Usage(
-                    prompt_tokens=len(state.prompt_ids), completion_tokens=state.completion_tokens
+                    prompt_tokens=len(state.prompt_ids),
+                    completion_tokens=state.completion_tokens,
+                    cached_tokens=state.cached,
                 ),
             )
         )

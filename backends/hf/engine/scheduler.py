@@ -255,7 +255,7 @@ class ContinuousScheduler:
         if self._prefix is None:
             return
         if state.request.prompt_logprobs is None:
-            state.prefilled = self._prefix.restore(
+            state.prefilled = state.cached = self._prefix.restore(
                 state.prompt_ids, self.prefill_slot[id(state)], state.adapter_key
             )
         if self._observer is not None:

@@ -64,6 +64,7 @@ class RequestState:
     eos_ids: frozenset[int]
     choices: list[Choice] = field(default_factory=list)
     prefilled: int = 0  # prompt tokens already in the cache (in choice 0's slot)
+    cached: int = 0  # of those, the ones restored from the prefix cache (Usage.cached_tokens)
     started: bool = False
     aborted: bool = False
     grammar: Constraint | None = None  # the compiled grammar, or None for free text

@@ -62,9 +62,18 @@ def event(kind: str, **fields: Any) -> bytes:
 
 
 def usage_object(usage: Usage | None) -> dict[str, int]:
+    """Anthropic's usage: ``input_tokens`` counts only the prompt tokens NOT read from the
+    cache (their total is ``input_tokens + cache_read_input_tokens``); nothing is ever
+    written to a cache on request, so ``cache_creation_input_tokens`` is 0."""
     if usage is None:
         return {"input_tokens": 0, "output_tokens": 0}
-    return {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens}
+    cached = min(usage.cached_tokens, usage.prompt_tokens)
+    return {
+        "input_tokens": usage.prompt_tokens - cached,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+        "output_tokens": usage.completion_tokens,
+    }
 
 
 @dataclass(slots=True)

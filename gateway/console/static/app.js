@@ -2,6 +2,7 @@
 
 import { ApiError, adminGet, describeError, setAdminKey } from "./api.js";
 import { BatchesView } from "./batches.js";
+import { KeysView } from "./keys.js";
 import { LiveView } from "./live.js";
 import { ModelsView } from "./models.js";
 import { Playground } from "./playground.js";
@@ -23,6 +24,7 @@ const models = new ModelsView($("models"), $("mutations-note"), {
 const live = new LiveView($("live"));
 const requests = new RequestsView($("requests"), $("timeline"));
 const batches = new BatchesView($("batches"));
+const keys = new KeysView($("keys"));
 const playground = new Playground();
 
 let timer = null;
@@ -53,17 +55,19 @@ async function tick() {
   running = true;
   const generation = filterGeneration;
   try {
-    const [modelList, stats, recent, batchList] = await Promise.all([
+    const [modelList, stats, recent, batchList, usage] = await Promise.all([
       adminGet("/admin/models"),
       adminGet("/admin/stats"),
       adminGet(requestsPath()),
       adminGet("/admin/batches?limit=20"),
+      adminGet("/admin/usage"),
     ]);
     const names = modelList.models.map((m) => m.name);
     models.render(modelList);
     live.render(stats);
     if (generation === filterGeneration) requests.render(recent.requests);
     batches.render(batchList.batches);
+    keys.render(usage);
     playground.setModels(names);
     setFilterModels(names);
     needKey = false;

@@ -41,6 +41,15 @@ export function ago(epochSeconds, now = Date.now() / 1000) {
   return `${(delta / 3600).toFixed(1)} h ago`;
 }
 
+export function usd(value) {
+  if (value === null || value === undefined) return "–";
+  if (value === 0) return "$0";
+  if (value >= 0.01) return `$${value.toFixed(2)}`;
+  // Small amounts keep two significant digits: $0.00021, not $0.00.
+  const digits = Math.min(12, 1 - Math.floor(Math.log10(value)));
+  return `$${value.toFixed(digits)}`;
+}
+
 export function count(value) {
   return value === null || value === undefined ? "–" : String(value);
 }
