@@ -1,8 +1,9 @@
 """What each client key used and where it stands: the body of ``GET /admin/usage``.
 
-``requests`` and ``tokens`` are this process's tallies since it started (per replica,
-like its Prometheus counters); ``today`` and ``state`` come from the limit store, so
-with Redis they are the totals over every replica.
+``requests`` and ``tokens`` are tallies since start: this process's (per replica, like
+its Prometheus counters), or the ones the caller passes (a fleet's workers' added up);
+``today`` and ``state`` come from the limit store, so with Redis (or a fleet's own
+store) they are the totals over every replica.
 """
 
 from __future__ import annotations
@@ -14,9 +15,14 @@ from gateway.access.admission import Admission
 from gateway.access.keys import Client
 from gateway.access.limits import Verdict, Window, openai_duration, seconds_to_midnight
 
+Tallies = dict[str, dict[str, dict[str, int]]]
+"""``{"requests": {key: {status: n}}, "tokens": {key: {type: n}}}``."""
 
-async def usage_report(admission: Admission) -> dict[str, Any]:
+
+async def usage_report(admission: Admission, tallies: Tallies | None = None) -> dict[str, Any]:
     metrics = admission.key_metrics
+    requests = metrics.request_tally if tallies is None else tallies["requests"]
+    tokens = metrics.token_tally if tallies is None else tallies["tokens"]
     keys = []
     for client in admission.keys.clients():
         limited = client.limited
@@ -32,8 +38,8 @@ async def usage_report(admission: Admission) -> dict[str, Any]:
                     "max_parallel": client.limits.max_parallel,
                     "tokens_per_day": client.limits.tokens_per_day,
                 },
-                "requests": dict(metrics.request_tally.get(client.name, {})),
-                "tokens": dict(metrics.token_tally.get(client.name, {})),
+                "requests": dict(requests.get(client.name, {})),
+                "tokens": dict(tokens.get(client.name, {})),
                 **_shared_state(client, verdict),
             }
         )
