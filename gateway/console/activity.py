@@ -11,6 +11,8 @@ and every reader run there, so no lock is needed):
   ``/admin/stats`` computes rates and percentiles on demand.
 
 Figures come from the records themselves, not from parsing ``/metrics`` text.
+``Activity.snapshot`` gives one model's window as plain data and ``summarize`` turns one
+or more snapshots into the figures, so a fleet's workers add up to one console.
 """
 
 from __future__ import annotations

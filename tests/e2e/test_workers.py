@@ -120,6 +120,7 @@ def test_both_workers_serve_and_one_metrics_counts_every_request_once(
     fleet: RunningServer,
 ) -> None:
     before = metric(httpx.get(fleet.url + "/metrics").text, "llmso_key_requests_total", key="open")
+    admin_get(fleet.url, "/admin/stats")  # each worker's baseline of the overhead mean
     answers = burst(fleet.url, 40)
     assert [r.status_code for r in answers] == [200] * 40
     served = workers_of(answers)
@@ -132,6 +133,16 @@ def test_both_workers_serve_and_one_metrics_counts_every_request_once(
     text = httpx.get(fleet.url + "/metrics").text
     assert metric(text, "llmso_fleet_workers") == 2
     assert metric(text, "llmso_key_requests_total", key="open") - before == 40
+    # One console: the window's figures and the overhead mean come from both workers.
+    stats = admin_get(fleet.url, "/admin/stats")
+    assert stats["workers"] == 2
+    figures = stats["models"]["m"]
+    assert figures["requests"] >= 40 and figures["state"] == "ready"
+    assert 0 < figures["overhead_mean_s"] < 1.0
+    # The first test on this fleet: the 40 requests are all the recent ones, though no
+    # worker served all of them.
+    recent = admin_get(fleet.url, "/admin/requests?limit=100")["requests"]
+    assert len(recent) == 40 > max(served.values())
     usage = admin_get(fleet.url, "/admin/usage")
     open_key = next(k for k in usage["keys"] if k["name"] == "open")
     assert open_key["requests"]["ok"] >= 40 and usage["store"]["kind"] == "fleet"
