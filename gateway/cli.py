@@ -158,8 +158,11 @@ def _serve(config: AppConfig, settings: Settings, bind: Bind, seat: Seat | None)
 
     link = None if seat is None else FleetLink(seat)
     if seat is not None:
-        # Until its handler is installed, a reload signal must not end a worker.
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        # A worker takes its orders from the supervisor (SIGUSR1/SIGUSR2, see
+        # SupervisedServer); until its handlers are in, a reload signal or one sent to
+        # the whole process group must not end it.
+        for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
     app = served_app(config, settings, bind.host, link)
     server_config = uvicorn.Config(
         app,
