@@ -108,6 +108,8 @@ class Channel:
                     self._settle(kind, call_id, body)
         except (asyncio.IncompleteReadError, ConnectionError):
             return
+        except ValueError as exc:  # not a frame of ours: the peer is broken
+            log.error("fleet channel: unreadable frame (%s); closing", exc)
         finally:
             self._shut()
 

@@ -231,6 +231,38 @@ def test_an_admin_unload_reaches_every_worker(fleet: RunningServer) -> None:
     assert loads() - before == 2
 
 
+def test_a_killed_worker_is_replaced_and_catches_up(upstream: RunningServer) -> None:
+    with gateway(fleet_config(upstream), env=_env()) as running:
+
+        def loads() -> float:
+            text = httpx.get(running.url + "/metrics").text
+            return metric(text, "llmso_model_loads_total", model="m", result="success")
+
+        headers = {"authorization": f"Bearer {ADMIN}"}
+        assert httpx.post(running.url + "/admin/models/m/unload", headers=headers).is_success
+        victim = next(
+            w for w in admin_get(running.url, "/admin/models")["workers"] if w["worker"] == 1
+        )
+        os.kill(victim["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        workers: list[dict[str, int]] = []
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                workers = admin_get(running.url, "/admin/models")["workers"]
+                if len(workers) == 2 and victim["pid"] not in {w["pid"] for w in workers}:
+                    break
+            time.sleep(0.25)
+        assert [w["worker"] for w in workers] == [0, 1]
+        assert victim["pid"] not in {w["pid"] for w in workers}
+        # Worker 0's one load, the replacement's preload; the replacement replayed the
+        # unload, so each worker loads the model again on its first request: two more.
+        assert loads() == 2
+        answers = burst(running.url, 16)
+        assert {r.status_code for r in answers} == {200}
+        assert set(workers_of(answers)) == {"0", "1"}
+        assert loads() == 4
+
+
 # --------------------------------------------------------------------------- Redis
 
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import socket
+import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,7 @@ from gateway.fleet.hub import Hub
 from gateway.fleet.link import FleetLink, Seat
 from gateway.fleet.metrics import MAX_GAUGES, MIN_GAUGES, SUMMED_GAUGES, merge
 from gateway.fleet.stores import HubLimits, HubResponses, SharedStores, verdict_of, verdict_wire
+from gateway.fleet.supervisor import FleetPlan, Supervisor
 from gateway.observe.record import RequestRecord
 
 PROXY = {"name": "p", "backend": "openai", "base_url": "http://u"}
@@ -281,3 +285,38 @@ def _now_size(activity: Activity) -> tuple[float, int]:
     import time
 
     return time.monotonic(), math.ceil(activity.window_seconds)
+
+
+# --------------------------------------------------------------------------- the supervisor
+
+
+def _plan(port: int) -> FleetPlan:
+    config = AppConfig.model_validate({"models": [PROXY], "source_path": "/nonexistent.yaml"})
+    return FleetPlan.of(config, 2, "127.0.0.1", port)
+
+
+def test_a_port_held_by_another_program_stops_the_fleet_at_once() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(OSError):
+            Supervisor(_plan(taken.getsockname()[1])).run()
+
+
+def test_workers_that_never_come_up_end_the_fleet_with_1() -> None:
+    command = (sys.executable, "-c", "raise SystemExit(3)")
+    started = time.monotonic()
+    assert Supervisor(_plan(0), command=command).run() == 1
+    assert time.monotonic() - started < 10  # not restarted with backoff forever
+
+
+def test_the_plan_serves_from_the_hub_only_what_has_no_redis() -> None:
+    def plan(**sections: Any) -> FleetPlan:
+        data = {"models": [PROXY], "source_path": "/c.yaml", **sections}
+        return FleetPlan.of(AppConfig.model_validate(data), 2, "h", 1)
+
+    assert plan().limits is not None and plan().responses is not None
+    redis = plan(limits={"store": "redis://r:6379/0"})
+    assert redis.limits is None and redis.responses is None
+    split = plan(limits={"store": "redis://r:6379/0"}, responses={"store": "memory"})
+    assert split.limits is None and split.responses is not None
