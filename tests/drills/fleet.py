@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import sys
@@ -90,8 +91,16 @@ def fleet_spec(
         SystemSpec(label="direct", base_url="http://127.0.0.1:{port_fake}/v1", cpu_of="fake"),
         *(llmso_system(root, n) for n in workers),
     ]
+    missing: tuple[str, ...] = ()
     if peers:
-        systems += [peer for peer in overhead_peers(root) if peer.label in PEERS]
+        found = [peer for peer in overhead_peers(root) if peer.label in PEERS]
+        present = [peer for peer in found if Path(peer.command[0]).exists()]
+        missing = tuple(
+            f"{peer.label}: not measured, {peer.command[0]} is not installed"
+            for peer in found
+            if peer not in present
+        )
+        systems += present
     return CompareSpec(
         title=f"llmso fleet hold: GPU-speed streams ({CHUNKS} chunks, {DELAY_MS} ms apart)",
         model="fake",
@@ -117,6 +126,7 @@ def fleet_spec(
             "and litellm (litellm[proxy] 1.108.7, one worker, LITELLM_MODE=PRODUCTION)",
             "hold table: each round against direct in the same round, then the median "
             "over the rounds",
+            *missing,
         ),
         services=(
             ServiceSpec(
@@ -188,6 +198,14 @@ def hold_table(records: Sequence[RunRecord], baseline: str = "direct") -> str:
     return "\n".join(rows) + "\n"
 
 
+def drop_samples(path: Path, records: Sequence[RunRecord]) -> None:
+    """``results.json`` with summaries only: every request's samples of a full run come
+    to ~100 MB, too much to commit."""
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    doc["runs"] = [record.to_json(with_samples=False) for record in records]
+    path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+
+
 def write_readme(
     out: Path, spec: CompareSpec, records: Sequence[RunRecord], load: Sequence[float], note: str
 ) -> None:
@@ -204,8 +222,9 @@ def write_readme(
         "Columns: requests/s ratio, added E2E p50/p99 and added TTFT p50 are each round's "
         "against `direct` in the same round, then the median over the rounds; CPU per "
         f"chunk is the median round's server CPU per request over {CHUNKS} chunks (for "
-        "`direct`, the fake upstream's own). Every request, pooled over the rounds, and "
-        "the machine notes: `results.md`, `results.json`.",
+        "`direct`, the fake upstream's own). The pooled figures of every system and level "
+        "and the machine notes: `results.md`, `results.json` (summaries only: the samples "
+        "of a full run are ~100 MB).",
         "",
     ]
     (out / "README.md").write_text("\n".join(lines), encoding="utf-8")
@@ -237,6 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="llmso-fleet-drill-") as workdir:
         records = asyncio.run(run_compare(spec, args.out, Path(workdir)))
+    drop_samples(args.out / "results.json", records)
     write_readme(args.out, spec, records, load, args.note)
     print(hold_table(records))
     print(f"{time.monotonic() - started:.0f} s; load average at start {load}")
