@@ -1,6 +1,11 @@
 """The ``llmso`` command: ``serve`` and ``prepare-model``, plus the subcommands other
 installed packages add through the ``llmso.commands`` entry-point group (this project's
-``bench`` and ``plan``, declared in pyproject.toml): the gateway never imports them."""
+``bench`` and ``plan``, declared in pyproject.toml): the gateway never imports them.
+
+``serve`` runs one gateway process; with more than one worker (``--workers``, else
+``LLMSO_WORKERS``, else ``server.workers``) it runs the supervisor of
+``gateway.fleet.supervisor``, which starts each worker as ``python -m gateway.cli serve``
+with its seat in the environment (docs/workers.md)."""
 
 from __future__ import annotations
 

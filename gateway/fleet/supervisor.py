@@ -124,6 +124,7 @@ class Supervisor:
             killer = asyncio.create_task(self._kill_after_deadline(), name="fleet-killer")
             await asyncio.gather(*keepers)
             killer.cancel()
+            log.info("supervisor: every worker has exited")
         finally:
             self._remove_signals()
             await self._hub.close()

@@ -177,7 +177,7 @@ def hold_table(records: Sequence[RunRecord], baseline: str = "direct") -> str:
         "| TTFT p50 +ms | CPU us/chunk |",
         "|" + "---|" * 9,
     ]
-    for r in records:
+    for r in sorted(records, key=lambda r: (r.concurrency or 0, r.system != baseline, r.system)):
         ref = base.get(r.load)
         if ref is None:
             continue
@@ -206,17 +206,26 @@ def drop_samples(path: Path, records: Sequence[RunRecord]) -> None:
     path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
 
 
+def _loads(load: Sequence[float]) -> str:
+    return ", ".join(f"{v:.2f}" for v in load)
+
+
 def write_readme(
-    out: Path, spec: CompareSpec, records: Sequence[RunRecord], load: Sequence[float], note: str
+    out: Path,
+    spec: CompareSpec,
+    records: Sequence[RunRecord],
+    loads: tuple[Sequence[float], Sequence[float]],
+    note: str,
 ) -> None:
+    shown = [arg for arg in sys.argv[1:] if arg != note]  # the note is said below
     lines = [
         f"# {spec.title}",
         "",
-        f"Load average at start: {', '.join(f'{v:.2f}' for v in load)} "
-        f"(1, 5, 15 min; {_cpus()} usable CPUs).{' ' + note if note else ''}",
+        f"Load average (1, 5, 15 min) at start: {_loads(loads[0])}; at the end: "
+        f"{_loads(loads[1])}; {_cpus()} usable CPUs ({_cpu_model()}).{' ' + note if note else ''}",
         "",
         f"{spec.rounds} round(s) per level, systems interleaved; command: "
-        f"`python -m tests.drills.fleet {' '.join(sys.argv[1:])}`.",
+        f"`python -m tests.drills.fleet {' '.join(shown)}`.",
         "",
         hold_table(records),
         "Columns: requests/s ratio, added E2E p50/p99 and added TTFT p50 are each round's "
@@ -232,6 +241,13 @@ def write_readme(
 
 def _cpus() -> int:
     return len(os.sched_getaffinity(0))
+
+
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -256,10 +272,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="llmso-fleet-drill-") as workdir:
         records = asyncio.run(run_compare(spec, args.out, Path(workdir)))
+    end = os.getloadavg()
     drop_samples(args.out / "results.json", records)
-    write_readme(args.out, spec, records, load, args.note)
+    write_readme(args.out, spec, records, (load, end), args.note)
     print(hold_table(records))
-    print(f"{time.monotonic() - started:.0f} s; load average at start {load}")
+    print(f"{time.monotonic() - started:.0f} s; load average {_loads(load)} -> {_loads(end)}")
     return 0
 
 
