@@ -45,7 +45,9 @@ def _run_hub(path: str) -> None:
         await hub.start(path)
         await asyncio.Event().wait()
 
-    asyncio.run(serve())
+    import uvloop  # as the supervisor runs its hub
+
+    uvloop.run(serve())
 
 
 async def _one(store: Store, i: int) -> None:
@@ -157,7 +159,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="also write the figures as JSON")
     args = parser.parse_args()
     meta = machine_info()
-    rows = asyncio.run(_rows(args.requests))
+    import uvloop  # as a worker runs its link
+
+    rows = uvloop.run(_rows(args.requests))
     print(f"load average at start: {meta['loadavg_at_start']}; {args.requests} requests each")
     print("store   level  wall us/req  client CPU us/req  server CPU us/req")
     for name, levels in rows.items():

@@ -101,7 +101,10 @@ class Supervisor:
         self.port = plan.port
 
     def run(self) -> int:
-        return asyncio.run(self.main())
+        import uvloop  # the loop the workers run on too: the hub's store calls cost less
+
+        status: int = uvloop.run(self.main())
+        return status
 
     async def main(self) -> int:
         reserved = reuseport_socket(self.plan.host, self.plan.port)
