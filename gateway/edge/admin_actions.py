@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from backends.base import AdapterSpec
 from gateway.edge.state import AppState
+from gateway.fleet.wire import CallFailed
 from gateway.registry import ModelRegistry, ModelStatus
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,10 @@ async def run_admin(state: AppState, action: AdminAction) -> Applied:
     status = await apply_action(state.registry, action)
     if state.fleet is None:
         return Applied(status)
-    failures = await state.fleet.broadcast("admin", action.wire())
+    try:
+        failures = await state.fleet.broadcast("admin", action.wire())
+    except (ConnectionError, TimeoutError, CallFailed) as exc:  # the hub is gone
+        failures = [f"the fleet's hub: {type(exc).__name__}: {exc}"]
     for failure in failures:
         log.warning("admin %s %s: %s", action.op, action.model, failure)
     return Applied(status, tuple(failures))

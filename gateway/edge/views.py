@@ -10,7 +10,9 @@ worker. Everything runs on the app's event loop.
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -22,8 +24,11 @@ from gateway.console.activity import summarize
 from gateway.console.gauges import NO_ENGINE_FIGURES, window_means
 from gateway.edge.admin_actions import AdminAction, apply_action
 from gateway.edge.state import AppState
-from gateway.fleet.link import FleetLink
+from gateway.fleet.link import FleetLink, Reply
 from gateway.fleet.metrics import families, merged_exposition
+from gateway.fleet.wire import CallFailed
+
+log = logging.getLogger(__name__)
 
 # How the engine figures of one model combine over workers (None: no worker has one).
 _ENGINE_MERGE: dict[str, Callable[[list[float]], float]] = {
@@ -38,7 +43,17 @@ async def _parts(state: AppState, op: str, local: Any, body: Any = None) -> list
     """``local`` alone, or every worker's reply to ``op`` in a fleet."""
     if state.fleet is None:
         return [local]
-    return [reply.body for reply in await state.fleet.gather(op, body)]
+    return [reply.body for reply in await _gather(state.fleet, op, body)]
+
+
+async def _gather(fleet: FleetLink, op: str, body: Any = None) -> list[Reply]:
+    """Every worker's reply; when the hub cannot be asked (the supervisor is gone and
+    this worker drains), this worker's own part alone."""
+    try:
+        return await fleet.gather(op, body)
+    except (ConnectionError, TimeoutError, CallFailed) as exc:
+        log.warning("fleet view %r from this worker only: %s", op, type(exc).__name__)
+        return [Reply(fleet.seat.worker, os.getpid(), await fleet.answer(op, body))]
 
 
 # --------------------------------------------------------------------------- /metrics
@@ -47,7 +62,7 @@ async def _parts(state: AppState, op: str, local: Any, body: Any = None) -> list
 async def metrics_text(state: AppState) -> bytes:
     if state.fleet is None:
         return generate_latest(state.prometheus)
-    replies = await state.fleet.gather("metrics")
+    replies = await _gather(state.fleet, "metrics")
     return merged_exposition([reply.body for reply in replies])
 
 
@@ -145,7 +160,7 @@ async def models_fleet(state: AppState) -> tuple[dict[str, int], dict[str, Any],
     if state.fleet is None:
         part = models_part(state)
         return part["inflight"], part["engines"], []
-    replies = await state.fleet.gather("models")
+    replies = await _gather(state.fleet, "models")
     inflight: Counter[str] = Counter()
     for reply in replies:
         inflight.update(reply.body["inflight"])

@@ -112,6 +112,10 @@ class FleetLink:
         )
         return failures
 
+    async def answer(self, op: str, body: Any = None) -> Any:
+        """What this worker answers the hub's ``op`` with, asked here directly."""
+        return await self._dispatch(op, body)
+
     async def close(self) -> None:
         self._closing = True
         if self._watch is not None:

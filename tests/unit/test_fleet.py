@@ -27,6 +27,7 @@ from gateway.api.responses.store import StoredResponse
 from gateway.app import build_app
 from gateway.cli import Bind, main
 from gateway.console.activity import Activity, summarize
+from gateway.edge import views
 from gateway.edge.settings import Settings
 from gateway.fleet.hub import Hub
 from gateway.fleet.link import FleetLink, Seat
@@ -198,6 +199,20 @@ async def test_a_worker_notices_when_the_hub_goes_away(fleet: _Fleet) -> None:
     await fleet.hub.close()
     async with asyncio.timeout(5):
         await lost.wait()
+
+
+async def test_without_its_hub_a_worker_answers_for_itself(fleet: _Fleet) -> None:
+    link = fleet.links[0]
+    lost = asyncio.Event()
+    link.on_lost = lost.set
+    await link.connect()
+    await fleet.hub.close()
+    async with asyncio.timeout(5):
+        await lost.wait()
+    with pytest.raises(ConnectionError):
+        await link.gather("whoami")
+    replies = await views._gather(link, "whoami")
+    assert [(r.worker, r.body) for r in replies] == [(0, 0)]
 
 
 def test_a_verdict_travels_whole_even_when_it_never_fits() -> None:
