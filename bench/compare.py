@@ -139,7 +139,7 @@ def summarised(
 def pooled(rounds: Sequence[RunRecord], slo: Slo) -> RunRecord:
     """One system's rounds of one level as one record: latency and throughput over the
     samples of every round (their walls added), CPU per request the median round's, each
-    round's kept in ``server_cpu_rounds``."""
+    round's kept in ``server_cpu_rounds`` and each round's summary in ``round_summaries``."""
     if len(rounds) == 1:
         return rounds[0]
     samples = tuple(sample for record in rounds for sample in record.samples)
@@ -157,6 +157,7 @@ def pooled(rounds: Sequence[RunRecord], slo: Slo) -> RunRecord:
         client_cpu_ms_per_request=statistics.median(clients) if clients else None,
         samples=samples,
         server_cpu_rounds=tuple(servers),
+        round_summaries=tuple(record.summary for record in rounds),
     )
 
 

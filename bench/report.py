@@ -31,6 +31,9 @@ class RunRecord:
     server_cpu_rounds: tuple[float, ...] = ()
     """Each round's server CPU ms per request when the level ran in several rounds
     (``server_cpu_ms_per_request`` is then their median)."""
+    round_summaries: tuple[Summary, ...] = ()
+    """Each round's own summary when the level ran in several rounds (``summary`` pools
+    their samples), for figures taken per round and then their median."""
 
     def to_json(self, with_samples: bool = True) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -45,6 +48,8 @@ class RunRecord:
         }
         if self.server_cpu_rounds:
             data["server_cpu_rounds"] = list(self.server_cpu_rounds)
+        if self.round_summaries:
+            data["round_summaries"] = [summary.to_json() for summary in self.round_summaries]
         if with_samples:
             data["samples"] = [s.to_json() for s in self.samples]
         return data

@@ -323,7 +323,7 @@ def _relay_peer(root: Path, label: str, module: str) -> SystemSpec:
     )
 
 
-def _overhead_peers(root: Path) -> tuple[SystemSpec, ...]:
+def overhead_peers(root: Path) -> tuple[SystemSpec, ...]:
     """The raw relay (the floor on llmso's own stack), the bare FastAPI + aiohttp
     passthrough and LiteLLM's proxy, on the same fake."""
     litellm = root / ".venv-litellm/bin/litellm"
@@ -439,6 +439,6 @@ def overhead_suite(
                 base_url="http://127.0.0.1:{port}/v1",
                 startup_timeout_s=120,
             ),
-            *_overhead_peers(root),
+            *overhead_peers(root),
         ),
     )

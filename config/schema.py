@@ -77,6 +77,23 @@ class ServerConfig(_Frozen):
         "key per process, so a thought comes back only to the process that made it: set one "
         "where replicas or restarts share conversations (docs/reasoning.md).",
     )
+    workers: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="Gateway processes serving this port (Linux, SO_REUSEPORT), under one "
+        "supervisor that restarts a crashed one and drains all on SIGTERM; they share "
+        "limits and the Responses store (limits.store, or the supervisor's own store when "
+        "that is `memory`) and one /metrics. An hf model is refused with more than one "
+        "(docs/workers.md). Overridden by --workers and LLMSO_WORKERS.",
+    )
+    max_in_flight: int = Field(
+        2048,
+        gt=0,
+        description="Requests on the API routes one gateway process serves at once; one "
+        "more is shed with 503 and Retry-After (counted in llmso_shed_requests_total) so "
+        "admitted streams keep their pace. Per process: the host serves workers times this.",
+    )
 
 
 class RegistryConfig(_Frozen):
@@ -546,6 +563,13 @@ class AppConfig(_Frozen):
         return models
 
     @model_validator(mode="after")
+    def _engines_load_once(self) -> AppConfig:
+        problem = workers_refusal(self, self.server.workers)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
+
+    @model_validator(mode="after")
     def _names_unique(self) -> AppConfig:
         seen: dict[str, str] = {}
         adapter_names: set[str] = set()
@@ -571,3 +595,23 @@ class AppConfig(_Frozen):
     def _routes_fit_models(self) -> AppConfig:
         check_routes(self.models, self.routes)
         return self
+
+
+def workers_refusal(config: AppConfig, workers: int) -> str | None:
+    """Why ``config`` cannot be served by ``workers`` gateway processes, or ``None``.
+
+    An ``hf`` model's engine belongs to the gateway process that loads it (in a thread,
+    or in the engine process it spawns with ``isolation: process``): every worker would
+    load its own copy, N times the memory and N engines fighting for the same cores. So
+    a config with one is refused rather than silently multiplied (docs/workers.md)."""
+    if workers <= 1:
+        return None
+    for model in config.models:
+        if isinstance(model, HFModelConfig):
+            return (
+                f"server.workers is {workers}, but model {model.name!r} (backend hf, "
+                f"isolation {model.isolation}) runs its engine in the gateway process and "
+                "would load once per worker; serve it with server.workers: 1, or put it "
+                "behind its own server (backend openai)"
+            )
+    return None

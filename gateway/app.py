@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
@@ -20,8 +21,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from backends.base import ApiError
 from backends.factory import BackendFactory, create_backend
 from backends.hop_metrics import BackendMetrics
-from config.schema import AppConfig
+from config.loader import ConfigError, load_config
+from config.schema import AppConfig, workers_refusal
 from gateway.access.admission import Admission
+from gateway.access.store import Store
+from gateway.api.base import Endpoint
 from gateway.api.chat import ChatEndpoint
 from gateway.api.completions import CompletionsEndpoint
 from gateway.api.embeddings import EmbeddingsEndpoint
@@ -29,6 +33,7 @@ from gateway.api.messages.endpoint import CountTokensEndpoint, MessagesEndpoint
 from gateway.api.rerank import scoring_endpoints
 from gateway.api.responses import api as responses_api
 from gateway.api.responses.endpoint import ResponsesEndpoint
+from gateway.api.responses.store import ResponseStore
 from gateway.api.responses.stores import open_store
 from gateway.api.thought_seal import ThoughtSeal
 from gateway.api.tokenize import tokenize_endpoints
@@ -39,11 +44,15 @@ from gateway.batch.store import BatchState
 from gateway.console import Console
 from gateway.edge import adapters as adapter_routes
 from gateway.edge import console_routes, ops
+from gateway.edge.admin_actions import replay
 from gateway.edge.asgi import GatewayASGI
 from gateway.edge.door import FrontDoor
 from gateway.edge.openapi import document
 from gateway.edge.state import AppState
+from gateway.edge.views import serve_fleet
 from gateway.errors import handle_backend_error, handle_http_exception, handle_unexpected
+from gateway.fleet.link import FleetLink
+from gateway.fleet.stores import HubLimits, HubResponses
 from gateway.observe.metrics import GatewayMetrics
 from gateway.registry import ConfigWatcher, ModelRegistry, RegistryMetrics
 from gateway.service.embeddings import EmbeddingService
@@ -68,9 +77,11 @@ def build_app(
     watch_config: bool = False,
     span_exporter: SpanExporter | None = None,
     bind_host: str | None = None,
+    fleet: FleetLink | None = None,
 ) -> GatewayASGI:
     """Create the app. ``backend_factory`` replaces real backends in service tests;
-    ``span_exporter`` turns tracing on with that exporter (tests: the in-memory one)."""
+    ``span_exporter`` turns tracing on with that exporter (tests: the in-memory one);
+    ``fleet``: this app is a worker of ``llmso serve --workers N`` (its hub link)."""
     prometheus = CollectorRegistry()
     backend_metrics = BackendMetrics(prometheus)
     factory = backend_factory or (
@@ -81,7 +92,9 @@ def build_app(
     service = CompletionService(
         registry, gateway_metrics, backend_metrics, MirrorMetrics(prometheus)
     )
-    admission = Admission(config, registry, gateway_metrics, prometheus)
+    admission = Admission(
+        config, registry, gateway_metrics, prometheus, store=_fleet_limits(config, fleet)
+    )
     seal = ThoughtSeal(config.server.reasoning_secret)
     state = AppState(
         config=config,
@@ -90,28 +103,23 @@ def build_app(
         backend_metrics=backend_metrics,
         registry=registry,
         service=service,
-        responses=ResponsesEndpoint(
-            service, open_store(config.responses, default=config.limits.store), seal
-        ),
+        responses=ResponsesEndpoint(service, _responses_store(config, fleet), seal),
         admin_key=admin_key,
         started_at=int(time.time()),
         console=Console(backend_metrics),
         tracing=_tracing(config, span_exporter),
         admission=admission,
-        door=FrontDoor(config.server, admission, bind_host=bind_host),
+        door=FrontDoor(
+            config.server,
+            admission,
+            bind_host=bind_host,
+            metrics=gateway_metrics,
+            worker=None if fleet is None else fleet.seat.worker,
+        ),
+        fleet=fleet,
     )
     admission.finish_sinks.append(state.console.activity.add)
-    # The public endpoints (gateway.api): one line each.
-    endpoints = (
-        ChatEndpoint(service),
-        CompletionsEndpoint(service),
-        EmbeddingsEndpoint(EmbeddingService(registry, gateway_metrics)),
-        state.responses,
-        MessagesEndpoint(service, seal),
-        CountTokensEndpoint(service, seal),
-        *scoring_endpoints(ScoreService(registry, gateway_metrics)),
-        *tokenize_endpoints(TokenizeService(registry, gateway_metrics)),
-    )
+    endpoints = _endpoints(state, seal)
     batch_state = BatchState(config.batch.directory)
     batch_runner = BatchRunner(
         config=config.batch,
@@ -125,10 +133,17 @@ def build_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         watcher = None
+        actions = await _join(fleet, state)
         # Preloads run in the background: /health answers at once, /ready once they are up.
         await registry.start(wait=False)
+        await replay(registry, actions)  # what the fleet's admins did before this worker
         if watch_config and config.source_path is not None:
-            watcher = ConfigWatcher(registry, config.source_path, on_reload=admission.reconfigure)
+            watcher = ConfigWatcher(
+                registry,
+                config.source_path,
+                on_reload=admission.reconfigure,
+                loader=_loader(fleet),
+            )
             watcher.start()
         batch_runner.start()
         log.info("llmso ready: %d model(s) configured", len(config.models))
@@ -145,6 +160,8 @@ def build_app(
                 # Flushes what is still queued; off the loop, export may block.
                 await asyncio.to_thread(state.tracing.shutdown)
             await admission.close()
+            if fleet is not None:
+                await fleet.close()
 
     app = FastAPI(
         title="llmso",
@@ -155,6 +172,15 @@ def build_app(
     )
     app.state.llmso = state
     app.state.batch_runner = batch_runner
+    _operational_routes(app, config)
+    asgi = GatewayASGI(app, state, endpoints)
+    document(app, asgi.documented)
+    return asgi
+
+
+def _operational_routes(app: FastAPI, config: AppConfig) -> None:
+    """The routes FastAPI serves (everything but the public endpoints), and its error
+    handlers."""
     app.include_router(ops.router)
     app.include_router(adapter_routes.router)
     app.include_router(console_routes.build_router(ui=config.server.ui))
@@ -163,9 +189,63 @@ def build_app(
     app.add_exception_handler(ApiError, handle_backend_error)
     app.add_exception_handler(StarletteHTTPException, handle_http_exception)
     app.add_exception_handler(Exception, handle_unexpected)
-    asgi = GatewayASGI(app, state, endpoints)
-    document(app, asgi.documented)
-    return asgi
+
+
+def _endpoints(state: AppState, seal: ThoughtSeal) -> tuple[Endpoint, ...]:
+    """The public endpoints (gateway.api): one line each."""
+    service, registry, metrics = state.service, state.registry, state.gateway_metrics
+    return (
+        ChatEndpoint(service),
+        CompletionsEndpoint(service),
+        EmbeddingsEndpoint(EmbeddingService(registry, metrics)),
+        state.responses,
+        MessagesEndpoint(service, seal),
+        CountTokensEndpoint(service, seal),
+        *scoring_endpoints(ScoreService(registry, metrics)),
+        *tokenize_endpoints(TokenizeService(registry, metrics)),
+    )
+
+
+async def _join(fleet: FleetLink | None, state: AppState) -> list[Any]:
+    """A fleet's worker joins its hub, ready to answer its calls; returns the admin
+    actions to replay (none outside a fleet)."""
+    if fleet is None:
+        return []
+    serve_fleet(fleet, state)
+    return await fleet.connect()
+
+
+def _fleet_limits(config: AppConfig, fleet: FleetLink | None) -> Store | None:
+    """A worker's limit store when the fleet's hub serves it (``limits.store: memory``):
+    one count for every worker, as Redis gives every replica."""
+    if fleet is None or config.limits.store != "memory":
+        return None
+    return HubLimits(fleet)
+
+
+def _responses_store(config: AppConfig, fleet: FleetLink | None) -> ResponseStore:
+    """The configured Responses store; the hub's for a fleet's worker where that is
+    ``memory`` (a follow-up may land on any worker)."""
+    if fleet is not None and (config.responses.store or config.limits.store) == "memory":
+        return HubResponses(fleet, config.responses.timeout)
+    return open_store(config.responses, default=config.limits.store)
+
+
+def _loader(fleet: FleetLink | None) -> Callable[[Path], AppConfig]:
+    """How a reload reads the config: a fleet's worker also refuses what the fleet cannot
+    serve (an hf model), keeping the config it has."""
+    if fleet is None:
+        return load_config
+    workers = fleet.seat.workers
+
+    def load(path: Path) -> AppConfig:
+        config = load_config(path)
+        refusal = workers_refusal(config, workers)
+        if refusal is not None:
+            raise ConfigError(f"{path}: {refusal}")
+        return config
+
+    return load
 
 
 def _tracing(config: AppConfig, exporter: SpanExporter | None) -> Tracing | None:

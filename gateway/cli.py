@@ -1,6 +1,11 @@
 """The ``llmso`` command: ``serve`` and ``prepare-model``, plus the subcommands other
 installed packages add through the ``llmso.commands`` entry-point group (this project's
-``bench`` and ``plan``, declared in pyproject.toml): the gateway never imports them."""
+``bench`` and ``plan``, declared in pyproject.toml): the gateway never imports them.
+
+``serve`` runs one gateway process; with more than one worker (``--workers``, else
+``LLMSO_WORKERS``, else ``server.workers``) it runs the supervisor of
+``gateway.fleet.supervisor``, which starts each worker as ``python -m gateway.cli serve``
+with its seat in the environment (docs/workers.md)."""
 
 from __future__ import annotations
 
@@ -8,15 +13,18 @@ import argparse
 import gc
 import logging
 import math
+import signal
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from config.loader import ConfigError, load_config
-from config.schema import AppConfig, HFModelConfig
+from config.schema import AppConfig, HFModelConfig, workers_refusal
 from gateway.edge.settings import Settings
+from gateway.fleet.link import FleetLink, Seat
 from gateway.observe.logs import configure_logging
 
 if TYPE_CHECKING:
@@ -45,7 +53,45 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "prepare-model":
         return _prepare_models(config)
-    return _serve(config, settings, args.host, args.port)
+    bind = Bind.of(args, settings, config)
+    refusal = workers_refusal(config, bind.workers)
+    if refusal is not None:
+        print(f"llmso: {refusal}", file=sys.stderr)
+        return 2
+    seat = Seat.from_environ()
+    if seat is not None:  # started by a supervisor: one worker of its fleet
+        return _serve(config, settings, bind, seat)
+    if bind.workers > 1:
+        return _supervise(config, bind)
+    return _serve(config, settings, bind, None)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be 1 or more")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Bind:
+    """Where and how wide ``llmso serve`` serves: each a flag, else its ``LLMSO_*``
+    environment variable, else the config's ``server:`` value."""
+
+    host: str
+    port: int
+    workers: int
+
+    @classmethod
+    def of(cls, args: argparse.Namespace, settings: Settings, config: AppConfig) -> Bind:
+        server = config.server
+        port = _first(getattr(args, "port", None), settings.port, server.port)
+        workers = _first(getattr(args, "workers", None), settings.workers, server.workers)
+        return cls(args.host or settings.host or server.host, port, workers)
+
+
+def _first(*values: int | None) -> int:
+    return next(value for value in values if value is not None)
 
 
 def _plugins() -> dict[str, EntryPoint]:
@@ -60,6 +106,12 @@ def _parser(plugins: dict[str, EntryPoint]) -> argparse.ArgumentParser:
     serve.add_argument("--config", type=Path, help="YAML config (env LLMSO_CONFIG).")
     serve.add_argument("--host", help="Bind address (env LLMSO_HOST; default from config).")
     serve.add_argument("--port", type=int, help="Bind port (env LLMSO_PORT; default from config).")
+    serve.add_argument(
+        "--workers",
+        type=_positive,
+        help="Gateway processes on the port (env LLMSO_WORKERS; default from config: "
+        "server.workers).",
+    )
     prepare = commands.add_parser(
         "prepare-model", help="Resolve (and convert once) every local hf model source."
     )
@@ -84,9 +136,11 @@ def _prepare_models(config: AppConfig) -> int:
     return 0
 
 
-def served_app(config: AppConfig, settings: Settings, bind_host: str) -> CloseWhileDraining:
+def served_app(
+    config: AppConfig, settings: Settings, bind_host: str, fleet: FleetLink | None = None
+) -> CloseWhileDraining:
     """The ASGI app ``llmso serve`` runs: the gateway of ``config``, answering with
-    ``Connection: close`` while it drains."""
+    ``Connection: close`` while it drains; ``fleet``: its link, when it is a worker."""
     from gateway.app import build_app
     from gateway.edge.drain import CloseWhileDraining
 
@@ -95,33 +149,31 @@ def served_app(config: AppConfig, settings: Settings, bind_host: str) -> CloseWh
         admin_key=settings.admin_key,
         watch_config=settings.watch_config,
         bind_host=bind_host,
+        fleet=fleet,
     )
     return CloseWhileDraining(app, app.state.drain)
 
 
-def bind_address(
-    config: AppConfig, settings: Settings, host: str | None, port: int | None
-) -> tuple[str, int]:
-    """Where ``llmso serve`` listens: each of host and port from the flag, else the
-    environment (``LLMSO_HOST``/``LLMSO_PORT``), else the config's ``server:`` section,
-    whose defaults are 127.0.0.1 and 8000."""
-    bind_host = host or settings.host or config.server.host
-    bind_port = next(p for p in (port, settings.port, config.server.port) if p is not None)
-    return bind_host, bind_port
-
-
-def _serve(config: AppConfig, settings: Settings, host: str | None, port: int | None) -> int:
+def _serve(config: AppConfig, settings: Settings, bind: Bind, seat: Seat | None) -> int:
+    """Serve in this process: alone, or as worker ``seat`` of a fleet (on a socket of its
+    own on the fleet's port, drained by its supervisor)."""
     import uvicorn
 
-    bind_host, bind_port = bind_address(config, settings, host, port)
-    from gateway.edge.drain import DrainingServer
+    from gateway.edge.drain import DrainingServer, SupervisedServer
     from gateway.edge.transport import CoalescingHttpToolsProtocol
 
-    app = served_app(config, settings, bind_host)
+    link = None if seat is None else FleetLink(seat)
+    if seat is not None:
+        # A worker takes its orders from the supervisor (SIGUSR1/SIGUSR2, see
+        # SupervisedServer); until its handlers are in, a reload signal or one sent to
+        # the whole process group must not end it.
+        for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
+    app = served_app(config, settings, bind.host, link)
     server_config = uvicorn.Config(
         app,
-        host=bind_host,
-        port=bind_port,
+        host=bind.host,
+        port=bind.port,
         loop="uvloop",
         http=CoalescingHttpToolsProtocol,  # httptools, headers sent with the first body bytes
         log_config=None,
@@ -135,8 +187,30 @@ def _serve(config: AppConfig, settings: Settings, host: str | None, port: int | 
         timeout_keep_alive=math.ceil(config.server.keep_alive_timeout),
     )
     tune_gc()
-    DrainingServer(server_config, app.drain, config.server.drain_grace).run()
+    grace = config.server.drain_grace
+    if link is None:
+        DrainingServer(server_config, app.drain, grace).run()
+        return 0
+    from gateway.fleet.sockets import reuseport_socket
+
+    server = SupervisedServer(server_config, app.drain, grace)
+    link.on_lost = server.supervisor_lost
+    # Bound once the app is built: the kernel queues connections for this worker only
+    # from here, a moment before its loop accepts them.
+    sock = reuseport_socket(bind.host, bind.port, backlog=server_config.backlog)
+    server.run(sockets=[sock])
     return 0
+
+
+def _supervise(config: AppConfig, bind: Bind) -> int:
+    from gateway.fleet.supervisor import FleetPlan, Supervisor
+
+    try:
+        plan = FleetPlan.of(config, bind.workers, bind.host, bind.port)
+        return Supervisor(plan).run()
+    except (OSError, ValueError) as exc:
+        print(f"llmso: cannot start {bind.workers} workers: {exc}", file=sys.stderr)
+        return 2
 
 
 def tune_gc() -> None:

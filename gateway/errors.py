@@ -78,6 +78,16 @@ class UnsupportedMediaType(ApiError):
     code = "unsupported_media_type"
 
 
+class GatewaySaturated(ApiError):
+    """This gateway process serves ``server.max_in_flight`` requests already: shed, so
+    the admitted ones keep their pace (``gateway.edge.door``)."""
+
+    status = 503
+    error_type = "service_unavailable"
+    code = "gateway_saturated"
+    retry_after = 1.0
+
+
 class InternalError(ApiError):
     status = 500
     error_type = "server_error"
@@ -204,6 +214,7 @@ async def handle_unexpected(request: Request, exc: Exception) -> Response:
 __all__ = [
     "ApiError",
     "BackendError",
+    "GatewaySaturated",
     "HttpError",
     "InternalError",
     "MethodNotAllowed",

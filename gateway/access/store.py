@@ -62,7 +62,11 @@ class GuardedStore:
         self._deny = config.on_store_error == "deny"
         self._metrics = metrics
         self._down_until = 0.0
-        self.kind = "memory" if isinstance(store, MemoryStore) else "redis"
+        # "memory", "redis", or what the store calls itself (a fleet's: "fleet").
+        kind = getattr(store, "kind", None)
+        if not isinstance(kind, str):
+            kind = "memory" if isinstance(store, MemoryStore) else "redis"
+        self.kind = kind
 
     @property
     def up(self) -> bool:

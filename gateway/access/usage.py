@@ -1,9 +1,11 @@
 """What each client key used and where it stands: the body of ``GET /admin/usage``.
 
-``requests``, ``tokens`` and ``spend`` (USD, per model) are this process's tallies since
-it started (per replica, like its Prometheus counters); ``today``, ``budget`` and
-``state`` come from the limit store, so with Redis they are the totals over every
-replica. ``spend_by_model`` sums this process's spend over every key.
+``requests`` and ``tokens`` are tallies since start: this process's (per replica, like
+its Prometheus counters), or the ones the caller passes (a fleet's workers' added up);
+``spend`` (USD, per model) is this process's since it started (with ``workers > 1``, the
+worker that answered: the budget below is the fleet's); ``today``, ``budget`` and
+``state`` come from the limit store, so with Redis (or a fleet's own store) they are the
+totals over every replica. ``spend_by_model`` sums this process's spend over every key.
 """
 
 from __future__ import annotations
@@ -25,9 +27,14 @@ from gateway.access.limits import (
 )
 from gateway.observe.cost import usd
 
+Tallies = dict[str, dict[str, dict[str, int]]]
+"""``{"requests": {key: {status: n}}, "tokens": {key: {type: n}}}``."""
 
-async def usage_report(admission: Admission) -> dict[str, Any]:
+
+async def usage_report(admission: Admission, tallies: Tallies | None = None) -> dict[str, Any]:
     metrics = admission.key_metrics
+    requests = metrics.request_tally if tallies is None else tallies["requests"]
+    tokens = metrics.token_tally if tallies is None else tallies["tokens"]
     keys = []
     for client in admission.keys.clients():
         limited = client.limited
@@ -45,8 +52,8 @@ async def usage_report(admission: Admission) -> dict[str, Any]:
                     "max_budget": _usd_or_none(client.limits.max_budget),
                     "budget_period": client.limits.budget_period,
                 },
-                "requests": dict(metrics.request_tally.get(client.name, {})),
-                "tokens": dict(metrics.token_tally.get(client.name, {})),
+                "requests": dict(requests.get(client.name, {})),
+                "tokens": dict(tokens.get(client.name, {})),
                 "spend": _spend(metrics.spend_tally.get(client.name, Tally())),
                 **_shared_state(client, verdict),
             }

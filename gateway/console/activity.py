@@ -11,6 +11,8 @@ and every reader run there, so no lock is needed):
   ``/admin/stats`` computes rates and percentiles on demand.
 
 Figures come from the records themselves, not from parsing ``/metrics`` text.
+``Activity.snapshot`` gives one model's window as plain data and ``summarize`` turns one
+or more snapshots into the figures, so a fleet's workers add up to one console.
 """
 
 from __future__ import annotations
@@ -232,42 +234,79 @@ class Activity:
     def summary(self, model: str, now: float | None = None) -> dict[str, Any]:
         """Rates, percentiles and a per-second series over the window for one model."""
         now = time.monotonic() if now is None else now
+        return summarize([self.snapshot(model, now)], now, self._size)
+
+    def snapshot(self, model: str, now: float | None = None) -> dict[str, Any]:
+        """One model's window as it stands, JSON-able: what ``summarize`` turns into
+        figures, and what a fleet's workers send so one console shows them all (each
+        worker's per-second buckets line up: ``time.monotonic`` is the host's clock)."""
+        now = time.monotonic() if now is None else now
         window = self._window.get(model) or _ModelWindow(1)
         window.prune(now, self._size)
         if not window.seconds and model in self._window:
             del self._window[model]
-        span = max(1.0, min(self.window_seconds, now - self._created))
-        seconds = window.seconds
-        requests = sum(b.requests for b in seconds)
-        output = sum(b.output_tokens for b in seconds)
-        ttfts = [ttft for _, ttft, _, _ in window.latencies if ttft is not None]
-        itls = [itl for _, _, itl, _ in window.latencies if itl is not None]
-        e2es = [e2e for _, _, _, e2e in window.latencies]
         return {
-            "requests": requests,
-            "requests_per_s": requests / span,
-            "output_tokens": output,
-            "output_tokens_per_s": output / span,
-            "ttft_p50_s": percentile(ttfts, 0.5),
-            "ttft_p95_s": percentile(ttfts, 0.95),
-            "itl_p50_s": percentile(itls, 0.5),
-            "itl_p95_s": percentile(itls, 0.95),
-            "e2e_p50_s": percentile(e2es, 0.5),
-            "e2e_p95_s": percentile(e2es, 0.95),
-            "errors_4xx": sum(b.errors_4xx for b in seconds),
-            "errors_5xx": sum(b.errors_5xx for b in seconds),
-            "disconnects": sum(b.disconnects for b in seconds),
-            "series": self._series(seconds, now),
+            "span": max(1.0, min(self.window_seconds, now - self._created)),
+            "seconds": [
+                [b.second, b.requests, b.output_tokens, b.errors_4xx, b.errors_5xx, b.disconnects]
+                for b in window.seconds
+            ],
+            "ttft": [ttft for _, ttft, _, _ in window.latencies if ttft is not None],
+            "itl": [itl for _, _, itl, _ in window.latencies if itl is not None],
+            "e2e": [e2e for _, _, _, e2e in window.latencies],
         }
 
-    def _series(self, seconds: Iterable[_Second], now: float) -> dict[str, Any]:
-        """Per-second buckets, oldest first, the last one the current second."""
-        size = self._size
-        requests, tokens, errors = [0] * size, [0] * size, [0] * size
-        for bucket in seconds:
-            slot = size - 1 - (int(now) - bucket.second)
-            if 0 <= slot < size:
-                requests[slot] = bucket.requests
-                tokens[slot] = bucket.output_tokens
-                errors[slot] = bucket.errors_4xx + bucket.errors_5xx
-        return {"step_s": 1, "requests": requests, "output_tokens": tokens, "errors": errors}
+
+def summarize(snapshots: Iterable[dict[str, Any]], now: float, size: int) -> dict[str, Any]:
+    """The ``/admin/stats`` figures of one model from one or more ``Activity.snapshot``
+    (a fleet's workers': their counts added, their latencies pooled)."""
+    buckets: dict[int, _Second] = {}
+    ttfts: list[float] = []
+    itls: list[float] = []
+    e2es: list[float] = []
+    span = 1.0
+    for snapshot in snapshots:
+        span = max(span, snapshot["span"])
+        for second, *counts in snapshot["seconds"]:
+            bucket = buckets.get(second)
+            if bucket is None:
+                bucket = buckets[second] = _Second(second)
+            bucket.requests += counts[0]
+            bucket.output_tokens += counts[1]
+            bucket.errors_4xx += counts[2]
+            bucket.errors_5xx += counts[3]
+            bucket.disconnects += counts[4]
+        ttfts += snapshot["ttft"]
+        itls += snapshot["itl"]
+        e2es += snapshot["e2e"]
+    seconds = list(buckets.values())
+    requests = sum(b.requests for b in seconds)
+    output = sum(b.output_tokens for b in seconds)
+    return {
+        "requests": requests,
+        "requests_per_s": requests / span,
+        "output_tokens": output,
+        "output_tokens_per_s": output / span,
+        "ttft_p50_s": percentile(ttfts, 0.5),
+        "ttft_p95_s": percentile(ttfts, 0.95),
+        "itl_p50_s": percentile(itls, 0.5),
+        "itl_p95_s": percentile(itls, 0.95),
+        "e2e_p50_s": percentile(e2es, 0.5),
+        "e2e_p95_s": percentile(e2es, 0.95),
+        "errors_4xx": sum(b.errors_4xx for b in seconds),
+        "errors_5xx": sum(b.errors_5xx for b in seconds),
+        "disconnects": sum(b.disconnects for b in seconds),
+        "series": _series(seconds, now, size),
+    }
+
+
+def _series(seconds: Iterable[_Second], now: float, size: int) -> dict[str, Any]:
+    """Per-second buckets, oldest first, the last one the current second."""
+    requests, tokens, errors = [0] * size, [0] * size, [0] * size
+    for bucket in seconds:
+        slot = size - 1 - (int(now) - bucket.second)
+        if 0 <= slot < size:
+            requests[slot] = bucket.requests
+            tokens[slot] = bucket.output_tokens
+            errors[slot] = bucket.errors_4xx + bucket.errors_5xx
+    return {"step_s": 1, "requests": requests, "output_tokens": tokens, "errors": errors}

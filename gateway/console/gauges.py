@@ -1,16 +1,20 @@
 """Engine-side figures for the console: queue depth, running sequences, KV-cache use,
-upstream health and the mean batch size over the stats window.
+upstream health, and two means over the stats window: the engine's batch size and the
+gateway's own overhead per request (``llmso_overhead_seconds``: time not spent waiting
+on the upstream).
 
 They are read from the app's own metric objects in process (``Collector.collect()`` on
-one family at a time), never from the ``/metrics`` text. ``EngineGauges`` keeps a short,
-bounded history of the batch-size histogram's sum and count, so a mean over the last
-minute can be taken as a difference; it is owned by the event loop.
+one family at a time), never from the ``/metrics`` text. A ``WindowedMean`` keeps a
+short, bounded history of one histogram's sum and count, so a mean over the last minute
+can be taken as a difference; its ``totals`` (sum and count over the window) add up
+across a fleet's workers (``window_means``). Owned by the event loop.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from backends.hop_metrics import BackendMetrics
@@ -36,13 +40,61 @@ def _by_model(family: Any, suffix: str = "") -> dict[str, float]:
     return values
 
 
+class WindowedMean:
+    """Per model, the sum and count one histogram gained over the last ``window``
+    seconds (a shorter span just after start)."""
+
+    def __init__(self, family: Any, window_seconds: float) -> None:
+        self._family = family
+        self._window = window_seconds
+        self._snapshots: deque[_Snapshot] = deque(maxlen=_MAX_SNAPSHOTS)
+
+    def totals(self, now: float | None = None) -> dict[str, tuple[float, float]]:
+        """``{model: (sum, count)}`` over the window; ``(0, 0)`` on the first call (there
+        is nothing to compare with)."""
+        now = time.monotonic() if now is None else now
+        sums, counts = _by_model(self._family, "_sum"), _by_model(self._family, "_count")
+        base = self._baseline(now)
+        if not self._snapshots or now - self._snapshots[-1][0] >= _SNAPSHOT_EVERY:
+            self._snapshots.append((now, sums, counts))
+        found: dict[str, tuple[float, float]] = {}
+        for model, count in counts.items():
+            if base is None:
+                found[model] = (0.0, 0.0)
+                continue
+            total = sums.get(model, 0.0) - base[1].get(model, 0.0)
+            found[model] = (total, count - base[2].get(model, 0.0))
+        return found
+
+    def _baseline(self, now: float) -> _Snapshot | None:
+        """The newest snapshot at least a window old, else the oldest one (the window is
+        then shorter: the gateway or the console just started)."""
+        while len(self._snapshots) > 1 and now - self._snapshots[1][0] >= self._window:
+            self._snapshots.popleft()
+        return self._snapshots[0] if self._snapshots else None
+
+
+def window_means(
+    totals: Iterable[Mapping[str, Sequence[float]]],
+) -> dict[str, float | None]:
+    """Per model, the mean over one or more ``WindowedMean.totals`` (a fleet's workers'
+    added up); ``None`` when the window holds no observation."""
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for one in totals:
+        for model, (total, count) in one.items():
+            sums[model] = sums.get(model, 0.0) + total
+            counts[model] = counts.get(model, 0.0) + count
+    return {model: sums[model] / n if n > 0 else None for model, n in counts.items()}
+
+
 class EngineGauges:
     """Reads the worker and upstream families of one app's ``BackendMetrics``."""
 
     def __init__(self, metrics: BackendMetrics, window_seconds: float) -> None:
         self._metrics = metrics
-        self._window = window_seconds
-        self._snapshots: deque[_Snapshot] = deque(maxlen=_MAX_SNAPSHOTS)
+        self.batch = WindowedMean(metrics.worker_batch_size, window_seconds)
+        self.overhead = WindowedMean(metrics.overhead, window_seconds)
 
     def current(self) -> dict[str, dict[str, Any]]:
         """``{model: {queue_depth, running, kv_cache_usage, upstream_up}}`` for every model
@@ -63,23 +115,5 @@ class EngineGauges:
 
     def batch_means(self, now: float | None = None) -> dict[str, float | None]:
         """Mean sequences per engine step over the window, per model: ``None`` when the
-        window holds no step, and on the first call (there is nothing to compare with)."""
-        now = time.monotonic() if now is None else now
-        family = self._metrics.worker_batch_size
-        sums, counts = _by_model(family, "_sum"), _by_model(family, "_count")
-        base = self._baseline(now)
-        if not self._snapshots or now - self._snapshots[-1][0] >= _SNAPSHOT_EVERY:
-            self._snapshots.append((now, sums, counts))
-        means: dict[str, float | None] = {}
-        for model, count in counts.items():
-            steps = count - base[2].get(model, 0.0) if base is not None else 0.0
-            total = sums.get(model, 0.0) - (base[1].get(model, 0.0) if base is not None else 0.0)
-            means[model] = total / steps if steps > 0 else None
-        return means
-
-    def _baseline(self, now: float) -> _Snapshot | None:
-        """The newest snapshot at least a window old, else the oldest one (the window is
-        then shorter: the gateway or the console just started)."""
-        while len(self._snapshots) > 1 and now - self._snapshots[1][0] >= self._window:
-            self._snapshots.popleft()
-        return self._snapshots[0] if self._snapshots else None
+        window holds no step, and on the first call."""
+        return window_means([self.batch.totals(now)])

@@ -1,6 +1,7 @@
 """Run-time LoRA adapters: ``POST``/``DELETE /admin/models/{base}/adapters``, and vLLM's
 ``/v1/load_lora_adapter`` / ``/v1/unload_lora_adapter`` shapes for tools written against
-vLLM. All behind the admin key; the registry does the work (``add_adapter``)."""
+vLLM. All behind the admin key; the registry does the work (``add_adapter``), on every
+worker of a fleet (``gateway.edge.admin_actions``)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import PlainTextResponse, Response
 
-from backends.base import AdapterSpec
 from backends.errors import InvalidRequest
 from gateway.api.base import parse_json
-from gateway.edge.ops import json_response, require_admin, status_dict
+from gateway.edge.admin_actions import AdminAction, run_admin
+from gateway.edge.ops import applied_response, require_admin
 
 router = APIRouter()
 
@@ -45,14 +46,14 @@ class _UnloadBody(BaseModel):
 async def add_adapter(base: str, request: Request) -> Response:
     state = require_admin(request)
     body = parse_json(_AdapterBody, await request.body())
-    spec = AdapterSpec(body.name, body.source, body.aliases)
-    return json_response(status_dict(await state.registry.add_adapter(base, spec)))
+    action = AdminAction("add_adapter", base, body.name, body.source, body.aliases)
+    return applied_response(await run_admin(state, action))
 
 
 @router.delete("/admin/models/{base}/adapters/{name}")
 async def remove_adapter(base: str, name: str, request: Request) -> Response:
     state = require_admin(request)
-    return json_response(status_dict(await state.registry.remove_adapter(base, name)))
+    return applied_response(await run_admin(state, AdminAction("remove_adapter", base, name)))
 
 
 @router.post("/v1/load_lora_adapter")
@@ -60,7 +61,7 @@ async def load_lora_adapter(request: Request) -> Response:
     state = require_admin(request)
     body = parse_json(_LoadBody, await request.body())
     base = body.base_model_name or _only_lora_model(state.registry.lora_models())
-    await state.registry.add_adapter(base, AdapterSpec(body.lora_name, body.lora_path))
+    await run_admin(state, AdminAction("add_adapter", base, body.lora_name, body.lora_path))
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
 
@@ -69,7 +70,7 @@ async def unload_lora_adapter(request: Request) -> Response:
     state = require_admin(request)
     body = parse_json(_UnloadBody, await request.body())
     base = state.registry.adapter_base(body.lora_name)
-    await state.registry.remove_adapter(base, body.lora_name)
+    await run_admin(state, AdminAction("remove_adapter", base, body.lora_name))
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 
 

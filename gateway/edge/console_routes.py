@@ -2,6 +2,7 @@
 ``/admin/batches`` (JSON, for the page and for scripts) and, when ``server.ui`` is on, the
 page itself under ``/ui``.
 
+In a fleet the stats and recent requests are every worker's (``gateway.edge.views``).
 The JSON views are read-only: they need the admin key when one is configured, and are
 open when auth is off (``gateway.edge.ops.require_admin(read_only=True)``). The page's files are
 read once when the router is built and served from memory with a strict
@@ -23,8 +24,8 @@ from gateway.batch.runner import BatchRunner
 from gateway.batch.store import Progress
 from gateway.console.activity import RECENT_CAPACITY
 from gateway.console.page import Asset, load_assets
+from gateway.edge import views
 from gateway.edge.ops import require_admin
-from gateway.edge.state import AppState
 from gateway.errors import RouteNotFound
 
 _CSP = (
@@ -59,40 +60,24 @@ def batch_row(batch: Batch, progress: Progress) -> dict[str, Any]:
     return row
 
 
-def stats_payload(state: AppState) -> dict[str, Any]:
-    """The ``/admin/stats`` body: per configured model, the window's figures, the engine
-    gauges now and the model's state."""
-    console = state.console
-    engines = console.gauges.current()
-    batches = console.gauges.batch_means()
-    models: dict[str, Any] = {}
-    for status in state.registry.list_models():
-        figures = console.activity.summary(status.name)
-        figures.update(engines.get(status.name, {}))
-        figures["batch_size_mean"] = batches.get(status.name)
-        figures["state"] = status.state
-        figures["inflight"] = status.inflight
-        models[status.name] = figures
-    return {"window_s": console.activity.window_seconds, "models": models}
-
-
 def build_router(*, ui: bool) -> APIRouter:
     router = APIRouter()
 
     @router.get("/admin/stats")
     async def admin_stats(request: Request) -> Response:
-        return _json(stats_payload(require_admin(request, read_only=True)))
+        return _json(await views.stats(require_admin(request, read_only=True)))
 
     @router.get("/admin/requests")
     async def admin_requests(request: Request) -> Response:
         state = require_admin(request, read_only=True)
         query = request.query_params
-        found = state.console.activity.recent(
+        found = await views.recent(
+            state,
             model=query.get("model") or None,
             status=query.get("status") or None,
             limit=_limit(query.get("limit")),
         )
-        return _json({"requests": [summary.to_json() for summary in found]})
+        return _json({"requests": found})
 
     @router.get("/admin/batches")
     async def admin_batches(request: Request) -> Response:

@@ -12,8 +12,14 @@ CORS ones) to whatever response the handler sends, and ``x-llmso-cost`` (USD) to
 answer a model gave. ``serve_other`` is every other route:
 the ``Host`` check and CORS, nothing counted.
 
-``FrontDoor`` is owned by the app and immutable; its policy (keys, limits) is the app's
-``Admission``, which follows config reloads.
+Saturation sheds: past ``server.max_in_flight`` requests on these routes in this
+process, a new one is answered at once with 503 and ``Retry-After`` in its route's
+envelope (``GatewaySaturated``), before its body is read or anything is counted but
+``llmso_shed_requests_total``, so the streams already admitted keep their pace.
+
+``FrontDoor`` is owned by the app; its policy (keys, limits) is the app's ``Admission``,
+which follows config reloads, and its one mutable field, ``inflight``, is written on the
+event loop only.
 """
 
 from __future__ import annotations
@@ -25,8 +31,9 @@ from gateway.access.keys import Client
 from gateway.access.limits import Verdict, Window, openai_duration
 from gateway.edge.asgi_types import ASGIApp, Message, Receive, Scope, Send
 from gateway.edge.web import BodyDeadline, WebGuard, presented_key, request_id
-from gateway.errors import MethodNotAllowed, error_body
+from gateway.errors import GatewaySaturated, MethodNotAllowed, error_body
 from gateway.observe.cost import usd_text
+from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.record import RequestRecord
 
 PASS = "llmso.pass"
@@ -36,10 +43,23 @@ _JSON = (b"content-type", b"application/json")
 
 class FrontDoor:
     def __init__(
-        self, server: ServerConfig, admission: Admission, *, bind_host: str | None
+        self,
+        server: ServerConfig,
+        admission: Admission,
+        *,
+        bind_host: str | None,
+        metrics: GatewayMetrics | None = None,
+        worker: int | None = None,
     ) -> None:
         self.web = WebGuard(server, bind_host)
         self.admission = admission
+        self.max_in_flight = server.max_in_flight
+        self.inflight = 0
+        self._metrics = metrics
+        # A fleet's worker names itself on every answer of these routes.
+        self._own: list[tuple[bytes, bytes]] = (
+            [] if worker is None else [(b"x-llmso-worker", str(worker).encode())]
+        )
 
     def identify(self, scope: Scope) -> Client:
         """The caller of this request, by the key it presented; 401 when a key is
@@ -69,11 +89,33 @@ class FrontDoor:
             # A browser's CORS check, not a request: answered, not counted.
             await _send_empty(send, 204, self.web.preflight_headers(origin))
             return
+        if self.inflight >= self.max_in_flight:
+            await self._shed(scope, send, origin)
+            return
+        self.inflight += 1
+        try:
+            await self._serve(scope, receive, send, handler, origin)
+        finally:
+            self.inflight -= 1
+
+    async def _shed(self, scope: Scope, send: Send, origin: bytes | None) -> None:
+        if self._metrics is not None:
+            self._metrics.shed(scope["path"])
+        exc = GatewaySaturated(
+            f"this gateway serves {self.max_in_flight} requests at once "
+            "(server.max_in_flight) and is full; retry shortly"
+        )
+        extra = [*self._own, *(self.web.cors_headers(origin) if origin is not None else [])]
+        await _send_error(send, exc, request_id(scope).encode(), extra, scope["path"])
+
+    async def _serve(
+        self, scope: Scope, receive: Receive, send: Send, handler: ASGIApp, origin: bytes | None
+    ) -> None:
         ticket = self.admission.open(
             RequestRecord(request_id=request_id(scope), requested_model="", endpoint=scope["path"])
         )
         record = ticket.record
-        door = Pass(self.web, ticket, origin, send)
+        door = Pass(self.web, ticket, origin, send, self._own)
         scope[PASS] = door
         try:
             self.web.check_host(scope)
@@ -101,12 +143,20 @@ class Pass:
     """One request's way through the door: its ticket, and the ``send`` that adds the
     door's headers to the response. Owned by the task serving the request."""
 
-    def __init__(self, web: WebGuard, ticket: Ticket, origin: bytes | None, send: Send) -> None:
+    def __init__(
+        self,
+        web: WebGuard,
+        ticket: Ticket,
+        origin: bytes | None,
+        send: Send,
+        own: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
         self._web = web
         self.ticket = ticket
         self._send = send
         self.origin = origin
         self.started = False
+        self._own = own or []
 
     async def send(self, message: Message) -> None:
         if self.started:  # the per-frame path of a stream: nothing to add
@@ -122,7 +172,7 @@ class Pass:
     async def _headers(
         self, status: int, headers: list[tuple[bytes, bytes]]
     ) -> list[tuple[bytes, bytes]]:
-        extra: list[tuple[bytes, bytes]] = []
+        extra: list[tuple[bytes, bytes]] = [*self._own]
         cost = self._cost(status, headers)
         if cost is not None:
             extra.append((COST_HEADER, cost))

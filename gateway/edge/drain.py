@@ -11,14 +11,20 @@ SIGTERM, or SIGINT (Ctrl-C), skips the grace period.
 
 ``Drain`` is the one flag; it is written by the signal handler (main thread, a plain
 attribute store) and read by request handlers on the event loop of the same thread.
+
+A worker of ``llmso serve --workers N`` runs ``SupervisedServer``: the same drain, told
+by its supervisor (``gateway.fleet.supervisor``) with SIGUSR1 (a first SIGTERM) and
+SIGUSR2 (a second one), or started by itself when the supervisor is gone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
+import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -90,3 +96,38 @@ class DrainingServer(uvicorn.Server):
             log.info("drain grace over: closing the listener, letting requests finish")
             self.should_exit = True
         return await super().on_tick(counter)
+
+
+class SupervisedServer(DrainingServer):
+    """A fleet worker's server: SIGUSR1 drains as a first SIGTERM does, SIGUSR2 stops
+    as a second does; SIGTERM and SIGINT themselves are ignored, so a signal sent to the
+    whole process group (Ctrl-C, systemd, a test harness) reaches each worker once,
+    through the supervisor. ``supervisor_lost`` (on the loop) drains as SIGTERM would."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        handlers: dict[signal.Signals, Any] = {
+            signal.SIGUSR1: self._on_drain,
+            signal.SIGUSR2: self._on_stop,
+            signal.SIGTERM: signal.SIG_IGN,
+            signal.SIGINT: signal.SIG_IGN,
+        }
+        previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _on_drain(self, sig: int, frame: FrameType | None) -> None:
+        self.handle_exit(signal.SIGTERM, frame)
+
+    def _on_stop(self, sig: int, frame: FrameType | None) -> None:
+        self._drain.begin()
+        self.should_exit = True
+
+    def supervisor_lost(self) -> None:
+        self.handle_exit(signal.SIGTERM, None)

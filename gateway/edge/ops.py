@@ -1,5 +1,7 @@
 """Operational and catalogue routes: health, readiness, metrics, models, admin (models,
-per-key usage)."""
+per-key usage). In a fleet, ``/metrics`` and the admin views answer for every worker
+(``gateway.edge.views``) and admin mutations reach every worker
+(``gateway.edge.admin_actions``)."""
 
 from __future__ import annotations
 
@@ -8,12 +10,14 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import Response
 
 from gateway.access.keys import Client, NamedAdapter
 from gateway.access.usage import usage_report
 from gateway.console.gauges import NO_ENGINE_FIGURES
+from gateway.edge import views
+from gateway.edge.admin_actions import AdminAction, Applied, run_admin
 from gateway.edge.state import AppState
 from gateway.errors import RouteNotFound, Unauthorized
 from gateway.registry import ModelNotFound, ModelStatus
@@ -51,7 +55,7 @@ async def ready(request: Request) -> Response:
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
-    return Response(generate_latest(_state(request).prometheus), media_type=CONTENT_TYPE_LATEST)
+    return Response(await views.metrics_text(_state(request)), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/v1/models")
@@ -176,34 +180,51 @@ def status_dict(status: ModelStatus) -> dict[str, Any]:
 @router.get("/admin/models")
 async def admin_models(request: Request) -> Response:
     state = require_admin(request, read_only=True)
-    engines = state.console.gauges.current()
+    inflight, engines, workers = await views.models_fleet(state)
     models = [
-        {**status_dict(status), **engines.get(status.name, NO_ENGINE_FIGURES)}
+        {
+            **status_dict(status),
+            **engines.get(status.name, NO_ENGINE_FIGURES),
+            "inflight": inflight.get(status.name, status.inflight),
+        }
         for status in state.registry.list_models()
     ]
-    return json_response({"models": models, "mutations": bool(state.admin_key)})
+    body: dict[str, Any] = {"models": models, "mutations": bool(state.admin_key)}
+    if workers:
+        body["workers"] = workers
+    return json_response(body)
+
+
+def applied_response(applied: Applied) -> Response:
+    """An admin mutation's answer: the model's status here, and in a fleet the workers
+    that failed to follow (``fleet_failures``)."""
+    body = status_dict(applied.status)
+    if applied.failures:
+        body["fleet_failures"] = list(applied.failures)
+    return json_response(body)
 
 
 @router.post("/admin/models/{name}/load")
 async def admin_load(name: str, request: Request) -> Response:
     state = require_admin(request)
-    return json_response(status_dict(await state.registry.load(name)))
+    return applied_response(await run_admin(state, AdminAction("load", name)))
 
 
 @router.post("/admin/models/{name}/unload")
 async def admin_unload(name: str, request: Request) -> Response:
     state = require_admin(request)
-    return json_response(status_dict(await state.registry.unload(name)))
+    return applied_response(await run_admin(state, AdminAction("unload", name)))
 
 
 @router.post("/admin/models/{name}/drain")
 async def admin_drain(name: str, request: Request) -> Response:
     state = require_admin(request)
-    return json_response(status_dict(state.registry.drain(name)))
+    return applied_response(await run_admin(state, AdminAction("drain", name)))
 
 
 @router.get("/admin/usage")
 async def admin_usage(request: Request) -> Response:
     """Per client key, what it used and where it stands (``gateway.access.usage``)."""
     state = require_admin(request, read_only=True)
-    return json_response(await usage_report(state.admission))
+    tallies = await views.usage_tallies(state) if state.fleet is not None else None
+    return json_response(await usage_report(state.admission, tallies))

@@ -17,6 +17,9 @@ class Settings(BaseSettings):
     config: Path = Field(DEFAULT_CONFIG, description="YAML config file.")
     host: str | None = Field(None, description="Bind address; overrides server.host.")
     port: int | None = Field(None, description="Bind port; overrides server.port.")
+    workers: int | None = Field(
+        None, ge=1, le=256, description="Gateway processes; overrides server.workers."
+    )
     admin_key: str | None = Field(None, description="Bearer token for /admin; unset disables it.")
     log_level: str = Field("INFO", description="Python logging level.")
     log_format: Literal["json", "text"] = Field("json", description="Log line format.")

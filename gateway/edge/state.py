@@ -14,6 +14,7 @@ from gateway.api.responses.endpoint import ResponsesEndpoint
 from gateway.console import Console
 from gateway.edge.door import FrontDoor
 from gateway.edge.drain import Drain
+from gateway.fleet.link import FleetLink
 from gateway.observe.metrics import GatewayMetrics
 from gateway.registry import ModelRegistry
 from gateway.service.generation import CompletionService
@@ -40,6 +41,7 @@ class AppState:
     door: FrontDoor  # the HTTP checks in front of every request
     drain: Drain = field(default_factory=Drain)
     tracing: Tracing | None = None  # None: tracing off (gateway.observe.tracing is never imported)
+    fleet: FleetLink | None = None  # a worker of `llmso serve --workers N`: its hub link
 
     @property
     def max_body_bytes(self) -> int:

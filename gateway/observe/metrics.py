@@ -138,6 +138,15 @@ class GatewayMetrics:
             registry=registry,
         )
 
+        self.shed_requests = LoopCounter(
+            "llmso_shed_requests_total",
+            "Requests answered 503 at once because this process served server.max_in_flight "
+            "requests already, by API endpoint.",
+            ("endpoint",),
+            registry=registry,
+        )
+        self._shed: dict[str, Any] = {}
+
         # Per LoRA adapter (bounded: adapters are configured or registered by an admin).
         self.adapter_requests = LoopCounter(
             "llmso_adapter_requests_total",
@@ -151,6 +160,13 @@ class GatewayMetrics:
             ("model", "adapter"),
             registry=registry,
         )
+
+    def shed(self, endpoint: str) -> None:
+        """Count one request shed at the door (the process's in-flight ceiling)."""
+        child = self._shed.get(endpoint)
+        if child is None:
+            child = self._shed[endpoint] = self.shed_requests.labels(endpoint)
+        child.inc()
 
     def adapter_finished(self, model: str, adapter: str, status: str, tokens: int) -> None:
         """Count one finished request for ``adapter`` of ``model``."""

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import subprocess
@@ -67,7 +68,9 @@ def test_flag_beats_env_beats_config_beats_default(
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     config = load_config(_config(tmp_path, server))
-    assert cli.bind_address(config, Settings(), *flags) == expected
+    host, port = flags
+    bind = cli.Bind.of(argparse.Namespace(host=host, port=port), Settings(), config)
+    assert (bind.host, bind.port) == expected
 
 
 def test_serve_passes_its_flags_and_the_config_to_the_bind(
@@ -76,9 +79,9 @@ def test_serve_passes_its_flags_and_the_config_to_the_bind(
     seen: list[tuple[str, int]] = []
 
     def fake_serve(
-        config: AppConfig, settings: Settings, host: str | None, port: int | None
+        config: AppConfig, settings: Settings, bind: cli.Bind, seat: object | None
     ) -> int:
-        seen.append(cli.bind_address(config, settings, host, port))
+        seen.append((bind.host, bind.port))
         return 0
 
     monkeypatch.setattr(cli, "_serve", fake_serve)

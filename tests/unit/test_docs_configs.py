@@ -19,7 +19,9 @@ from config.loader import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 FRAGMENT = "# fragment"
-PLACEHOLDER = "models:\n  - {name: docs-placeholder-model, backend: hf, source: x}\n"
+PLACEHOLDER = (
+    'models:\n  - {name: docs-placeholder-model, backend: openai, base_url: "http://h/v1"}\n'
+)
 _BLOCK = re.compile(r"^```yaml\n(.*?)^```", re.DOTALL | re.MULTILINE)
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 

@@ -100,6 +100,13 @@ class Figure:
     compute: Callable[[], list[float]]
 
 
+def _fleet_ratio(system: str, streams: int) -> float:
+    """Requests per second through ``system`` over direct, whole run, at ``streams``."""
+    runs = _load("fleet/results.json")["runs"]
+    rps = {(r["system"], r["concurrency"]): r["summary"]["requests_per_s"] for r in runs}
+    return float(rps[(system, streams)] / rps[("direct", streams)])
+
+
 MODELS = "models/results.json"
 PREFIX = "prefix/results.json"
 QWEN = "shapes/qwen2.5-0.5b/results.json"
@@ -163,6 +170,10 @@ def _plan_example(a: str, b: str) -> float:
 
 # docs/benchmarks/README.md's suite index: the headline column, by suite.
 INDEX_FIGURES: dict[str, Figure] = {
+    "fleet": Figure(
+        ("fleet/results.json",),
+        lambda: [_fleet_ratio("llmso-w1", 1024), _fleet_ratio("llmso-w2", 1024)],
+    ),
     "models": Figure((MODELS,), lambda: _tok_ratios(MODELS, HF, VLLM, (1, 64))),
     "prefix": Figure(
         (PREFIX,),

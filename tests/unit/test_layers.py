@@ -9,8 +9,8 @@ a function-local import cannot hide a cycle. The contracts:
 - ``config`` never imports ``gateway`` or ``bench``;
 - inside ``gateway``, every package (and top-level module) imports only those below it
   in ``MAY_IMPORT``: ``cli`` -> ``app`` -> ``edge`` -> ``batch`` -> ``api`` -> ``service``
-  -> ``access`` -> ``registry`` -> ``observe``, with ``console`` under the edge and
-  ``errors`` at the bottom (docs/architecture.md). Nothing below the edge imports it.
+  -> ``access`` -> ``registry`` -> ``observe``, with ``console`` and ``fleet`` under the
+  edge and ``errors`` at the bottom (docs/architecture.md). Nothing below the edge imports it.
   Every package under ``gateway/`` has a row, and the rows point down (no package may
   reach itself through them).
 """
@@ -165,9 +165,10 @@ def test_the_checks_see_hidden_cycles_and_banned_imports(tmp_path: Path) -> None
 
 
 MAY_IMPORT = {
-    "cli": {"app", "edge", "observe"},
+    "cli": {"app", "edge", "fleet", "observe"},
     "app": {
         "edge",
+        "fleet",
         "batch",
         "console",
         "api",
@@ -177,7 +178,18 @@ MAY_IMPORT = {
         "observe",
         "errors",
     },
-    "edge": {"batch", "console", "api", "service", "access", "registry", "observe", "errors"},
+    "edge": {
+        "fleet",
+        "batch",
+        "console",
+        "api",
+        "service",
+        "access",
+        "registry",
+        "observe",
+        "errors",
+    },
+    "fleet": {"api", "access"},
     "batch": {"api", "access", "registry", "observe", "errors"},
     "console": {"observe"},
     "api": {"service", "observe", "errors"},
@@ -192,7 +204,9 @@ imports. ``edge`` is the HTTP layer: the ASGI entry point, the front door's HTTP
 the operational and console routes. ``batch`` and ``console`` sit under it (the batch
 runner serves lines through ``api``'s endpoints; the console holds what its views show),
 ``access`` (client keys, limits, usage) under the service, which asks it which models a
-key may use. ``errors`` is a module: the HTTP-only errors and their one renderer."""
+key may use. ``fleet`` (the workers of ``--workers N``, their supervisor and hub) sits
+under the edge, whose views merge what it gathers, and over ``api`` and ``access``,
+whose stores its hub serves. ``errors`` is a module: the HTTP-only errors and their one renderer."""
 
 
 def gateway_package(module: str) -> str:

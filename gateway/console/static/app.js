@@ -71,7 +71,8 @@ async function tick() {
     playground.setModels(names);
     setFilterModels(names);
     needKey = false;
-    setStatus(`Updated ${new Date().toLocaleTimeString([], { hour12: false })}`);
+    const fleet = stats.workers > 1 ? `, ${stats.workers} workers` : "";
+    setStatus(`Updated ${new Date().toLocaleTimeString([], { hour12: false })}${fleet}`);
   } catch (error) {
     if (error instanceof ApiError && error.status === 401) {
       needKey = true;

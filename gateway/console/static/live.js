@@ -1,5 +1,7 @@
 // Live load cards, one per model, from /admin/stats. Requests/s, tokens/s and errors come
 // as per-second series from the server; percentiles and gauges are kept here as history.
+// "overhead" is the gateway's own time per request over the last minute (the mean of
+// llmso_overhead_seconds: time not spent waiting on the upstream), over every worker.
 
 import { History, Sparkline } from "./charts.js";
 import { el, percent, rate, seconds } from "./format.js";
@@ -40,6 +42,7 @@ class ModelCard {
       itl50: fact(facts, "ITL p50"),
       itl95: fact(facts, "ITL p95"),
       e2e95: fact(facts, "E2E p95"),
+      overhead: fact(facts, "overhead"),
       inflight: fact(facts, "in flight"),
       errors4: fact(facts, "4xx"),
       errors5: fact(facts, "5xx"),
@@ -70,6 +73,7 @@ class ModelCard {
     this.facts.itl50.textContent = seconds(stats.itl_p50_s);
     this.facts.itl95.textContent = seconds(stats.itl_p95_s);
     this.facts.e2e95.textContent = seconds(stats.e2e_p95_s);
+    this.facts.overhead.textContent = seconds(stats.overhead_mean_s);
     this.facts.inflight.textContent = String(stats.inflight);
     this.facts.errors4.textContent = String(stats.errors_4xx);
     this.facts.errors5.textContent = String(stats.errors_5xx);
