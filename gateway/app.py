@@ -95,7 +95,9 @@ def build_app(
     admission = Admission(
         config, registry, gateway_metrics, prometheus, store=_fleet_limits(config, fleet)
     )
-    seal = ThoughtSeal(config.server.reasoning_secret)
+    seal = ThoughtSeal(
+        config.server.reasoning_secret or (fleet.seat.seal_secret if fleet is not None else None)
+    )
     state = AppState(
         config=config,
         prometheus=prometheus,

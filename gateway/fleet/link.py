@@ -29,17 +29,20 @@ log = logging.getLogger(__name__)
 HUB_ENV = "LLMSO_FLEET_HUB"
 WORKER_ENV = "LLMSO_FLEET_WORKER"
 WORKERS_ENV = "LLMSO_WORKERS"
+SECRET_ENV = "LLMSO_FLEET_SEAL_SECRET"
 GATHER_TIMEOUT = 5.0
 """Seconds the hub waits for each worker's reply to a gather or a broadcast."""
 
 
 @dataclass(frozen=True, slots=True)
 class Seat:
-    """Where a worker sits: its index, the fleet's size and the hub's socket."""
+    """Where a worker sits: its index, the fleet's size and the hub's socket; and the
+    key the fleet's workers sign thoughts with when the config names none."""
 
     hub: str
     worker: int
     workers: int
+    seal_secret: str | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Seat | None:
@@ -47,7 +50,12 @@ class Seat:
         hub = env.get(HUB_ENV)
         if not hub:
             return None
-        return cls(hub=hub, worker=int(env[WORKER_ENV]), workers=int(env[WORKERS_ENV]))
+        return cls(
+            hub=hub,
+            worker=int(env[WORKER_ENV]),
+            workers=int(env[WORKERS_ENV]),
+            seal_secret=env.get(SECRET_ENV),
+        )
 
 
 @dataclass(frozen=True, slots=True)

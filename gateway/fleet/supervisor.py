@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -43,7 +44,7 @@ from pathlib import Path
 from config.frontdoor import LimitsConfig
 from config.schema import AppConfig, ResponsesConfig
 from gateway.fleet.hub import Hub
-from gateway.fleet.link import HUB_ENV, WORKER_ENV, WORKERS_ENV
+from gateway.fleet.link import HUB_ENV, SECRET_ENV, WORKER_ENV, WORKERS_ENV
 from gateway.fleet.sockets import reuseport_socket
 from gateway.fleet.stores import SharedStores
 
@@ -99,6 +100,9 @@ class Supervisor:
         self._drains_sent = 0
         self._failed = False
         self.port = plan.port
+        # One key for every worker's ThoughtSeal when the config names none, so a thought
+        # handed out by one worker is read back by any other (docs/reasoning.md).
+        self._seal_secret = secrets.token_hex(32)
 
     def run(self) -> int:
         import uvloop  # the loop the workers run on too: the hub's store calls cost less
@@ -146,6 +150,7 @@ class Supervisor:
             WORKERS_ENV: str(self.plan.workers),
             HUB_ENV: os.path.join(run_dir, "hub.sock"),
             WORKER_ENV: str(index),
+            SECRET_ENV: self._seal_secret,
         }
 
     async def _keep(self, index: int, run_dir: str) -> None:

@@ -341,3 +341,18 @@ def test_the_plan_serves_from_the_hub_only_what_has_no_redis() -> None:
     assert redis.limits is None and redis.responses is None
     split = plan(limits={"store": "redis://r:6379/0"}, responses={"store": "memory"})
     assert split.limits is None and split.responses is not None
+
+
+def test_every_worker_seals_thoughts_with_the_fleets_key() -> None:
+    """Without server.reasoning_secret, a thought sealed by one worker opens on another:
+    the supervisor hands every worker the same key (a random one per process would
+    refuse it)."""
+    from gateway.api.thought_seal import ThoughtSeal
+    from gateway.fleet.link import HUB_ENV, SECRET_ENV, WORKER_ENV, WORKERS_ENV, Seat
+
+    env = {HUB_ENV: "/tmp/hub.sock", WORKERS_ENV: "2", SECRET_ENV: "k" * 64}
+    seats = [Seat.from_environ({**env, WORKER_ENV: str(i)}) for i in (0, 1)]
+    assert all(seat is not None and seat.seal_secret == "k" * 64 for seat in seats)
+    first, second = (ThoughtSeal(seat.seal_secret if seat else None) for seat in seats)
+    assert second.open(first.seal("a thought"), "encrypted_content") == "a thought"
+    assert Seat.from_environ({**env, SECRET_ENV: "", WORKER_ENV: "0"}) is not None
