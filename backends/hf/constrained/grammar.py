@@ -141,15 +141,18 @@ class GrammarBook:
 _JSON_OBJECT_WHITESPACE = 8  # a newline and indentation three levels deep
 
 
-def check_budget(constraint: Constraint, request: GenerationRequest) -> None:
-    """Refuse a ``max_tokens`` below the fewest tokens the value needs: it could only
-    end cut, as JSON that does not parse."""
-    least, wanted = constraint.min_tokens, request.sampling.max_tokens
+def check_budget(constraint: Constraint, request: GenerationRequest, before: int = 0) -> None:
+    """Refuse a ``max_tokens`` below the fewest tokens the value needs (and ``before``:
+    a reasoning model's closing of its thought, which comes first): it could only end
+    cut, as JSON that does not parse."""
+    value, wanted = constraint.min_tokens, request.sampling.max_tokens
+    least = value + before if value else 0
     if wanted is not None and wanted < least:  # unset: the engine's limit is the room left
+        thought = f", after {before} to close the thought," if before else ""
         raise InvalidRequest(
             f"max_tokens is {wanted}, but the shortest value this "
-            f"{'tool call' if tools_active(request) else 'schema'} allows takes {least} "
-            f"tokens: set max_tokens to at least {least}",
+            f"{'tool call' if tools_active(request) else 'schema'} allows takes {value} "
+            f"tokens{thought}: set max_tokens to at least {least}",
             param="max_tokens",
         )
 
