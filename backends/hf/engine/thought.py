@@ -72,7 +72,7 @@ def resolve(model: str, parser: str | None, tokenizer: Any) -> ThoughtMarkup | N
         log.warning("%s: %r does not tokenize back to itself: no thinking budget", model, name)
         closing = ()
     opening = _encode(tokenizer, fmt.opening)
-    special = frozenset(int(i) for i in tokenizer.all_special_ids)
+    special = _special_ids(tokenizer)
     markers = special.intersection(closing + opening)
     markup = ThoughtMarkup(
         fmt,
@@ -92,6 +92,14 @@ def resolve(model: str, parser: str | None, tokenizer: Any) -> ThoughtMarkup | N
         "read" if markup.effort else "not read",
     )
     return markup
+
+
+def _special_ids(tokenizer: Any) -> frozenset[int]:
+    """Every token a decode with ``skip_special_tokens`` leaves out: the named special
+    tokens and each added token marked special."""
+    added = getattr(tokenizer, "added_tokens_decoder", {})
+    marked = {int(i) for i, token in added.items() if getattr(token, "special", False)}
+    return frozenset(int(i) for i in tokenizer.all_special_ids) | marked
 
 
 def _encode(tokenizer: Any, text: str) -> tuple[int, ...]:
