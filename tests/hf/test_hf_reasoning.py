@@ -192,6 +192,18 @@ async def test_each_choice_keeps_its_own_budget(backend: HFBackend) -> None:
     assert all(result.thought(i) and result.text(i) for i in (0, 1))
 
 
+async def test_stop_strings_end_the_answer_not_the_thought(backend: HFBackend) -> None:
+    whole = await collect(backend.generate(ask(max_tokens=24, budget=8)))
+    in_thought = whole.thought().split()[1]
+    in_answer = whole.text().split()[2]
+    assert in_thought not in whole.text() and in_answer not in whole.thought()
+    stops = (in_thought, in_answer)
+    cut = await collect(backend.generate(ask(max_tokens=24, budget=8, stop=stops)))
+    assert cut.thought() == whole.thought()  # its stop string did not end it
+    assert cut.reason() == "stop" and whole.text().startswith(cut.text())
+    assert cut.text() == whole.text()[: whole.text().index(in_answer)]
+
+
 @pytest.mark.parametrize("budget", [4, None], ids=["thinking-budget", "max-tokens"])
 async def test_a_required_tool_call_is_read_from_the_answer(
     backend: HFBackend, budget: int | None

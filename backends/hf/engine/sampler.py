@@ -70,7 +70,7 @@ def _constrain(logits: torch.Tensor, choices: list[Choice]) -> None:
     """Each row's allowed tokens, in place: a forced token alone (a thought's closing or
     opening, a value's closing by budget); else the grammar's tokens where the choice
     answers, those and the thought's opening while it may still open one, and while it
-    thinks anything but the end of the sequence when a grammar waits for its answer (the
+    thinks anything but the end of the sequence when its grammar requires a value (the
     answer must come)."""
     grammar: list[tuple[int, Any]] = []
     opening: list[tuple[int, int, torch.Tensor]] = []
@@ -90,7 +90,8 @@ def _constrain(logits: torch.Tensor, choices: list[Choice]) -> None:
             continue
         phase = Phase.ANSWERING if thought is None else thought.phase
         if phase is Phase.THINKING:
-            logits[row, list(choice.request.eos_ids)] = float("-inf")
+            if _answer_required(choice):
+                logits[row, list(choice.request.eos_ids)] = float("-inf")
             continue
         grammar.append((row, choice.matcher))
         token = thought.next_opening() if thought is not None else None
@@ -105,9 +106,16 @@ def _constrain(logits: torch.Tensor, choices: list[Choice]) -> None:
 
 def _reserve(choice: Choice) -> int | None:
     """The tokens a thought must leave for the answer: the shortest value of a grammar
-    that closes by budget (None: the answer is free, or may be cut)."""
+    that closes by budget (None: the answer is free, may be empty, or may be cut)."""
     grammar = choice.request.grammar
-    return grammar.min_tokens if grammar is not None and choice.closing is not None else None
+    if grammar is None or choice.closing is None:
+        return None
+    return grammar.min_tokens or None
+
+
+def _answer_required(choice: Choice) -> bool:
+    grammar = choice.request.grammar
+    return grammar is not None and grammar.required
 
 
 def _answering(choice: Choice) -> bool:
