@@ -15,6 +15,10 @@ a slot runner: the packed ``DecoderRunner``, or for a model type it does not cov
 ``static`` runs padded batches to completion with transformers' own forward
 (``static_scheduler.py``), only when ``scheduling: static`` is configured; it is also
 what the load error suggests for a model neither runner computes exactly.
+
+A reasoning model (``reasoning``, the markup ``assemble`` resolved): each chat request's
+choices start their thought where the rendered prompt leaves it (``thought.py``); a
+completion is never split.
 """
 
 from __future__ import annotations
