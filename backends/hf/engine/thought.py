@@ -69,7 +69,12 @@ def resolve(model: str, parser: str | None, tokenizer: Any) -> ThoughtMarkup | N
     fmt = reasoning_format(name)
     closing = _encode(tokenizer, fmt.closing)
     if fmt.closing.strip() not in tokenizer.decode(closing, skip_special_tokens=False):
-        log.warning("%s: %r does not tokenize back to itself: no thinking budget", model, name)
+        log.warning(
+            "%s: the %s closing %r does not tokenize back to itself: no thinking budget",
+            model,
+            name,
+            fmt.closing,
+        )
         closing = ()
     opening = _encode(tokenizer, fmt.opening)
     special = _special_ids(tokenizer)
