@@ -13,8 +13,8 @@ A generation request's path through them:
    for other decoders, over the slot KV cache and the prefix cache.
 
 Once per load: ``loading`` resolves the source and loads weights and tokenizer, then
-``assemble.assemble`` builds the engine's parts (grammar book, adapter pool, runner,
-prefix cache, the scheduler's constructor, the memory the registry counts).
+``assemble.assemble`` builds the engine's parts (grammar book, thought markup, adapter
+pool, runner, prefix cache, the scheduler's constructor, the memory the registry counts).
 
 The rooms:
 

@@ -3,6 +3,8 @@
 What it builds, from the model's config, in this order:
 
 - the grammar book (``constrained.grammar``): compiles each constrained request's grammar;
+- the thought markup (``engine.thought.resolve``): the reasoning parser the config names,
+  or the one ``auto`` finds in the chat template and tokens (None: all answer);
 - ``scheduling: static``: the ``StaticScheduler`` (``engine.static_scheduler``) over
   transformers' own forward; nothing else;
 - otherwise the LoRA adapter pool (``adapters.pool``, when ``enable_lora``), whose first
@@ -38,6 +40,7 @@ from backends.hf.engine.detokenizer import TokenTable
 from backends.hf.engine.engine import StepPolicy
 from backends.hf.engine.scheduler import ContinuousScheduler
 from backends.hf.engine.static_scheduler import StaticScheduler
+from backends.hf.engine.thought import ThoughtMarkup, resolve
 from backends.hf.loading.loader import LoadedModel, ModelLoadError, threads_for
 from backends.hf.loading.quantization import quant_plan
 from backends.hf.model.families import Unsupported
@@ -65,6 +68,7 @@ class EngineParts:
     # runs; other threads change it only through ``Engine.between_steps``.
     runner: DecoderRunner | ModuleRunner | None = None
     adapters: AdapterPool | None = None  # LoRA (``enable_lora``); the runner is packed then
+    reasoning: ThoughtMarkup | None = None  # the model's thought markup (None: all answer)
 
 
 def assemble(
@@ -83,6 +87,7 @@ def assemble(
         stop_ids=loaded.eos_ids,
         close_by_budget=config.close_json_by_budget,
     )
+    reasoning = resolve(config.name, config.reasoning_parser, loaded.tokenizer)
     torch.set_num_threads(threads_for(config))
     if config.scheduling == "static":
         static = functools.partial(
@@ -93,7 +98,7 @@ def assemble(
             batch_window_s=config.batch_window_ms / 1000.0,
             observer=observer,
         )
-        return EngineParts(loaded, grammars, static, STATIC_PATH)
+        return EngineParts(loaded, grammars, static, STATIC_PATH, reasoning=reasoning)
     adapters = _adapter_pool(config, loaded, install_bank) if config.lora else None
     runner = _runner(config, loaded, adapters)
     _log_runner(config, runner)
@@ -118,7 +123,7 @@ def assemble(
         adapter_place=place,
     )
     loaded = dataclasses.replace(loaded, memory_bytes=memory)
-    return EngineParts(loaded, grammars, continuous, runner.path, runner, adapters)
+    return EngineParts(loaded, grammars, continuous, runner.path, runner, adapters, reasoning)
 
 
 def _adapter_pool(

@@ -36,6 +36,7 @@ from backends.base import (
     ModelInfo,
     NotReady,
     Overloaded,
+    RequestKind,
     Started,
     Usage,
 )
@@ -45,6 +46,7 @@ from backends.hf.assemble import EngineParts, assemble
 from backends.hf.constrained.grammar import GrammarBook, check_budget, grammar_spec
 from backends.hf.engine.engine import Engine, EngineLimits, Submission
 from backends.hf.engine.outputs import Item, StepOutputs
+from backends.hf.engine.thought import ThoughtMarkup
 from backends.hf.engine.waiting import shed_limit
 from backends.hf.loading.load_thread import run_in_own_thread
 from backends.hf.loading.loader import LoadedModel, load, threads_for
@@ -130,6 +132,7 @@ class HFBackend:
             max_queue=self._config.max_queue,
             threads=threads_for(self._config),
             device=loaded.device,
+            reasoning=parts.reasoning,
         )
         self._failed = None
         self._engine.start()
@@ -206,6 +209,7 @@ class HFBackend:
         parts, loaded = self._parts, self._loaded
         if parts is None or loaded is None:
             return ModelInfo(max_context=self._config.max_context, features=features)
+        features |= _reasoning_features(parts.reasoning)
         return ModelInfo(
             features=features,
             max_context=loaded.max_context,
@@ -255,7 +259,7 @@ class HFBackend:
             # Compiling takes milliseconds to seconds: never on the loop or engine thread.
             grammar = await asyncio.to_thread(grammars.compile, request)
             if grammar is not None:
-                check_budget(grammar, request)
+                check_budget(grammar, request, self._closing_tokens(request))
         try:
             engine.inbox.put_nowait(Submission(request, sink, queued_at, grammar))
         except queue.Full:
@@ -296,6 +300,14 @@ class HFBackend:
             raise NotReady(f"model {model!r} is not loaded", retry_after=1.0)
         return tokens
 
+    def _closing_tokens(self, request: GenerationRequest) -> int:
+        """The tokens a thought's closing takes before a constrained answer: those of the
+        model's closing for a chat request that may think, else 0."""
+        markup = None if self._parts is None else self._parts.reasoning
+        if markup is None or request.kind is not RequestKind.CHAT:
+            return 0
+        return 0 if request.reasoning.thinking is False else len(markup.closing_ids)
+
     # ------------------------------------------------------------------ engine thread -> loop
 
     def _post(self, out: StepOutputs) -> None:
@@ -318,6 +330,21 @@ class HFBackend:
         self._failed = reason
         if self._on_crash is not None:
             self._on_crash(reason)
+
+
+def _reasoning_features(markup: ThoughtMarkup | None) -> set[Feature]:
+    """A reasoning model's thought is split off; the switch and the effort are honoured
+    where the chat template reads them, a budget where the closing can be forced."""
+    if markup is None:
+        return set()
+    features = {Feature.REASONING}
+    if markup.switch is not None:
+        features.add(Feature.THINKING_SWITCH)
+    if markup.effort:
+        features.add(Feature.REASONING_EFFORT)
+    if markup.closing_ids:
+        features.add(Feature.THINKING_BUDGET)
+    return features
 
 
 def _dispatch(out: StepOutputs) -> None:

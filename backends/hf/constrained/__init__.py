@@ -8,6 +8,10 @@ keeps its value able to end within ``max_tokens``.
   that complete the value from the matcher's state, forced once the tokens left would
   not fit more; the choice then finishes ``closed_by_budget``.
 
+A reasoning model's choice thinks first: the engine (``engine.sampler``,
+``engine.outputs``) feeds its matcher from the answer's first token only, and closes the
+thought while the shortest value still fits.
+
 "Budget" in this room is always a request's ``max_tokens``; memory budgets are counted
 in ``backends.hf.assemble`` and ``loading.memory_estimate``.
 

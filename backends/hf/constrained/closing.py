@@ -234,8 +234,3 @@ def _fits(closer: Closer, matcher: Any, closing: bytes, left: int) -> bool:
         return True
     ids = closer.tokens(matcher, closing)
     return ids is not None and len(ids) <= left
-
-
-def guarded_rows(choices: Sequence[Any]) -> list[int]:
-    """Rows whose choice is closing by budget (their next token is forced)."""
-    return [row for row, c in enumerate(choices) if c.closing is not None and c.closing.forcing]

@@ -50,11 +50,14 @@ def _xgr() -> ModuleType:
 class Constraint:
     """A compiled grammar and how its choices close by budget: ``closer`` is ``None``
     when the model's ``close_json_by_budget`` is off; ``min_tokens`` is the fewest tokens
-    of a value the grammar requires (0 when it allows ending at once: ``auto`` tools)."""
+    of a value the grammar requires (0 when it allows ending at once: ``auto`` tools, or
+    when nothing closes by budget); ``required``: the answer must hold a value (false for
+    ``auto`` tools, where plain text or nothing will do)."""
 
     compiled: Any
     closer: Closer | None = None
     min_tokens: int = 0
+    required: bool = True
 
 
 class GrammarBook:
@@ -109,10 +112,11 @@ class GrammarBook:
             compiled = self._build(kind, payload)
         except Exception as exc:  # xgrammar raises RuntimeError/ValueError subclasses
             raise InvalidRequest(f"cannot compile the grammar: {exc}", param=param) from None
-        constraint = Constraint(compiled)
+        required = not (kind == "tools" and request.effective_tool_choice.mode == "auto")
+        constraint = Constraint(compiled, required=required)
         if self._closer is not None:
             least = min_tokens(self._closer, new_matcher(constraint))
-            constraint = Constraint(compiled, self._closer, least or 0)
+            constraint = Constraint(compiled, self._closer, least or 0, required)
         with self._lock:
             self._cache[key] = constraint
             while len(self._cache) > self._capacity:
@@ -141,15 +145,18 @@ class GrammarBook:
 _JSON_OBJECT_WHITESPACE = 8  # a newline and indentation three levels deep
 
 
-def check_budget(constraint: Constraint, request: GenerationRequest) -> None:
-    """Refuse a ``max_tokens`` below the fewest tokens the value needs: it could only
-    end cut, as JSON that does not parse."""
-    least, wanted = constraint.min_tokens, request.sampling.max_tokens
+def check_budget(constraint: Constraint, request: GenerationRequest, before: int = 0) -> None:
+    """Refuse a ``max_tokens`` below the fewest tokens the value needs (and ``before``:
+    a reasoning model's closing of its thought, which comes first): it could only end
+    cut, as JSON that does not parse."""
+    value, wanted = constraint.min_tokens, request.sampling.max_tokens
+    least = value + before if value else 0
     if wanted is not None and wanted < least:  # unset: the engine's limit is the room left
+        thought = f", after {before} to close the thought," if before else ""
         raise InvalidRequest(
             f"max_tokens is {wanted}, but the shortest value this "
-            f"{'tool call' if tools_active(request) else 'schema'} allows takes {least} "
-            f"tokens: set max_tokens to at least {least}",
+            f"{'tool call' if tools_active(request) else 'schema'} allows takes {value} "
+            f"tokens{thought}: set max_tokens to at least {least}",
             param="max_tokens",
         )
 

@@ -11,9 +11,13 @@ and emits the step's events.
 - ``waiting``: the continuous scheduler's waiting queue (priority, arrival, aging) and
   ``shed_limit``, the backend's bound per priority;
 - ``sequence``: ``RequestState`` and ``Choice``, one request's and each choice's state;
-- ``sampler``: the next token of every row of a step (grammar masks, closing guards);
+- ``sampler``: the next token of every row of a step (grammar masks, closing guards,
+  a thought's forced closing);
 - ``prompt_scores``: prompt log-probabilities from the logits a prefill computes;
-- ``outputs``: tokens into events (EOS, stop strings, length, usage);
+- ``outputs``: tokens into events (EOS, stop strings, length, the thought apart from
+  the answer, usage);
+- ``thought``: a reasoning model's thought: the markup resolved at load, and per choice
+  the parser, the phase its grammar follows, its reasoning tokens, a forced closing;
 - ``detokenizer``: incremental detokenization, stop strings across tokens, ``TokenTable``.
 
 Owner: the engine thread owns everything built here once the engine runs (the

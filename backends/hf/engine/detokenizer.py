@@ -4,7 +4,9 @@
 emitting half a UTF-8 character: byte-level BPE splits a Korean syllable or an emoji
 over several tokens, and decoding such a prefix yields U+FFFD; we hold those tokens
 back until the character completes. It decodes only a short window (a few tokens of
-context plus the unread ones), so the cost per token stays constant.
+context plus the unread ones), so the cost per token stays constant. Special tokens are
+left out of the text, except those a reasoning parser must read (harmony's channel
+markers are special tokens): given ``hidden``, only those are left out.
 
 ``StopMatcher`` finds stop strings that may span tokens, cuts them (and everything after
 them) from the output, and holds back any tail that could still become a stop string.
@@ -27,8 +29,19 @@ class TokenDecoder(Protocol):
 class IncrementalDetokenizer:
     """Text deltas from a growing list of token ids (see module docstring)."""
 
-    def __init__(self, tokenizer: TokenDecoder, prompt_ids: list[int] | tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        tokenizer: TokenDecoder,
+        prompt_ids: list[int] | tuple[int, ...],
+        hidden: frozenset[int] | None = None,
+    ) -> None:
         self._tok = tokenizer
+        # None: the tokenizer skips every special token; else the ones to skip here, and
+        # the other special tokens decode as text.
+        self._hidden = hidden
+        self._skip = hidden is None
+        if hidden:
+            prompt_ids = [i for i in prompt_ids if i not in hidden]
         # A little prompt context makes word-boundary spaces decode as in the full text.
         self._ids: list[int] = list(prompt_ids[-_CONTEXT_TOKENS:])
         self._prefix = 0
@@ -36,11 +49,13 @@ class IncrementalDetokenizer:
 
     def push(self, token_id: int) -> str:
         """Add one token; return the newly completed text (possibly empty)."""
+        if self._hidden is not None and token_id in self._hidden:
+            return ""
         self._ids.append(token_id)
         prefix_text = self._tok.decode(
-            self._ids[self._prefix : self._read], skip_special_tokens=True
+            self._ids[self._prefix : self._read], skip_special_tokens=self._skip
         )
-        full_text = self._tok.decode(self._ids[self._prefix :], skip_special_tokens=True)
+        full_text = self._tok.decode(self._ids[self._prefix :], skip_special_tokens=self._skip)
         if len(full_text) <= len(prefix_text) or full_text.endswith(_REPLACEMENT):
             return ""
         delta = full_text[len(prefix_text) :]
@@ -58,9 +73,9 @@ class IncrementalDetokenizer:
         if self._read >= len(self._ids):
             return ""
         prefix_text = self._tok.decode(
-            self._ids[self._prefix : self._read], skip_special_tokens=True
+            self._ids[self._prefix : self._read], skip_special_tokens=self._skip
         )
-        full_text = self._tok.decode(self._ids[self._prefix :], skip_special_tokens=True)
+        full_text = self._tok.decode(self._ids[self._prefix :], skip_special_tokens=self._skip)
         self._prefix = self._read = len(self._ids)
         return full_text[len(prefix_text) :]
 

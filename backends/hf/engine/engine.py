@@ -15,6 +15,10 @@ a slot runner: the packed ``DecoderRunner``, or for a model type it does not cov
 ``static`` runs padded batches to completion with transformers' own forward
 (``static_scheduler.py``), only when ``scheduling: static`` is configured; it is also
 what the load error suggests for a model neither runner computes exactly.
+
+A reasoning model (``reasoning``, the markup ``assemble`` resolved): each chat request's
+choices start their thought where the rendered prompt leaves it (``thought.py``); a
+completion is never split.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from backends.errors import StepFailed
 from backends.hf.engine.detokenizer import TokenTable
 from backends.hf.engine.outputs import StepOutputs
 from backends.hf.engine.sequence import RequestState, make_choices
+from backends.hf.engine.thought import ThoughtMarkup
 from backends.hop_metrics import WorkerObserver
 from backends.tool_markup.prompt import render_chat
 
@@ -118,6 +123,7 @@ class Engine:
         max_queue: int,
         threads: int,
         device: torch.device,
+        reasoning: ThoughtMarkup | None = None,
     ) -> None:
         self.inbox: queue.Queue[Submission | _Stop] = queue.Queue(maxsize=max_queue + 1)
         self.aborts: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -133,6 +139,7 @@ class Engine:
         self._observer = observer
         self._threads = threads
         self._device = device
+        self._reasoning = reasoning
         self._stopping = threading.Event()
         self._by_sink: dict[int, RequestState] = {}
         self._failed_steps = 0  # consecutive
@@ -222,7 +229,7 @@ class Engine:
 
     def _admit(self, sub: Submission, out: StepOutputs) -> RequestState | None:
         try:
-            prompt_ids = self._tokenize(sub.request)
+            prompt_ids, rendered = self._tokenize(sub.request)
             max_tokens = self._max_tokens(sub.request, len(prompt_ids))
             if sub.request.sampling.n > self._limits.max_num_seqs:
                 raise InvalidRequest(
@@ -243,14 +250,24 @@ class Engine:
             queued_at=sub.queued_at,
             eos_ids=self._eos,
             grammar=sub.grammar,
+            in_thought=self._in_thought(sub.request, rendered),
         )
-        make_choices(state, self._tok, self._device)
+        make_choices(state, self._tok, self._device, self._reasoning)
         return state
 
-    def _tokenize(self, request: GenerationRequest) -> list[int]:
+    def _in_thought(self, request: GenerationRequest, rendered: str | None) -> bool | None:
+        """Where a chat request's output starts, for a reasoning model (None: no split;
+        a completion's text is raw, as vLLM's is)."""
+        if self._reasoning is None or rendered is None:
+            return None
+        return self._reasoning.format.starts_in_thought(rendered, request.reasoning.thinking)
+
+    def _tokenize(self, request: GenerationRequest) -> tuple[list[int], str | None]:
+        """The prompt's token ids, and its text where a chat template rendered it."""
+        rendered = None
         if request.kind is RequestKind.CHAT:
-            text = render_chat(self._tok, request)
-            ids = list(self._tok(text, add_special_tokens=False)["input_ids"])
+            rendered = render_chat(self._tok, request)
+            ids = list(self._tok(rendered, add_special_tokens=False)["input_ids"])
         elif request.prompt_token_ids:
             ids = list(request.prompt_token_ids)
             vocab = len(self._tok)
@@ -262,7 +279,7 @@ class Engine:
             ids = list(self._tok(request.prompt)["input_ids"])
         if not ids:
             raise InvalidRequest("the prompt is empty", param="prompt")
-        return ids
+        return ids, rendered
 
     def _max_tokens(self, request: GenerationRequest, prompt_tokens: int) -> int:
         limit = self._limits.max_context

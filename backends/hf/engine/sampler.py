@@ -8,20 +8,25 @@ Logprobs are the model's log-softmax (after penalties and any grammar mask, befo
 temperature), with the requested number of top alternatives. A constrained choice that
 is closing its value by budget (``constrained.closing``) has its row masked to the one token it
 must emit; one whose sampled token would leave no room to close is given, instead, the
-first token of its closing.
+first token of its closing. A reasoning model's choice (``thought``) is free while it
+thinks and constrained once it answers; its thought's closing, when forced (a thinking
+budget spent, or only room left for the closing and the shortest constrained answer), is
+the one token of its row.
 
 Owner: the engine thread.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from backends.base import TokenLogprob, TopLogprob
-from backends.hf.constrained.closing import guarded_rows
 from backends.hf.constrained.grammar import mask_rows
 from backends.hf.engine.detokenizer import TokenTable
 from backends.hf.engine.sequence import Choice
+from backends.reasoning import Phase
 
 
 def _needs_row_work(choice: Choice) -> bool:
@@ -39,12 +44,10 @@ def sample(
 ) -> list[tuple[int, TokenLogprob | None]]:
     """One token (and its logprob entry when asked) per row of ``logits`` ([rows, vocab]).
 
-    Rows of constrained choices are masked by their grammar first (in place), so the
-    batch-wide argmax and the per-row draws both only see allowed tokens.
+    Rows are constrained first (in place: ``_constrain``), so the batch-wide argmax and
+    the per-row draws both only see allowed tokens.
     """
-    mask_rows(logits, [(row, c.matcher) for row, c in enumerate(choices) if c.matcher is not None])
-    for row in guarded_rows(choices):
-        _only(logits[row], choices[row].closing.next_forced())  # type: ignore[union-attr]
+    _constrain(logits, choices)
     greedy = logits.argmax(-1).tolist()
     results: list[tuple[int, TokenLogprob | None]] = []
     for row, choice in enumerate(choices):
@@ -53,7 +56,7 @@ def sample(
         else:
             results.append(_sample_row(logits[row], choice, table))
         guard = choice.closing
-        if guard is not None and not guard.forcing:
+        if guard is not None and not guard.forcing and _answering(choice):
             left = choice.request.max_tokens - len(choice.output_ids) - 1
             instead = guard.check(choice.matcher, results[row][0], left)
             if instead is not None:
@@ -61,6 +64,63 @@ def sample(
                 entry = _sample_row(logits[row], choice, table)[1] if results[row][1] else None
                 results[row] = (instead, entry)
     return results
+
+
+def _constrain(logits: torch.Tensor, choices: list[Choice]) -> None:
+    """Each row's allowed tokens, in place: a forced token alone (a thought's closing or
+    opening, a value's closing by budget); else the grammar's tokens where the choice
+    answers, those and the thought's opening while it may still open one, and while it
+    thinks anything but the end of the sequence when its grammar requires a value (the
+    answer must come)."""
+    grammar: list[tuple[int, Any]] = []
+    opening: list[tuple[int, int, torch.Tensor]] = []
+    forced: list[tuple[int, int]] = []
+    for row, choice in enumerate(choices):
+        thought = choice.thought
+        if thought is not None:
+            left = choice.request.max_tokens - len(choice.output_ids)
+            thought.plan_closing(left, _reserve(choice))
+            if thought.forcing:
+                forced.append((row, thought.plan[0]))
+                continue
+        if choice.closing is not None and choice.closing.forcing:
+            forced.append((row, choice.closing.next_forced()))
+            continue
+        if choice.matcher is None:
+            continue
+        phase = Phase.ANSWERING if thought is None else thought.phase
+        if phase is Phase.THINKING:
+            if _answer_required(choice):
+                logits[row, list(choice.request.eos_ids)] = float("-inf")
+            continue
+        grammar.append((row, choice.matcher))
+        token = thought.next_opening() if thought is not None else None
+        if token is not None:
+            opening.append((row, token, logits[row, token].clone()))
+    mask_rows(logits, grammar)
+    for row, token, value in opening:
+        logits[row, token] = value
+    for row, token in forced:
+        _only(logits[row], token)
+
+
+def _reserve(choice: Choice) -> int | None:
+    """The tokens a thought must leave for the answer: the shortest value of a grammar
+    that closes by budget (None: the answer is free, may be empty, or may be cut)."""
+    grammar = choice.request.grammar
+    if grammar is None or choice.closing is None:
+        return None
+    return grammar.min_tokens or None
+
+
+def _answer_required(choice: Choice) -> bool:
+    grammar = choice.request.grammar
+    return grammar is not None and grammar.required
+
+
+def _answering(choice: Choice) -> bool:
+    """Whether the choice's grammar reads its next token as part of the answer."""
+    return choice.thought is None or choice.thought.phase is Phase.ANSWERING
 
 
 def _only(row: torch.Tensor, token: int) -> None:
