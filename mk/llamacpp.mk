@@ -62,3 +62,39 @@ $(GGUF_CONVERT_VENV)/.stamp: mk/llamacpp.mk requirements.txt
 	rm $(GGUF_CONVERT_VENV)/src/$(LLAMACPP_SDIST).tar.gz
 	$(GGUF_CONVERT_VENV)/bin/python $(GGUF_CONVERT_VENV)/src/convert_hf_to_gguf.py --help >/dev/null
 	@touch $@
+
+# For benchmarks only (`make bench-c1`): llama.cpp's own HTTP server (tools/server, the
+# `llama-server` binary), compiled from the same llama-cpp-python source release as the
+# venvs above, for the CPU it runs on, as one static binary under $(LLAMA_SERVER_DIR)/bin;
+# the sources and the build tree are removed once it is built. GGML_NATIVE, except on a
+# CPU with AMX: there (an Intel Xeon with AMX, 2026-12-04) the native build segfaulted
+# while loading the SmolLM2 Q4_1 GGUF (ggml's AMX weight buffers; `--no-repack` avoided
+# it), so it is built for the same ISA without AMX (AVX512 with VNNI, BF16 and VBMI, which
+# every AMX CPU has); that build serves. LLAMA_SERVER_CMAKE_ARGS overrides the choice.
+LLAMA_SERVER_DIR ?= .engines/llama-server
+LLAMA_SERVER := $(LLAMA_SERVER_DIR)/bin/llama-server
+LLAMA_SERVER_NO_AMX_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_BMI2=ON \
+	-DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON \
+	-DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON
+LLAMA_SERVER_CMAKE_ARGS ?= $(if $(shell grep -qw amx_tile /proc/cpuinfo 2>/dev/null && echo y),\
+	$(LLAMA_SERVER_NO_AMX_ARGS),-DGGML_NATIVE=ON)
+LLAMA_SERVER_JOBS ?= 2
+.PHONY: llama-server
+
+llama-server: $(LLAMA_SERVER_DIR)/.stamp
+
+$(LLAMA_SERVER_DIR)/.stamp: mk/llamacpp.mk | $(VENV)/.stamp-runtime
+	rm -rf $(LLAMA_SERVER_DIR)/src $(LLAMA_SERVER_DIR)/build && mkdir -p $(LLAMA_SERVER_DIR)/src
+	$(PIP) download $(PIP_FLAGS) -q --no-deps --no-binary :all: -d $(LLAMA_SERVER_DIR)/src \
+		"llama-cpp-python==$(LLAMACPP_VERSION)"
+	tar xzf $(LLAMA_SERVER_DIR)/src/$(LLAMACPP_SDIST).tar.gz -C $(LLAMA_SERVER_DIR)/src \
+		--strip-components=3 $(LLAMACPP_SDIST)/vendor/llama.cpp
+	nice -n 10 cmake -S $(LLAMA_SERVER_DIR)/src -B $(LLAMA_SERVER_DIR)/build -DCMAKE_BUILD_TYPE=Release \
+		-DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+		$(LLAMA_SERVER_CMAKE_ARGS) >/dev/null
+	nice -n 10 cmake --build $(LLAMA_SERVER_DIR)/build --target llama-server -j $(LLAMA_SERVER_JOBS)
+	mkdir -p $(LLAMA_SERVER_DIR)/bin
+	cp $(LLAMA_SERVER_DIR)/build/bin/llama-server $(LLAMA_SERVER)
+	rm -rf $(LLAMA_SERVER_DIR)/src $(LLAMA_SERVER_DIR)/build
+	$(LLAMA_SERVER) --version
+	@touch $@
