@@ -105,6 +105,11 @@ class Pass:
         self.origin = origin
         self.started = False
 
+    @property
+    def server_send(self) -> Send:
+        """The server's ``send``, behind the door's."""
+        return self._send
+
     async def send(self, message: Message) -> None:
         if self.started:  # the per-frame path of a stream: nothing to add
             await self._send(message)
@@ -126,6 +131,16 @@ class Pass:
         if verdict is not None:
             extra.extend(rate_limit_headers(verdict))
         return extra
+
+
+def body_send(scope: Scope, send: Send) -> Send:
+    """The ``send`` for the rest of a response whose start went out through ``send``:
+    past the door's (which adds nothing to a body), the server's own, one coroutine
+    less per frame of a stream; ``send`` itself otherwise."""
+    door: Pass | None = scope.get(PASS)
+    if door is not None and door.started and send == door.send:
+        return door.server_send
+    return send
 
 
 def door_record(scope: Scope) -> RequestRecord | None:
