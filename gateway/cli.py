@@ -115,7 +115,7 @@ def _serve(config: AppConfig, settings: Settings, host: str | None, port: int | 
 
     bind_host, bind_port = bind_address(config, settings, host, port)
     from gateway.edge.drain import DrainingServer
-    from gateway.edge.transport import CoalescingHttpToolsProtocol
+    from gateway.edge.transport import http_protocol
 
     app = served_app(config, settings, bind_host)
     server_config = uvicorn.Config(
@@ -123,7 +123,8 @@ def _serve(config: AppConfig, settings: Settings, host: str | None, port: int | 
         host=bind_host,
         port=bind_port,
         loop="uvloop",
-        http=CoalescingHttpToolsProtocol,  # httptools, headers sent with the first body bytes
+        # httptools, headers sent with the first body bytes, a stalled client dropped
+        http=http_protocol(config.server.send_timeout),
         log_config=None,
         access_log=False,
         # Nothing in llmso reads the client address or scheme from the scope, so

@@ -272,12 +272,15 @@ def _check_text(answer: bytes, tokens: int) -> None:
         raise RuntimeError(f"relayed text {''.join(text)!r} is not {expected!r}")
 
 
-async def _drive(port: int, level: Level, batches: int) -> tuple[int, int]:
-    """``batches`` rounds of ``level.streams`` concurrent streams: the requests made and
-    the ``data:`` lines received."""
+async def _drive(port: int, level: Level, batches: int, spread: float) -> tuple[int, int]:
+    """``batches`` answers on each of ``level.streams`` concurrent streams, their starts
+    spread evenly over ``spread`` seconds (one chunk gap: the streams' chunks interleave,
+    as a fleet's do, instead of arriving together): the requests made and the ``data:``
+    lines received."""
     request = _request(level.tokens)
 
-    async def one_stream() -> int:
+    async def one_stream(start: float) -> int:
+        await asyncio.sleep(start)
         frames = 0
         reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
         try:
@@ -290,7 +293,8 @@ async def _drive(port: int, level: Level, batches: int) -> tuple[int, int]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     _check_text(await _stream_once(reader, writer, request), level.tokens)
     writer.close()
-    frames = await asyncio.gather(*(one_stream() for _ in range(level.streams)))
+    step = spread / level.streams
+    frames = await asyncio.gather(*(one_stream(i * step) for i in range(level.streams)))
     return level.streams * batches, sum(frames)
 
 
@@ -311,13 +315,13 @@ async def _measure_tree(
         await _until_up(port, health, process, 600 if callgrind else 120)
         for level in options.levels:
             warm = Level(level.streams, level.tokens)
-            await _drive(port, warm, options.warmup)
+            await _drive(port, warm, options.warmup, options.delay_ms / 1000)
             loadavg = f"{os.getloadavg()[0]:.2f}"
             if callgrind is not None:
                 callgrind.start(process.pid)
             cpu_before = group_cpu_split(process.pid)
             began = time.perf_counter()
-            requests, frames = await _drive(port, level, options.batches)
+            requests, frames = await _drive(port, level, options.batches, options.delay_ms / 1000)
             seconds = time.perf_counter() - began
             cpu_after = group_cpu_split(process.pid)
             instructions = callgrind.stop(process.pid) if callgrind is not None else None

@@ -19,8 +19,10 @@ so timeouts, disconnects and closing behave exactly as with a plain ``async for`
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Callable
+from typing import Any
 
 from gateway.edge.asgi_types import Send
 from gateway.edge.stepping import Resume
@@ -39,8 +41,7 @@ async def send_frames(
     never empty unless it is the last.
 
     ``frames`` is closed on the way out, also when a send fails or this is cancelled
-    while one of its steps is suspended (that step is closed first, as ``aclose()``
-    closes a generator)."""
+    while one of its steps is suspended (that step is cancelled first: ``_cancel``)."""
     batch: list[bytes] = []
     try:
         while True:
@@ -59,9 +60,7 @@ async def send_frames(
                     try:
                         await send({"type": "http.response.body", "body": body, "more_body": True})
                     except BaseException:  # client gone (cancelled) while it waits
-                        # Closed as `aclose()` closes: the producer's cleanup may await.
-                        with contextlib.suppress(StopAsyncIteration, GeneratorExit):
-                            await Resume(step, None, throw=GeneratorExit())
+                        await _cancel(step)
                         raise
                 try:
                     frame = await Resume(step, pending)
@@ -77,6 +76,16 @@ async def send_frames(
         await _end(send, batch, ending)
     finally:
         await frames.aclose()
+
+
+async def _cancel(step: Any) -> None:
+    """End a suspended step of the producer as a cancellation ends it: raised where it
+    waits, so every generator it is waiting in runs its cleanup (which may await) and
+    ends. Not ``GeneratorExit``: thrown into a step that awaits another async generator,
+    it closes that generator's step without running it, and leaves that generator
+    "already running" for good (its later ``aclose()`` fails)."""
+    with contextlib.suppress(StopAsyncIteration, asyncio.CancelledError):
+        await Resume(step, None, throw=asyncio.CancelledError())
 
 
 async def _end(send: Send, batch: list[bytes], ending: Callable[[], None]) -> None:

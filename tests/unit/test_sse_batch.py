@@ -87,8 +87,8 @@ async def test_a_failed_send_while_the_producer_waits_runs_its_cleanup_with_awai
             yield b"a"
             await asyncio.Event().wait()  # never set: a stalled upstream
             yield b"never"
-        except GeneratorExit:
-            cleaned.append("exit")
+        except asyncio.CancelledError:
+            cleaned.append("cancelled")
             raise
         finally:
             await asyncio.sleep(0)  # closing the backend stream awaits
@@ -98,19 +98,33 @@ async def test_a_failed_send_while_the_producer_waits_runs_its_cleanup_with_awai
     client.fail = ConnectionResetError("gone")
     with pytest.raises(ConnectionResetError):
         await send_frames(frames(), client.send, client.ending)
-    assert cleaned == ["exit", "finally"]
+    assert cleaned == ["cancelled", "finally"]
 
 
-async def test_cancelled_in_a_send_closes_the_waiting_producer() -> None:
+async def test_cancelled_in_a_send_ends_the_waiting_producer_and_what_it_awaits() -> None:
+    """The producer waits inside another async generator (the service in the backend's
+    stream): a client gone during a send ends both, each running its cleanup, and the
+    inner one can still be closed (a ``GeneratorExit`` thrown in would have left it
+    "already running": ``aclose()`` then raises)."""
     cleaned: list[str] = []
+
+    async def upstream() -> AsyncGenerator[str, None]:
+        try:
+            yield "token"
+            await asyncio.Event().wait()
+            yield "never"
+        finally:
+            cleaned.append("upstream closed")
+
+    events = upstream()
 
     async def frames() -> AsyncGenerator[bytes, None]:
         try:
-            yield b"a"
-            await asyncio.Event().wait()
-        except GeneratorExit:
-            cleaned.append("exit")
-            raise
+            async for event in events:
+                yield event.encode()
+        finally:
+            await events.aclose()
+            cleaned.append("producer closed")
 
     client = Client()
     client.stall = asyncio.Event()  # a slow client: the send waits for the socket
@@ -119,7 +133,8 @@ async def test_cancelled_in_a_send_closes_the_waiting_producer() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert cleaned == ["exit"]
+    assert cleaned == ["upstream closed", "producer closed"]
+    await events.aclose()  # finished, not "already running"
 
 
 async def test_cancelling_the_sender_cancels_the_waiting_producer() -> None:
