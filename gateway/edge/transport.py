@@ -78,6 +78,8 @@ class CoalescingTransport:
         if held is not None:
             self._held = None
             self._transport.write(held + bytes(data))
+        elif type(data) is bytes and not data.startswith(_STATUS_LINE):
+            self._transport.write(data)  # a body chunk: a stream's every write but its first
         elif data[:9] == _STATUS_LINE:
             self._held = bytes(data)
             self._loop.call_soon(self.flush)
