@@ -55,7 +55,9 @@ server:
   host: 127.0.0.1
   port: {port}
 models:
-  - name: fake
+"""
+_MODEL_YAML = """\
+  - name: {name}
     backend: openai
     base_url: http://127.0.0.1:{fake_port}/v1
     upstream_model: fake
@@ -68,6 +70,12 @@ _END = b"\r\n0\r\n\r\n"  # the end of a chunked body
 class Level:
     streams: int
     tokens: int
+    delay_ms: float
+
+    @property
+    def model(self) -> str:
+        """The gateway's model in front of the fake with this level's chunk gap."""
+        return f"fake-{self.delay_ms:g}"
 
 
 @dataclass(slots=True)
@@ -77,6 +85,7 @@ class Reading:
     tree: str
     streams: int
     tokens: int
+    delay_ms: float
     requests: int
     seconds: float
     cpu_s: float | None = None
@@ -109,7 +118,6 @@ class Reading:
 @dataclass(slots=True)
 class Options:
     system: str
-    delay_ms: float
     batches: int
     warmup: int
     callgrind: Path | None
@@ -117,6 +125,8 @@ class Options:
     rounds: int
     levels: list[Level] = field(default_factory=list)
     trees: list[Path] = field(default_factory=list)
+    fakes: dict[str, int] = field(default_factory=dict)
+    """The fake upstreams' ports, by the model served from each."""
 
 
 # ---------------------------------------------------------------------- processes
@@ -168,15 +178,20 @@ async def _until_up(port: int, path: str, process: subprocess.Popen[bytes], limi
     raise RuntimeError(f"{process.args!r} not up on port {port} after {limit:g}s")
 
 
-def _system_command(options: Options, fake_port: int, port: int) -> tuple[list[str], str]:
+def _system_command(options: Options, port: int) -> tuple[list[str], str]:
     """The gateway's command line and its health path."""
     python = sys.executable
     if options.system == "raw-relay":
+        (fake_port,) = options.fakes.values()
         upstream = f"http://127.0.0.1:{fake_port}"
         command = [python, "-m", "bench.raw_relay", "--upstream", upstream, "--port", str(port)]
         return command, "/health"
     config = options.workdir / f"gateway-{port}.yaml"
-    config.write_text(_GATEWAY_YAML.format(port=port, fake_port=fake_port), encoding="utf-8")
+    models = "".join(
+        _MODEL_YAML.format(name=name, fake_port=fake_port)
+        for name, fake_port in options.fakes.items()
+    )
+    config.write_text(_GATEWAY_YAML.format(port=port) + models, encoding="utf-8")
     return [python, "-m", "gateway.cli", "serve", "--config", str(config)], "/health"
 
 
@@ -219,10 +234,10 @@ class Callgrind:
 # ---------------------------------------------------------------------- the client
 
 
-def _request(tokens: int) -> bytes:
+def _request(model: str, tokens: int) -> bytes:
     body = orjson.dumps(
         {
-            "model": _MODEL,
+            "model": model,
             "messages": [{"role": "user", "content": "hello"}],
             "max_tokens": tokens,
             "stream": True,
@@ -272,12 +287,12 @@ def _check_text(answer: bytes, tokens: int) -> None:
         raise RuntimeError(f"relayed text {''.join(text)!r} is not {expected!r}")
 
 
-async def _drive(port: int, level: Level, batches: int, spread: float) -> tuple[int, int]:
+async def _drive(port: int, level: Level, batches: int, *, raw: bool) -> tuple[int, int]:
     """``batches`` answers on each of ``level.streams`` concurrent streams, their starts
-    spread evenly over ``spread`` seconds (one chunk gap: the streams' chunks interleave,
-    as a fleet's do, instead of arriving together): the requests made and the ``data:``
-    lines received."""
-    request = _request(level.tokens)
+    spread evenly over one chunk gap (the streams' chunks interleave, as a fleet's do,
+    instead of arriving together): the requests made and the ``data:`` lines received.
+    ``raw``: the raw relay, which passes the model name on as it is."""
+    request = _request(_MODEL if raw else level.model, level.tokens)
 
     async def one_stream(start: float) -> int:
         await asyncio.sleep(start)
@@ -293,7 +308,7 @@ async def _drive(port: int, level: Level, batches: int, spread: float) -> tuple[
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     _check_text(await _stream_once(reader, writer, request), level.tokens)
     writer.close()
-    step = spread / level.streams
+    step = level.delay_ms / 1000 / level.streams
     frames = await asyncio.gather(*(one_stream(i * step) for i in range(level.streams)))
     return level.streams * batches, sum(frames)
 
@@ -301,11 +316,10 @@ async def _drive(port: int, level: Level, batches: int, spread: float) -> tuple[
 # ---------------------------------------------------------------------- levels
 
 
-async def _measure_tree(
-    options: Options, tree: Path, fake_port: int, callgrind: Callgrind | None
-) -> list[Reading]:
+async def _measure_tree(options: Options, tree: Path, callgrind: Callgrind | None) -> list[Reading]:
     port = _free_port()
-    command, health = _system_command(options, fake_port, port)
+    command, health = _system_command(options, port)
+    raw = options.system == "raw-relay"
     if callgrind is not None:
         command = callgrind.prefix() + command
     log = options.workdir / f"gateway-{tree.name}.log"
@@ -314,18 +328,19 @@ async def _measure_tree(
     try:
         await _until_up(port, health, process, 600 if callgrind else 120)
         for level in options.levels:
-            warm = Level(level.streams, level.tokens)
-            await _drive(port, warm, options.warmup, options.delay_ms / 1000)
+            await _drive(port, level, options.warmup, raw=raw)
             loadavg = f"{os.getloadavg()[0]:.2f}"
             if callgrind is not None:
                 callgrind.start(process.pid)
             cpu_before = group_cpu_split(process.pid)
             began = time.perf_counter()
-            requests, frames = await _drive(port, level, options.batches, options.delay_ms / 1000)
+            requests, frames = await _drive(port, level, options.batches, raw=raw)
             seconds = time.perf_counter() - began
             cpu_after = group_cpu_split(process.pid)
             instructions = callgrind.stop(process.pid) if callgrind is not None else None
-            reading = Reading(str(tree), level.streams, level.tokens, requests, seconds)
+            reading = Reading(
+                str(tree), level.streams, level.tokens, level.delay_ms, requests, seconds
+            )
             if cpu_before is not None and cpu_after is not None:
                 reading.system_s = cpu_after[1] - cpu_before[1]
                 reading.cpu_s = sum(cpu_after) - sum(cpu_before)
@@ -340,33 +355,26 @@ async def _measure_tree(
 
 
 async def run(options: Options) -> list[Reading]:
-    fake_port = _free_port()
-    fake = _start(
-        [
-            sys.executable,
-            "-m",
-            "bench.fake_upstream",
-            "--port",
-            str(fake_port),
-            "--chunks",
-            str(max(level.tokens for level in options.levels)),
-            "--delay-ms",
-            str(options.delay_ms),
-            "--model",
-            _MODEL,
-        ],
-        _env(_ROOT),
-        options.workdir / "fake.log",
-    )
+    """Every level of every tree, the trees in turn in each round, over one fake
+    upstream per chunk gap."""
+    chunks = max(level.tokens for level in options.levels)
+    fakes: list[subprocess.Popen[bytes]] = []
     callgrind = Callgrind(options.workdir) if options.callgrind is not None else None
     readings: list[Reading] = []
     try:
-        await _until_up(fake_port, "/health", fake, 60)
+        for delay in sorted({level.delay_ms for level in options.levels}):
+            port = _free_port()
+            command = [sys.executable, "-m", "bench.fake_upstream", "--port", str(port)]
+            command += ["--chunks", str(chunks), "--delay-ms", str(delay), "--model", _MODEL]
+            fakes.append(_start(command, _env(_ROOT), options.workdir / f"fake-{delay:g}.log"))
+            await _until_up(port, "/health", fakes[-1], 60)
+            options.fakes[Level(0, 0, delay).model] = port
         for _ in range(options.rounds):
             for tree in options.trees:
-                readings += await _measure_tree(options, tree, fake_port, callgrind)
+                readings += await _measure_tree(options, tree, callgrind)
     finally:
-        _stop(fake)
+        for fake in fakes:
+            _stop(fake)
     return readings
 
 
@@ -404,6 +412,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", default="64,256", help="Concurrent streams, comma-separated.")
     parser.add_argument("--tokens", default="64", help="Chunks per answer, comma-separated.")
     parser.add_argument("--delay-ms", type=float, default=20.0, help="Between two chunks.")
+    parser.add_argument(
+        "--span-ms",
+        type=float,
+        help="Instead of --delay-ms: every answer lasts this long, its chunks spread over "
+        "it (so levels of several --tokens take the same time, and what the gateway does "
+        "on a clock, probes and ticks, cancels out of the marginal cost).",
+    )
     parser.add_argument("--batches", type=int, default=3, help="Measured answers per stream.")
     parser.add_argument("--warmup", type=int, default=1, help="Answers per stream before.")
     parser.add_argument("--rounds", type=int, default=1)
@@ -419,18 +434,23 @@ def main(argv: list[str] | None = None) -> int:
     tokens = [int(t) for t in args.tokens.split(",")]
     if args.callgrind and shutil.which("callgrind_control") is None:
         parser.error("--callgrind needs valgrind on PATH")
+    if args.span_ms is not None and args.system == "raw-relay" and len(tokens) > 1:
+        parser.error("the raw relay has one upstream: one --tokens with --span-ms")
+
+    def delay(count: int) -> float:
+        return float(args.delay_ms if args.span_ms is None else args.span_ms / count)
+
     with contextlib.ExitStack() as stack:
         workdir = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
         workdir.mkdir(parents=True, exist_ok=True)
         options = Options(
             system=args.system,
-            delay_ms=args.delay_ms,
             batches=args.batches,
             warmup=args.warmup,
             callgrind=workdir if args.callgrind else None,
             workdir=workdir,
             rounds=args.rounds,
-            levels=[Level(int(s), int(t)) for s in streams for t in tokens],
+            levels=[Level(s, t, delay(t)) for s in streams for t in tokens],
             trees=[tree.resolve() for tree in args.tree or [_ROOT]],
         )
         readings = asyncio.run(run(options))
