@@ -138,14 +138,18 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _env(tree: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(tree)}
-
-
-def _start(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+def _start(command: list[str], tree: Path, log: Path) -> subprocess.Popen[bytes]:
+    """``command`` run from ``tree``: its working directory (``python -m`` puts that
+    first on the import path) and ``PYTHONPATH``."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
     with log.open("ab") as out:
         return subprocess.Popen(
-            command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            cwd=tree,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
 
@@ -323,7 +327,7 @@ async def _measure_tree(options: Options, tree: Path, callgrind: Callgrind | Non
     if callgrind is not None:
         command = callgrind.prefix() + command
     log = options.workdir / f"gateway-{tree.name}.log"
-    process = _start(command, _env(tree), log)
+    process = _start(command, tree, log)
     readings = []
     try:
         await _until_up(port, health, process, 600 if callgrind else 120)
@@ -366,7 +370,7 @@ async def run(options: Options) -> list[Reading]:
             port = _free_port()
             command = [sys.executable, "-m", "bench.fake_upstream", "--port", str(port)]
             command += ["--chunks", str(chunks), "--delay-ms", str(delay), "--model", _MODEL]
-            fakes.append(_start(command, _env(_ROOT), options.workdir / f"fake-{delay:g}.log"))
+            fakes.append(_start(command, _ROOT, options.workdir / f"fake-{delay:g}.log"))
             await _until_up(port, "/health", fakes[-1], 60)
             options.fakes[Level(0, 0, delay).model] = port
         for _ in range(options.rounds):
