@@ -52,6 +52,12 @@ class ServerConfig(_Frozen):
     body_timeout: float = Field(
         30.0, gt=0, description="Seconds a request body may take to arrive before 408."
     )
+    send_timeout: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds a client may read nothing while a response waits to be sent "
+        "before its connection is dropped (and its upstream stream closed).",
+    )
     keep_alive_timeout: float = Field(
         75.0,
         gt=0,

@@ -163,7 +163,7 @@ def _serve(config: AppConfig, settings: Settings, bind: Bind, seat: Seat | None)
     import uvicorn
 
     from gateway.edge.drain import DrainingServer, SupervisedServer
-    from gateway.edge.transport import CoalescingHttpToolsProtocol
+    from gateway.edge.transport import http_protocol
 
     link = None if seat is None else FleetLink(seat)
     if seat is not None:
@@ -178,7 +178,8 @@ def _serve(config: AppConfig, settings: Settings, bind: Bind, seat: Seat | None)
         host=bind.host,
         port=bind.port,
         loop="uvloop",
-        http=CoalescingHttpToolsProtocol,  # httptools, headers sent with the first body bytes
+        # httptools, headers sent with the first body bytes, a stalled client dropped
+        http=http_protocol(config.server.send_timeout),
         log_config=None,
         access_log=False,
         # Nothing in llmso reads the client address or scheme from the scope, so

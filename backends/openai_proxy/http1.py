@@ -258,7 +258,7 @@ class Response:
                 return b""
             if conn.error is not None:
                 raise conn.error
-            await conn.wait(self._timeout())
+            await conn.wait(min(self._read_timeout, self._deadline - time.monotonic()))
         return conn.take()
 
     async def read(self, limit: int) -> bytes:
@@ -288,9 +288,6 @@ class Response:
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.abort()
-
-    def _timeout(self) -> float:
-        return min(self._read_timeout, self._deadline - time.monotonic())
 
 
 class Pool:

@@ -48,10 +48,12 @@ from backends.base import (
     UpstreamBadResponse,
 )
 from backends.openai_proxy.errors import from_stream_error
+from backends.openai_proxy.shapes import Shape, learn
 from backends.reasoning import Phase, ReasoningFormat, ReasoningParser, Split
 from backends.tool_markup.markup import new_call_id
 
 DONE = b"[DONE]"
+_MAX_SHAPES = 4  # shapes kept per stream: one per choice and kind for n <= 2
 REASONS: dict[str, FinishReason] = {
     "length": "length",
     "tool_calls": "tool_calls",
@@ -73,6 +75,13 @@ class SSEDecoder:
         self._tail = b""
 
     def feed(self, data: bytes) -> list[bytes]:
+        if (  # one whole event in one read: a token-by-token stream's every read
+            not self._tail
+            and data.endswith(b"\n\n")
+            and data.startswith(b"data:")
+            and data.count(b"\n") == 2
+        ):
+            return [data[5:-2].strip()]
         if self._tail:
             data = self._tail + data
         lines = data.split(b"\n")
@@ -103,6 +112,7 @@ class ChunkTranslator:
         "_run_index",
         "_run_thought",
         "_run_tokens",
+        "_shapes",
         "_upstream_splits",
         "counted_reasoning",
         "counted_tokens",
@@ -128,6 +138,8 @@ class ChunkTranslator:
         self._in_thought = in_thought
         self._parsers: dict[int, ReasoningParser] = {}
         self._upstream_splits = False
+        self._shapes: list[Shape] = []
+        """Shapes of this stream's plain deltas (``shapes``), the latest learnt first."""
         self.done = False
         """The upstream sent ``[DONE]``."""
         self.usage: tuple[int, int] | None = None
@@ -162,53 +174,94 @@ class ChunkTranslator:
         ``ReasoningDelta``: an engine that is ahead of us leaves several chunks in a read;
         relayed as one delta they cost the gateway one SSE frame, and the client sees what
         vLLM itself sends under load). A merged delta's ``logprobs`` and ``num_tokens``
-        cover exactly the tokens behind its text; each run is built once."""
+        cover exactly the tokens behind its text; each run is built once.
+
+        A payload shaped like an earlier plain delta of this stream gives its text
+        without a JSON parse (``shapes``); the others are parsed, in order."""
         try:
-            for chunk in self._decode(payloads):
-                if type(chunk) is not dict:
-                    raise UpstreamBadResponse("upstream sent a stream event that is not an object")
-                if chunk.get("error"):
-                    raise from_stream_error(chunk)
-                choices = chunk.get("choices")
-                if choices:
-                    for choice in choices:
-                        self._choice(choice, out)
-                usage = chunk.get("usage")
-                if usage:
-                    prompt = int(usage.get("prompt_tokens") or 0)
-                    self.usage = (prompt, int(usage.get("completion_tokens") or 0))
-                    details = usage.get("completion_tokens_details")
-                    if isinstance(details, dict):
-                        self.reported_reasoning = int(details.get("reasoning_tokens") or 0)
-                    prompt_details = usage.get("prompt_tokens_details")
-                    if isinstance(prompt_details, dict):
-                        self.reported_cached = int(prompt_details.get("cached_tokens") or 0)
+            waiting: list[bytes] | None = None  # payloads to parse, in order
+            for payload in payloads:
+                if payload == DONE:
+                    self.done = True
+                    continue
+                if not payload:
+                    continue
+                for shape in self._shapes:
+                    text = shape.text(payload)
+                    if text is not None:
+                        if waiting:
+                            self._parse(waiting, out)
+                            waiting = None
+                        self._shaped(shape, text, out)
+                        break
+                else:
+                    if waiting is None:
+                        waiting = []
+                    waiting.append(payload)
+            if waiting:
+                self._parse(waiting, out)
             self._end_run(out)
         finally:
             if self._run:  # a read that raised: its run is dropped with the stream
                 self._run.clear()
                 self._run_tokens = 0
 
+    def _parse(self, payloads: list[bytes], out: list[BackendEvent]) -> None:
+        """Translate payloads by their parsed JSON; a plain delta teaches its shape."""
+        for chunk, payload in zip(self._decode(payloads), payloads, strict=True):
+            self._chunk(chunk, out)
+            shape = learn(chunk, payload, chat=self._chat)
+            if shape is not None:
+                self._learnt(shape)
+
+    def _chunk(self, chunk: Any, out: list[BackendEvent]) -> None:
+        if type(chunk) is not dict:
+            raise UpstreamBadResponse("upstream sent a stream event that is not an object")
+        if chunk.get("error"):
+            raise from_stream_error(chunk)
+        choices = chunk.get("choices")
+        if choices:
+            for choice in choices:
+                self._choice(choice, out)
+        usage = chunk.get("usage")
+        if usage:
+            prompt = int(usage.get("prompt_tokens") or 0)
+            self.usage = (prompt, int(usage.get("completion_tokens") or 0))
+            details = usage.get("completion_tokens_details")
+            if isinstance(details, dict):
+                self.reported_reasoning = int(details.get("reasoning_tokens") or 0)
+            prompt_details = usage.get("prompt_tokens_details")
+            if isinstance(prompt_details, dict):
+                self.reported_cached = int(prompt_details.get("cached_tokens") or 0)
+
+    def _learnt(self, shape: Shape) -> None:
+        """Keep ``shape`` in place of the one of its choice and kind (a few at most)."""
+        shapes = [known for known in self._shapes if not known.same_slot(shape)]
+        self._shapes = [shape, *shapes[: _MAX_SHAPES - 1]]
+
+    def _shaped(self, shape: Shape, text: str, out: list[BackendEvent]) -> None:
+        """A payload of ``shape`` carrying ``text``: what ``_choice`` does with its parse."""
+        index = shape.index
+        if text and index not in self._finished:
+            if shape.thought:
+                self._delta(index, None, text, (), out)
+            else:
+                self._delta(index, text, None, (), out)
+
     def _decode(self, payloads: list[bytes]) -> list[Any]:
-        """The JSON values of one read's payloads, in order (``[DONE]`` noted, empty ones
-        skipped). Parsed as one array when there are several: one parser call instead of
-        one per chunk. If that fails, or yields another count (a payload holding more or
-        less than one value), each is parsed alone, which names the bad one."""
-        values: list[bytes] = []
-        for payload in payloads:
-            if payload == DONE:
-                self.done = True
-            elif payload:
-                values.append(payload)
-        if len(values) > 1:
+        """The JSON values of one read's payloads, in order. Parsed as one array when
+        there are several: one parser call instead of one per chunk. If that fails, or
+        yields another count (a payload holding more or less than one value), each is
+        parsed alone, which names the bad one."""
+        if len(payloads) > 1:
             try:
-                parsed = orjson.loads(b"[" + b",".join(values) + b"]")
+                parsed = orjson.loads(b"[" + b",".join(payloads) + b"]")
             except orjson.JSONDecodeError:
                 pass
             else:
-                if len(parsed) == len(values):
+                if len(parsed) == len(payloads):
                     return parsed  # type: ignore[no-any-return]
-        return [_loads(value) for value in values]
+        return [_loads(payload) for payload in payloads]
 
     def finish(self, out: list[BackendEvent]) -> None:
         """At end of stream: close choices the upstream left open (only after ``[DONE]``)."""
@@ -235,23 +288,7 @@ class ChunkTranslator:
         raw_logprobs = choice.get("logprobs")
         logprobs = self._logprobs(raw_logprobs) if raw_logprobs else ()
         if text or thought or logprobs:
-            num_tokens = len(logprobs) or 1
-            self.counted_tokens += num_tokens
-            if thought:
-                if not isinstance(thought, str):
-                    raise UpstreamBadResponse("upstream sent a reasoning field that is not text")
-                self._upstream_splits = True
-            if thought or (text and self._format is not None and not self._upstream_splits):
-                self._relay(
-                    out, index, thought or "", text or "", logprobs=logprobs, tokens=num_tokens
-                )
-            else:  # the common case, inline: answer text, nothing to split
-                if self._run and (self._run_index != index or self._run_thought):
-                    out.append(self._run_event())
-                self._run_index = index
-                self._run_thought = False
-                self._run_tokens += num_tokens
-                self._run.append((text or "", logprobs))
+            self._delta(index, text, thought, logprobs, out)
         reason = choice.get("finish_reason")
         if reason:
             self._flush_parser(index, out)
@@ -262,6 +299,31 @@ class ChunkTranslator:
             matched = choice.get("stop_reason")
             stop = matched if reason == "stop" and isinstance(matched, str) else None
             out.append(Finished(index, REASONS.get(reason, "stop"), stop_sequence=stop))
+
+    def _delta(
+        self,
+        index: Any,
+        text: Any,
+        thought: Any,
+        logprobs: tuple[TokenLogprob, ...],
+        out: list[BackendEvent],
+    ) -> None:
+        """One chunk's text, thought and logprobs (at least one of them) for ``index``."""
+        num_tokens = len(logprobs) or 1
+        self.counted_tokens += num_tokens
+        if thought:
+            if not isinstance(thought, str):
+                raise UpstreamBadResponse("upstream sent a reasoning field that is not text")
+            self._upstream_splits = True
+        if thought or (text and self._format is not None and not self._upstream_splits):
+            self._relay(out, index, thought or "", text or "", logprobs=logprobs, tokens=num_tokens)
+        else:  # the common case, inline: answer text, nothing to split
+            if self._run and (self._run_index != index or self._run_thought):
+                out.append(self._run_event())
+            self._run_index = index
+            self._run_thought = False
+            self._run_tokens += num_tokens
+            self._run.append((text or "", logprobs))
 
     def _relay(
         self,

@@ -21,8 +21,8 @@ import orjson
 from backends.base import ApiError, GenerationRequest, InvalidRequest
 from gateway.api.base import Endpoint, Prepared
 from gateway.edge.asgi_types import Message, Receive, Scope, Send
-from gateway.edge.door import admit, door_record
-from gateway.edge.sse_batch import ready_batches
+from gateway.edge.door import admit, body_send, door_record
+from gateway.edge.sse_batch import send_frames
 from gateway.edge.state import AppState
 from gateway.edge.transport import DISCONNECT_HOOK, DisconnectHook
 from gateway.edge.web import request_id as _request_id
@@ -141,21 +141,17 @@ class EndpointCall:
             await self._respond(200, body, self._headers(presenter.timing(answer), JSON_HEADER))
 
     async def _stream(self, timing: str, frames: AsyncGenerator[bytes, None]) -> None:
-        # Every frame that is ready goes out in one send; the last batch ends the body.
-        batches = ready_batches(frames)
+        # Every frame that is ready goes out in one send; the last one ends the body.
         try:
             await self._start(200, self._headers(timing, *_SSE_HEADERS))
-            send = self._send
-            async for batch, last in batches:
-                body = batch[0] if len(batch) == 1 else b"".join(batch)  # [] at an end
-                if last:
-                    self._complete = True
-                await send({"type": "http.response.body", "body": body, "more_body": not last})
-            if not self._complete:
-                self._complete = True
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-        finally:
-            await batches.aclose()
+        except BaseException:
+            await frames.aclose()
+            raise
+        await send_frames(frames, body_send(self._scope, self._send), self._ending)
+
+    def _ending(self) -> None:
+        """The last body message is being sent: a disconnect from now on is expected."""
+        self._complete = True
 
     def _watch_disconnect(self) -> _DisconnectWatch:
         """Cancel the serving task if the client leaves (``async with``)."""

@@ -158,6 +158,11 @@ class Pass:
         self.started = False
         self._own = own or []
 
+    @property
+    def server_send(self) -> Send:
+        """The server's ``send``, behind the door's."""
+        return self._send
+
     async def send(self, message: Message) -> None:
         if self.started:  # the per-frame path of a stream: nothing to add
             await self._send(message)
@@ -196,6 +201,16 @@ class Pass:
             if name == b"content-type" and value.startswith(b"text/event-stream"):
                 return None
         return usd_text(record.cost() or 0).encode()
+
+
+def body_send(scope: Scope, send: Send) -> Send:
+    """The ``send`` for the rest of a response whose start went out through ``send``:
+    past the door's (which adds nothing to a body), the server's own, one coroutine
+    less per frame of a stream; ``send`` itself otherwise."""
+    door: Pass | None = scope.get(PASS)
+    if door is not None and door.started and send == door.send:
+        return door.server_send
+    return send
 
 
 def door_record(scope: Scope) -> RequestRecord | None:

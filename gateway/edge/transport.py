@@ -16,16 +16,28 @@ The protocol also tells a request when its client leaves (``DisconnectHook``, in
 scope under ``DISCONNECT_HOOK``): the gateway's disconnect watcher registers a callback
 there instead of running a task per request that waits on ``receive``.
 
+A client that stops reading (``send_timeout``, ``http_protocol``): once its socket and
+the transport's buffer (64 KiB) are full, uvicorn's ``send`` waits, so the request's task
+stops reading its upstream and the upstream connection's own bound (256 KiB,
+``backends.openai_proxy.http1``) stops that read: memory stays bounded, and the engine
+feels TCP back-pressure. What bounds the time is this protocol: when writing has been
+paused for ``send_timeout`` seconds without a moment of progress, the connection is
+dropped, as nginx's ``send_timeout`` drops it. The request then ends as a disconnect:
+its upstream stream is closed and the engine aborts the generation.
+
 The transport and the hook are owned by their connection's protocol, on the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+log = logging.getLogger(__name__)
 
 _STATUS_LINE = b"HTTP/1.1 "
 DISCONNECT_HOOK = "llmso.disconnect_hook"
@@ -66,6 +78,8 @@ class CoalescingTransport:
         if held is not None:
             self._held = None
             self._transport.write(held + bytes(data))
+        elif type(data) is bytes and not data.startswith(_STATUS_LINE):
+            self._transport.write(data)  # a body chunk: a stream's every write but its first
         elif data[:9] == _STATUS_LINE:
             self._held = bytes(data)
             self._loop.call_soon(self.flush)
@@ -102,7 +116,12 @@ class CoalescingTransport:
 
 
 class CoalescingHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's ``httptools`` HTTP/1.1 protocol on a ``CoalescingTransport``."""
+    """uvicorn's ``httptools`` HTTP/1.1 protocol on a ``CoalescingTransport``; with a
+    ``send_timeout`` (``http_protocol``), a client that reads nothing for that long is
+    dropped."""
+
+    send_timeout: ClassVar[float | None] = None
+    _stall: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         loop = asyncio.get_running_loop()
@@ -116,5 +135,36 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
         scope[DISCONNECT_HOOK] = self._disconnect_hook
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._unstall()
         super().connection_lost(exc)
         self._disconnect_hook.fire()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self.send_timeout is not None and self._stall is None:
+            self._stall = self.loop.call_later(self.send_timeout, self._stalled)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._unstall()
+
+    def _unstall(self) -> None:
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+
+    def _stalled(self) -> None:
+        self._stall = None
+        log.info(
+            "client %s read nothing for %gs: connection dropped", self.client, self.send_timeout
+        )
+        self.transport.abort()
+
+
+def http_protocol(send_timeout: float | None) -> type[CoalescingHttpToolsProtocol]:
+    """The protocol class for ``uvicorn.Config(http=...)``, dropping a client that reads
+    nothing for ``send_timeout`` seconds (None: never)."""
+    if send_timeout is None:
+        return CoalescingHttpToolsProtocol
+    attributes = {"send_timeout": send_timeout}
+    return type("CoalescingHttpToolsProtocol", (CoalescingHttpToolsProtocol,), attributes)

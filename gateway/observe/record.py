@@ -124,7 +124,10 @@ class RequestRecord:
         self._series.inflight.inc()
 
     def observe(self, event: BackendEvent) -> None:
-        if isinstance(event, TextDelta | ToolCallDelta | ReasoningDelta):
+        if type(event) is TextDelta:  # the stream's every delta: the quickest test first
+            self.streamed_tokens += event.num_tokens
+            self._on_text()
+        elif isinstance(event, TextDelta | ToolCallDelta | ReasoningDelta):
             if not isinstance(event, ToolCallDelta):
                 self.streamed_tokens += event.num_tokens
             self._on_text()

@@ -188,10 +188,13 @@ def _completion_choice(
     }
 
 
+_PLAIN_TEXT_END = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+
+
 class ChunkWriter:
     """Frames stream chunks for one response: fixed id, created and model on each."""
 
-    __slots__ = ("_chat", "_head", "_legacy", "_offsets", "_want_logprobs")
+    __slots__ = ("_chat", "_head", "_legacy", "_offsets", "_plain_heads", "_want_logprobs")
 
     def __init__(
         self,
@@ -211,12 +214,27 @@ class ChunkWriter:
         self._head = b"data: " + orjson.dumps(head)[:-1] + b","
         self._want_logprobs = want_logprobs
         self._offsets: dict[int, int] = {}
+        # A chat text frame without logprobs, up to its text, by choice: the stream's most
+        # frequent frame is these bytes, the text as JSON and ``_PLAIN_TEXT_END``.
+        self._plain_heads: dict[int, bytes] = {}
 
     def role(self, index: int) -> bytes:
         delta = {"role": "assistant", "content": ""}
         return self._frame({"choices": [self._chat_choice(index, delta, None, None)]})
 
     def text(self, index: int, text: str, logprobs: Sequence[TokenLogprob]) -> bytes:
+        if self._chat and not self._want_logprobs:
+            head = self._plain_heads.get(index)
+            if head is None:
+                head = self._plain_heads[index] = b"".join(
+                    (
+                        self._head,
+                        b'"choices":[{"index":',
+                        orjson.dumps(index),
+                        b',"delta":{"content":',
+                    )
+                )
+            return b"".join((head, orjson.dumps(text), _PLAIN_TEXT_END))
         if self._chat:
             rendered = chat_logprobs(logprobs) if self._want_logprobs else None
             choice = self._chat_choice(index, {"content": text}, None, rendered)

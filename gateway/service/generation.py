@@ -293,8 +293,9 @@ class CompletionService:
                     for index in range(generation.request.sampling.n):
                         yield writer.role(index)
                 # The first event, then the backend's own iterator: not through
-                # `all_events`, one async-generator hop less for every event.
-                events = generation.events
+                # `all_events`, one async-generator hop less for every event (and its
+                # `__anext__` itself: `anext(events, None)` wraps each step once more).
+                following = generation.events.__anext__
                 event: BackendEvent | None = generation.first
                 while event is not None:
                     if event is not generation.first:
@@ -312,15 +313,12 @@ class CompletionService:
                         yield writer.finish(event.index, event.reason)
                     elif isinstance(event, Usage) and include_usage:
                         yield writer.usage(event)
-                    event = await anext(events, None)
-            except BackendError as exc:
-                record.fail("error", exc.error_type)
-                log.warning("request %s failed mid-stream: %s", record.request_id, exc.message)
-                yield sse(error_payload(exc))
+                    try:
+                        event = await following()
+                    except StopAsyncIteration:
+                        event = None
             except Exception as exc:
-                record.fail("error", "server_error")
-                log.exception("request %s failed mid-stream", record.request_id)
-                yield sse(error_payload(BackendError(f"internal error: {type(exc).__name__}")))
+                yield _failure_frame(record, exc)
             yield SSE_DONE
             ended = True
             # The client has all it gets: the edge ends the response now, and the
@@ -346,6 +344,17 @@ class CompletionService:
         if child is None:
             child = self._overhead[key] = self._backend_metrics.overhead.labels(*key)
         child.observe(overhead)
+
+
+def _failure_frame(record: RequestRecord, exc: Exception) -> bytes:
+    """The error event of a stream that failed mid-way with ``exc`` (counted, logged)."""
+    if isinstance(exc, BackendError):
+        record.fail("error", exc.error_type)
+        log.warning("request %s failed mid-stream: %s", record.request_id, exc.message)
+        return sse(error_payload(exc))
+    record.fail("error", "server_error")
+    log.error("request %s failed mid-stream", record.request_id, exc_info=exc)
+    return sse(error_payload(BackendError(f"internal error: {type(exc).__name__}")))
 
 
 async def _aclose(events: AsyncIterator[BackendEvent]) -> None:

@@ -12,12 +12,12 @@ from collections.abc import AsyncIterator
 import orjson
 import pytest
 
-from bench.fake_upstream import FakeOptions, FakeUpstream
-from tests.service.edge_server import gateway_on_edge
+from bench.fake_upstream import FakeOptions
+from tests.service.edge_server import Served, gateway_on_edge
 
 
 @pytest.fixture
-async def served() -> AsyncIterator[tuple[int, FakeUpstream]]:
+async def served() -> AsyncIterator[Served]:
     async with gateway_on_edge(FakeOptions(chunks=400, delay_ms=10)) as served:
         yield served
 
@@ -47,8 +47,8 @@ async def _disconnected(port: int) -> float:
     return float(found.group(1)) if found else 0.0
 
 
-async def test_leaving_mid_stream_aborts_the_upstream(served: tuple[int, FakeUpstream]) -> None:
-    port, fake = served
+async def test_leaving_mid_stream_aborts_the_upstream(served: Served) -> None:
+    port, fake, _ = served
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(_post(stream=True, max_tokens=400))
     await reader.readuntil(b"\r\n\r\n")
@@ -64,9 +64,9 @@ async def test_leaving_mid_stream_aborts_the_upstream(served: tuple[int, FakeUps
 
 
 async def test_finished_requests_on_one_connection_are_not_cancelled(
-    served: tuple[int, FakeUpstream],
+    served: Served,
 ) -> None:
-    port, fake = served
+    port, fake, _ = served
     fake.options = FakeOptions(chunks=4)
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     for _ in range(3):  # keep-alive: each request registers and clears the hook

@@ -84,7 +84,7 @@ BAD_REQUESTS = [
 async def test_a_4xx_leaves_the_connection_usable(
     body: bytes, options: dict[str, str], status: int
 ) -> None:
-    async with gateway_on_edge(FakeOptions(chunks=2)) as (port, _fake):
+    async with gateway_on_edge(FakeOptions(chunks=2)) as (port, _fake, _app):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         try:
             for _ in range(3):
@@ -99,7 +99,7 @@ async def test_a_4xx_leaves_the_connection_usable(
 
 
 async def test_a_tool_call_without_arguments_is_refused_at_once() -> None:
-    async with gateway_on_edge(FakeOptions(chunks=2)) as (port, _fake):
+    async with gateway_on_edge(FakeOptions(chunks=2)) as (port, _fake, _app):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         try:
             began = time.perf_counter()
@@ -115,7 +115,7 @@ async def test_a_tool_call_without_arguments_is_refused_at_once() -> None:
 
 async def test_aiohttp_keep_alive_survives_a_run_of_400s() -> None:
     """The harness's own pattern: one pooled connection, many refused requests."""
-    async with gateway_on_edge(FakeOptions(chunks=2)) as (port, _fake):
+    async with gateway_on_edge(FakeOptions(chunks=2)) as (port, _fake, _app):
         connector = aiohttp.TCPConnector(limit=1)
         async with aiohttp.ClientSession(connector=connector) as session:
             url = f"http://127.0.0.1:{port}/v1/chat/completions"

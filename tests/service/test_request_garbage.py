@@ -25,7 +25,7 @@ from tests.service.edge_server import gateway_on_edge
 
 @pytest.fixture
 async def port() -> AsyncIterator[int]:
-    async with gateway_on_edge(FakeOptions(chunks=4)) as (port, _):
+    async with gateway_on_edge(FakeOptions(chunks=4)) as (port, _, _app):
         yield port
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from backends.base import BackendError, RequestKind, TokenLogprob, ToolCallDelta, TopLogprob, Usage
 from gateway.errors import error_payload
-from gateway.service.chat_bodies import SSE_DONE, ChoiceAccumulator, ChunkWriter, full_response
+from gateway.service.chat_bodies import SSE_DONE, ChoiceAccumulator, ChunkWriter, full_response, sse
 from tests.tools.schemas import validate
 
 LOGPROB = TokenLogprob("Hi", -0.5, (72, 105), (TopLogprob("Hi", -0.5, (72, 105)),))
@@ -134,3 +136,17 @@ def test_tool_call_chunks_are_shaped_as_openai_sends_them() -> None:
     assert later["choices"][0]["delta"] == {  # type: ignore[index]
         "tool_calls": [{"index": 0, "function": {"arguments": '{"city"'}}]
     }
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(), index=st.integers(min_value=0, max_value=3))
+def test_a_plain_text_frame_is_the_chunk_in_full(text: str, index: int) -> None:
+    """The chat text frame without logprobs, built from bytes made once, is byte for byte
+    the chunk object encoded (and valid against the schema)."""
+    writer = ChunkWriter(RequestKind.CHAT, "chatcmpl-1", 7, "m/ü", False)
+    frame = writer.text(index, text, ())
+    head = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 7, "model": "m/ü"}
+    choice = {"index": index, "delta": {"content": text}, "logprobs": None, "finish_reason": None}
+    assert frame == sse({**head, "choices": [choice]})
+    assert writer.text(index, text, ()) == frame  # its head, kept, is the same
+    validate("CreateChatCompletionStreamResponse", decode(frame))
