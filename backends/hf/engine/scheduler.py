@@ -2,8 +2,9 @@
 
 Owner: the engine thread. Three sets:
 
-- ``waiting``: tokenized requests not yet admitted, priority first, then arrival, with
-  aging (``backends.hf.engine.waiting``);
+- ``waiting``: tokenized requests not yet admitted, priority first (with aging), then
+  weighted fair share between client keys (``backends.hf.engine.waiting``): every step
+  charges the tokens it computes to each request's key;
 - ``prefilling``: admitted requests whose prompt is still being fed, chunk by chunk, into
   one cache slot (a request with ``n`` choices reserves ``n`` slots but prefills once);
 - ``decoding``: choices generating tokens; ``decoding[i]`` always lives in cache slot
@@ -32,7 +33,7 @@ from typing import Protocol
 
 import torch
 
-from backends.base import PromptLogprobs
+from backends.base import PromptLogprobs, Tenant
 from backends.hf.engine.detokenizer import TokenTable
 from backends.hf.engine.outputs import StepOutputs, accept_token, emit_started, finish_choice
 from backends.hf.engine.prompt_scores import first_token, score_rows
@@ -139,6 +140,7 @@ class ContinuousScheduler:
         )
         for choice in decode:
             choice.length += 1
+        self._charge(decode, chunks, owners)
         last_rows = self._score_prompts(logits, len(decode), chunks, owners)
         rows: list[Choice] = list(decode)
         row_index = list(range(len(decode)))
@@ -195,6 +197,21 @@ class ContinuousScheduler:
     def _reserved(self) -> int:
         return len(self.decoding) + sum(s.n for s in self.prefilling)
 
+    def _charge(
+        self, decode: list[Choice], chunks: list[PrefillChunk], owners: list[RequestState]
+    ) -> None:
+        """The step's work against each request's key: one token per decoding choice,
+        the chunk's tokens per prefill (the waiting queue's fair share)."""
+        work: dict[Tenant, int] = {}
+        for choice in decode:
+            tenant = choice.request.request.tenant
+            work[tenant] = work.get(tenant, 0) + 1
+        for chunk, state in zip(chunks, owners, strict=True):
+            tenant = state.request.tenant
+            work[tenant] = work.get(tenant, 0) + len(chunk.tokens)
+        for tenant, tokens in work.items():
+            self.waiting.charge(tenant, tokens)
+
     def _score_prompts(
         self,
         logits: torch.Tensor,
@@ -237,7 +254,7 @@ class ContinuousScheduler:
                 break
             budget -= self._add_chunk(state, budget, chunks, finishing)
             owners.append(state)
-        while self.waiting and budget > 0 and self._can_admit(self.waiting[0]):
+        while self.waiting and budget > 0 and self._can_admit(self.waiting.peek()):
             state = self.waiting.popleft()
             if state.request.adapter is not None and self._adapter_place is not None:
                 state.adapter, state.adapter_key = self._adapter_place(state.request.adapter)

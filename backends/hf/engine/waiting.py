@@ -1,10 +1,17 @@
-"""The continuous scheduler's waiting queue: priority first, then arrival, with aging.
+"""The continuous scheduler's waiting queue: priority first, with aging, then weighted
+fair share between client keys (``backends.fair_queue``).
 
-A request's place is ``queued_at + priority * AGING`` (lower first; a client key's
-``high`` is -1, ``normal`` 0, ``low`` 1). So a high request overtakes the normal ones
-that arrived up to ``AGING`` seconds before it, and no request waits behind one that
-arrived more than ``2 * AGING`` seconds after it: low priority is served later, never
-starved. The key is fixed at arrival, so the order never needs re-sorting.
+A priority level's urgency is its oldest request's ``queued_at + priority * AGING`` (lower
+first; a client key's ``high`` is -1, ``normal`` 0, ``low`` 1, and a request may ask
+for its own within its key's range). So a high request overtakes the normal ones that
+arrived up to ``AGING`` seconds before it, and the low level never waits behind high
+requests that arrived more than ``2 * AGING`` seconds after its oldest: low priority is
+served later, never starved.
+Within a level the key with the least weighted work goes first: the scheduler charges
+every token it computes (prompt chunks and decoded tokens; prefix-cache hits are free) to
+the request's ``tenant`` (``charge``), divided by its weight. So one key's burst takes
+its share of the slots that free up, not all of them; with one key (or no keys) the
+level is first come, first served.
 
 Ordering alone cannot help a high request once every sequence slot is taken: without
 preemption it would wait for a running request to finish. So while high-priority
@@ -18,11 +25,11 @@ Owned by the engine thread, like the scheduler that holds it. Bounded by the bac
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import time
 from collections.abc import Iterator
 
+from backends.base import Tenant
+from backends.fair_queue import FairQueue
 from backends.hf.engine.sequence import RequestState
 
 AGING = 10.0
@@ -43,18 +50,20 @@ def shed_limit(max_queue: int, priority: int) -> int:
 
 
 class WaitingQueue:
-    """Sorted by ``(queued_at + priority * AGING, arrival order)``; see the module doc."""
+    """See the module doc: a ``FairQueue`` of ``RequestState`` plus the high-priority
+    hold-back."""
 
     def __init__(self) -> None:
-        self._items: list[tuple[float, int, RequestState]] = []
-        self._order = itertools.count()
+        self._line: FairQueue[RequestState] = FairQueue(aging=AGING)
         self._last_high = -HIGH_WINDOW
 
     def append(self, state: RequestState) -> None:
-        if state.request.priority < 0:
+        request = state.request
+        if request.priority < 0:
             self._last_high = time.monotonic()
-        rank = state.queued_at + state.request.priority * AGING
-        bisect.insort(self._items, (rank, next(self._order), state), key=lambda e: e[:2])
+        self._line.push(
+            state, priority=request.priority, tenant=request.tenant, queued_at=state.queued_at
+        )
 
     def held_back(self, state: RequestState, max_seqs: int) -> int:
         """Slots ``state`` may not take: kept for high priority while it is about."""
@@ -64,27 +73,29 @@ class WaitingQueue:
             return 0
         return max(1, max_seqs // 8)
 
+    def charge(self, tenant: Tenant, tokens: int) -> None:
+        """``tokens`` computed for ``tenant``'s requests (prompt or output), against its
+        share."""
+        self._line.charge(tenant, tokens)
+
+    def peek(self) -> RequestState:
+        return self._line.peek()
+
     def popleft(self) -> RequestState:
-        return self._items.pop(0)[2]
+        return self._line.pop()
 
     def remove(self, state: RequestState) -> None:
-        for index, (_, _, item) in enumerate(self._items):
-            if item is state:
-                del self._items[index]
-                return
-        raise ValueError("not waiting")
-
-    def __getitem__(self, index: int) -> RequestState:
-        return self._items[index][2]
+        self._line.remove(state)
 
     def __contains__(self, state: object) -> bool:
-        return any(item is state for _, _, item in self._items)
+        return state in self._line
 
     def __iter__(self) -> Iterator[RequestState]:
-        return iter([item for _, _, item in self._items])
+        """Every waiting request, in no particular order."""
+        return iter(self._line)
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._line)
 
     def __bool__(self) -> bool:
-        return bool(self._items)
+        return bool(self._line)
