@@ -188,6 +188,10 @@ class Tenant:
             raise ValueError("a tenant's weight must be positive")
 
 
+NO_TENANT = Tenant()
+"""A request that no client key names (the front door sets the key's own)."""
+
+
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """One validated generation call.
@@ -243,7 +247,7 @@ class GenerationRequest:
     asked_priority: int | None = None
     """The client's own ``priority`` field, ``None`` when it sent none: the front door
     checks it against the key's range and sets ``priority``; backends never read it."""
-    tenant: Tenant = Tenant()
+    tenant: Tenant = NO_TENANT
     session_id: str | None = None
     """The client's ``x-session-id`` header: a key for replica affinity, never sent on."""
     adapter: str | None = None

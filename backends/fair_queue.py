@@ -120,6 +120,11 @@ class FairQueue(Generic[T]):
             raise ValueError("not waiting")
         self._discard(entry)
 
+    def served_at_once(self, tenant: Tenant) -> None:
+        """``tenant`` was served without waiting (nothing was): it counts as served now,
+        as if popped (the tie-break between tenants at equal work)."""
+        self._touch(tenant.name).served = next(self._picks)
+
     def charge(self, tenant: Tenant, work: float) -> None:
         """Count ``work`` done for ``tenant`` (tokens, or requests: the owner's unit)."""
         self._touch(tenant.name).counter += work / tenant.weight
