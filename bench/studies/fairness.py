@@ -1,12 +1,12 @@
 """Fair share between client keys: key b's TTFT while key a keeps 16 streams in flight.
 
     python -m bench.studies.fairness [--out DIR] [--baseline REF] [--rounds 2]
-        [--probes 30] [--load-streams 16] [--max-num-seqs N] [--name NAME]
+        [--probes 30] [--load-streams 16] [--max-num-seqs N] [--threads N] [--name NAME]
 
 Starts ``llmso serve`` with ``config/default.yaml`` as shipped (SmolLM2-135M-Instruct in
-the hf backend; ``--max-num-seqs`` overrides its engine's) plus two client keys of the
-same priority and weight, ``a`` and ``b``, and measures b's time to the first streamed
-token (``bench.studies.priority.ttft``) in two phases:
+the hf backend; ``--max-num-seqs`` and ``--threads`` override its engine's) plus two
+client keys of the same priority and weight, ``a`` and ``b``, and measures b's time to
+the first streamed token (``bench.studies.priority.ttft``) in two phases:
 
 0. a warm-up (not measured): both phases' batch shapes once;
 1. ``idle``: b sends one short streamed request a second (``--probes`` of them), a idle;
@@ -29,7 +29,9 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -48,13 +50,16 @@ LOAD_TOKENS = 64
 PROBE_TOKENS = 4
 
 
-def config(max_num_seqs: int | None) -> dict[str, Any]:
-    """The shipped default config, two keys of equal priority and weight added."""
+def config(max_num_seqs: int | None, threads: int | None) -> dict[str, Any]:
+    """The shipped default config, two keys of equal priority and weight added (and the
+    chat model's ``max_num_seqs`` and ``threads`` when given)."""
     shipped: dict[str, Any] = yaml.safe_load(DEFAULT_CONFIG.read_text())
-    if max_num_seqs is not None:
-        for model in shipped["models"]:
-            if model["name"] == MODEL:
+    for model in shipped["models"]:
+        if model["name"] == MODEL:
+            if max_num_seqs is not None:
                 model["max_num_seqs"] = max_num_seqs
+            if threads is not None:
+                model["threads"] = threads
     shipped["auth"] = {
         "required": True,
         "keys": [{"name": "a", "key": KEY_A}, {"name": "b", "key": KEY_B}],
@@ -131,7 +136,7 @@ def run(args: argparse.Namespace, trees: dict[str, Path | None]) -> dict[str, An
     for index in range(args.rounds):
         for name, root in trees.items():
             began, loadavg = time.time(), os.getloadavg()[0]
-            with gateway(config(args.max_num_seqs), 600.0, root=root) as url:
+            with gateway(config(args.max_num_seqs, args.threads), 600.0, root=root) as url:
                 times = asyncio.run(measure(url, args.probes, args.load_streams))
             rounds.append(
                 {"tree": name, "round": index, "started": began, "loadavg_1m": loadavg, **times}
@@ -176,7 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probes", type=int, default=30, help="b's requests per phase.")
     parser.add_argument("--load-streams", type=int, default=16, help="a's streams in flight.")
     parser.add_argument("--max-num-seqs", type=int, default=None, help="Default: as shipped.")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads; default: as shipped (all)."
+    )
     args = parser.parse_args(argv)
+    # Stopped from outside: unwind, so the servers and the baseline worktree go too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     load_start = os.getloadavg()
     here = DEFAULT_CONFIG.parents[1]
     with contextlib.ExitStack() as stack:
@@ -188,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run(args, trees)
     result["config"] = {
         "max_num_seqs": args.max_num_seqs or "as shipped",
+        "threads": args.threads or "as shipped",
         "load_streams": args.load_streams,
         "load_tokens": LOAD_TOKENS,
         "probes": args.probes,
