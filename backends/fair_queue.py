@@ -11,16 +11,16 @@ slot gate (``backends.openai_proxy.slots``). Which waiting item goes next:
    arrived more than 10 s after it: a lower priority is served later, never starved.
    With a single tenant this is exactly "priority first, then arrival, with aging".
 2. **Weighted fair share within the level.** Each tenant has a virtual counter: the
-   work charged to it (``charge``; the hf engine charges every token it computes for the
-   tenant, prompt or output, the slot gate one per request it lets through) divided by
-   its weight. The level serves the tenant with the lowest counter (ties: the tenant
+   work charged to it (``charge``; the hf engine charges the sequence slots the tenant's
+   requests hold, step by step, the slot gate one per request it lets through) divided
+   by its weight. The level serves the tenant with the lowest counter (ties: the tenant
    served least recently, then arrival); a tenant's own items go in arrival order. A
    tenant that starts waiting in a level is lifted to the lowest counter among the
    tenants already waiting there (none: the counter of the tenant served last), so idle
    time banks no credit: its later burst cannot starve the others, and a tenant that
-   kept the engine busy alone cannot starve a newcomer. This is a virtual-token-counter
-   scheme (start-time fair queuing with the cost measured as the work is done, which an
-   LLM engine only learns as it goes).
+   kept the engine busy alone cannot starve a newcomer. This is a virtual-counter scheme
+   (start-time fair queuing with the cost measured as the work is done, which an LLM
+   engine only learns as it goes).
 
 Bounds: the owner bounds the items (``max_queue``). A tenant with waiting items is always
 kept; of the idle ones at most ``max_idle_tenants`` are remembered (least recently
@@ -126,7 +126,7 @@ class FairQueue(Generic[T]):
         self._touch(tenant.name).served = next(self._picks)
 
     def charge(self, tenant: Tenant, work: float) -> None:
-        """Count ``work`` done for ``tenant`` (tokens, or requests: the owner's unit)."""
+        """Count ``work`` done for ``tenant`` (slot-steps, or requests: the owner's unit)."""
         self._touch(tenant.name).counter += work / tenant.weight
 
     def counter(self, name: str) -> float | None:

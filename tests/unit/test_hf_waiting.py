@@ -149,6 +149,32 @@ def test_continuous_scheduler_admits_another_keys_request_before_the_burst() -> 
         assert admitted.index(late) == slot_of_b
 
 
+def test_the_key_holding_most_slots_leaves_one_free_while_another_key_is_about() -> None:
+    """Key b was seen a moment ago; key a's burst then takes 7 of 8 slots, not 8, so b's
+    next request starts at once instead of waiting for one of a's long answers."""
+    sched = _scheduler(8, 4096)
+    out: StepOutputs = []
+    first_b = state(0, 0.0, [5, 6], max_tokens=1, key="b")
+    sched.add(first_b, out)
+    sched.step(out)
+    assert not sched.has_work()  # b's first request came and went
+    for index in range(16):
+        sched.add(state(0, 1.0 + 0.01 * index, [3, 4], max_tokens=40, key="a"), out)
+    sched.step(out)
+    sched.step(out)
+    assert len(sched.decoding) == 7 and len(sched.waiting) == 9
+    late = state(0, 2.0, [5, 6], max_tokens=4, key="b")
+    sched.add(late, out)
+    sched.step(out)
+    assert late in [choice.request for choice in sched.decoding]
+    one_key = _scheduler(8, 4096)  # a alone: every slot is a's
+    for index in range(16):
+        one_key.add(state(0, 1.0 + 0.01 * index, [3, 4], max_tokens=40, key="a"), out)
+    one_key.step(out)
+    one_key.step(out)
+    assert len(one_key.decoding) == 8
+
+
 def test_continuous_scheduler_admits_high_first() -> None:
     sched = _scheduler(1, 64)
     out: StepOutputs = []
