@@ -219,6 +219,24 @@ def effective_max_tokens(
 
 
 @dataclass(frozen=True, slots=True)
+class Tenant:
+    """Whom a request runs for, as a waiting queue shares its slots: the client key's
+    name (``""``: no key) and its weight (its share relative to other tenants waiting at
+    the same priority; ``backends.fair_queue``)."""
+
+    name: str = ""
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.weight > 0:
+            raise ValueError("a tenant's weight must be positive")
+
+
+NO_TENANT = Tenant()
+"""A request that no client key names (the front door sets the key's own)."""
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """One validated generation call.
 
@@ -267,7 +285,13 @@ class GenerationRequest:
         return ToolChoice("auto") if self.tools else ToolChoice("none")
 
     trace_headers: tuple[tuple[str, str], ...] = ()
-    priority: int = 0  # lower is served first: the client key's high -1, normal 0, low 1
+    priority: int = 0
+    """Lower is served first (vLLM's meaning): the client's own ``priority`` within its
+    key's range, else the key's level (high -1, normal 0, low 1)."""
+    asked_priority: int | None = None
+    """The client's own ``priority`` field, ``None`` when it sent none: the front door
+    checks it against the key's range and sets ``priority``; backends never read it."""
+    tenant: Tenant = NO_TENANT
     session_id: str | None = None
     """The client's ``x-session-id`` header: a key for replica affinity, never sent on."""
     adapter: str | None = None

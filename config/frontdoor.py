@@ -19,7 +19,10 @@ Priority = Literal["high", "normal", "low"]
 BudgetPeriod = Literal["day", "week", "month"]
 
 PRIORITY_RANK: dict[str, int] = {"high": -1, "normal": 0, "low": 1}
-"""``GenerationRequest.priority`` for each name: lower is served first."""
+"""``GenerationRequest.priority`` for each name: lower is served first (vLLM's integers)."""
+
+PRIORITY_LIMIT = 10
+"""A priority (a key's range bound, or a request's without a key) lies in +-this."""
 
 
 def hash_key(key: str) -> str:
@@ -48,7 +51,25 @@ class KeyConfig(_Frozen):
     tokens_per_day: int | None = Field(
         None, gt=0, description="Token budget per UTC day (resets at 00:00 UTC)."
     )
-    priority: Priority = Field("normal", description="Scheduling priority of this key's requests.")
+    priority: Priority = Field(
+        "normal",
+        description="Scheduling priority of this key's requests that send none: high, normal "
+        "or low (vLLM's integers -1, 0, 1; lower runs first).",
+    )
+    priority_range: tuple[int, int] | None = Field(
+        None,
+        description="[most urgent, least urgent] `priority` a request of this key may send "
+        f"(integers within +-{PRIORITY_LIMIT}, lower runs first, or high/normal/low); one "
+        "outside is refused with a 400 naming `priority`. Default: only the key's own level.",
+    )
+    weight: float = Field(
+        1.0,
+        gt=0,
+        le=1000,
+        description="This key's share of a model's slots against other keys waiting at the "
+        "same priority (weighted fair share in the hf waiting queue and the relay's slot "
+        "line): a key of weight 2 gets twice the work of a key of weight 1.",
+    )
     max_budget: float | None = Field(
         None,
         gt=0,
@@ -76,6 +97,45 @@ class KeyConfig(_Frozen):
             raise ValueError("`key` must be a string of at least 8 characters")
         data["key_sha256"] = hash_key(plain)
         return data
+
+    @field_validator("priority_range", mode="before")
+    @classmethod
+    def _named_levels(cls, value: object) -> object:
+        if not isinstance(value, list | tuple):
+            return value
+        return tuple(
+            PRIORITY_RANK.get(item, item) if isinstance(item, str) else item for item in value
+        )
+
+    @field_validator("priority_range")
+    @classmethod
+    def _ordered(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
+        if value is None:
+            return None
+        first, last = value
+        if not -PRIORITY_LIMIT <= first <= last <= PRIORITY_LIMIT:
+            raise ValueError(
+                f"priority_range is [most urgent, least urgent]: two integers within "
+                f"+-{PRIORITY_LIMIT}, the first not above the second (lower runs first)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _own_level_in_range(self) -> KeyConfig:
+        first, last = self.allowed_priorities
+        if not first <= PRIORITY_RANK[self.priority] <= last:
+            raise ValueError(
+                f"priority_range must include the key's own priority ({self.priority})"
+            )
+        return self
+
+    @property
+    def allowed_priorities(self) -> tuple[int, int]:
+        """The ``priority`` range a request of this key may ask for."""
+        if self.priority_range is not None:
+            return self.priority_range
+        own = PRIORITY_RANK[self.priority]
+        return own, own
 
     @field_validator("key_sha256")
     @classmethod

@@ -175,7 +175,10 @@ class ModelBase(_Frozen):
     idle_ttl: float | None = Field(None, gt=0, description="Seconds idle before unloading.")
     load_timeout: float = Field(600.0, gt=0, description="Seconds a load may take.")
     max_concurrency: int | None = Field(
-        None, gt=0, description="In-flight requests; one more gets 429 (or falls back)."
+        None,
+        gt=0,
+        description="In-flight requests; one more gets 429 (or falls back); openai: waits "
+        "for a slot first, up to queue_timeout.",
     )
     fallback: tuple[str, ...] = Field(
         (), description="Models tried in order when this one is busy or unavailable."
@@ -212,6 +215,12 @@ class ModelBase(_Frozen):
     def _none_spelt_out(cls, value: object) -> object:
         # Every backend's config has `reasoning_parser` (its own choices); `none` is null.
         return None if value == "none" else value
+
+    @property
+    def waits_for_slots(self) -> bool:
+        """Whether the backend itself queues requests beyond ``max_concurrency`` (a
+        bounded, fair wait): the registry then lets them through instead of refusing."""
+        return False
 
 
 _CHAT_TEMPLATE = (
@@ -456,9 +465,18 @@ class OpenAIModelConfig(ReplicatedModel):
         None, description="GET path probed for health; default depends on `engine`."
     )
     queue_timeout: float = Field(
-        30.0, ge=0, description="Seconds to wait for a max_concurrency slot before 429."
+        30.0,
+        ge=0,
+        description="Seconds to wait for a max_concurrency slot before 429 (slots go by "
+        "priority, then fair share between client keys); 0: no wait, the registry refuses "
+        "(or falls back) at once.",
     )
     max_queue: int = Field(256, gt=0, description="Requests waiting for a slot before 429.")
+    send_priority: bool = Field(
+        False,
+        description="Send each request's priority (lower first) upstream: only for a vLLM "
+        "started with --scheduling-policy priority (others refuse a non-zero priority).",
+    )
     failover: Literal["mid_stream", "before_first_byte", "off"] | None = Field(
         None,
         description="When a stream may move to another replica: also after tokens flowed "
@@ -482,6 +500,10 @@ class OpenAIModelConfig(ReplicatedModel):
         "whose chat template renders a chat prompt to resume a broken chat stream on; "
         "without it llamacpp chat fails over before the first byte only.",
     )
+
+    @property
+    def waits_for_slots(self) -> bool:
+        return self.max_concurrency is not None and self.queue_timeout > 0
 
     @model_validator(mode="after")
     def _one_upstream_source(self) -> OpenAIModelConfig:

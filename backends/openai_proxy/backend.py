@@ -13,7 +13,8 @@ prober with theirs) is owned by the event loop that called ``start()``; nothing 
 thread-safe.
 
 Per request (``generate``): refuse at once while every replica is ejected; wait a
-bounded time for a ``max_concurrency`` slot (else ``Overloaded``); pick a replica
+bounded time for a ``max_concurrency`` slot, in priority and fair-share order between
+client keys (``slots``; else ``Overloaded``); pick a replica
 (``replicas``, ``balance``) and send the request streaming with ``include_usage``; on
 unavailability (connection errors, 502/503, 429) retry, on another replica when one is
 left, with backoff otherwise, only until the first event has been produced, so the
@@ -102,7 +103,9 @@ class OpenAIProxyBackend:
 
     def __init__(self, config: OpenAIModelConfig, metrics: BackendMetrics) -> None:
         self._config = config
-        self._profile = profile_for(config.engine, config.health_path)
+        self._profile = profile_for(
+            config.engine, config.health_path, send_priority=config.send_priority
+        )
         labels = (config.name, "openai")
         self._hop = HopMetrics(
             latency=metrics.upstream_latency.labels(*labels),
@@ -267,7 +270,7 @@ class OpenAIProxyBackend:
         queued_at = time.time()
         self._check_adapter(request)
         session = self._admit()
-        await self._slots.take()
+        await self._slots.take(request.priority, request.tenant)
         try:
             if self._stopping:  # stopped while this request waited for a slot
                 raise BackendCrashed("backend stopped")

@@ -57,6 +57,9 @@ class EngineProfile:
     """What the upstream honours of what the proxy forwards (see the module docstring)."""
     body_defaults: tuple[tuple[str, float], ...] = ()
     """Fields every request body carries unless the client set them."""
+    sends_priority: bool = False
+    """Whether the body carries the request's ``priority`` (when not 0, vLLM's default):
+    the model's ``send_priority``, for a vLLM that schedules by it."""
 
 
 _JSON = frozenset({Feature.JSON_OBJECT, Feature.JSON_SCHEMA, Feature.LOGIT_BIAS})
@@ -79,9 +82,13 @@ _PROFILES: dict[str, EngineProfile] = {
 }
 
 
-def profile_for(kind: str, health_path: str | None = None) -> EngineProfile:
+def profile_for(
+    kind: str, health_path: str | None = None, *, send_priority: bool = False
+) -> EngineProfile:
     """The profile of ``kind``; ``health_path`` overrides the default probe path."""
     base = _PROFILES[kind]
+    if send_priority:
+        base = replace(base, sends_priority=True)
     if health_path is None:
         return base
     path = health_path if health_path.startswith("/") else f"/{health_path}"

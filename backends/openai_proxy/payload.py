@@ -6,7 +6,9 @@ OpenAI defaults, so strict servers see a minimal body; ``max_tokens`` is the eff
 limit (``backends.base.effective_max_tokens``: the client's, else the model's
 ``default_max_tokens``, else none, so the upstream's own applies). Tools, tool choice, response
 format, logit_bias, content parts and the wire fields the contract does not model
-(``GenerationRequest.passthrough``) are forwarded as the client sent them.
+(``GenerationRequest.passthrough``) are forwarded as the client sent them. The request's
+``priority`` (as the front door resolved it, never the client's raw field) only to an
+upstream that schedules by it (``EngineProfile.sends_priority``).
 
 Reasoning controls become vLLM's fields: ``reasoning_effort`` as sent (vLLM 0.32 takes
 OpenAI's whole list, ``none`` to ``max``), the switch as
@@ -68,6 +70,8 @@ def engine_body(
     )
     for key, value in profile.body_defaults:
         body.setdefault(key, value)
+    if profile.sends_priority and request.priority:
+        body["priority"] = request.priority
     return body
 
 

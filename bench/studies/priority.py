@@ -73,8 +73,15 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def _gateway(config: dict[str, Any], timeout: float = 300.0) -> Iterator[str]:
+def gateway(
+    config: dict[str, Any], timeout: float = 300.0, *, root: Path | None = None
+) -> Iterator[str]:
+    """``llmso serve`` of ``config`` on a free port, until the block ends; its URL.
+    ``root``: serve that source tree's code (e.g. a git worktree of an older commit)."""
     port = _free_port()
+    env = {**os.environ, "LLMSO_WATCH_CONFIG": "false", "LLMSO_LOG_LEVEL": "WARNING"}
+    if root is not None:
+        env["PYTHONPATH"] = str(root)
     with tempfile.TemporaryDirectory(prefix="llmso-prio-") as tmp:
         path = Path(tmp) / "llmso.yaml"
         path.write_text(yaml.safe_dump(config))
@@ -84,7 +91,8 @@ def _gateway(config: dict[str, Any], timeout: float = 300.0) -> Iterator[str]:
             [*argv, "--port", str(port)],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "LLMSO_WATCH_CONFIG": "false", "LLMSO_LOG_LEVEL": "WARNING"},
+            env=env,
+            cwd=root,
         )
         url = f"http://127.0.0.1:{port}"
         try:
@@ -108,10 +116,12 @@ def _gateway(config: dict[str, Any], timeout: float = 300.0) -> Iterator[str]:
             log.close()
 
 
-async def _ttft(client: httpx.AsyncClient, key: str, max_tokens: int, text: str) -> float | None:
+async def ttft(
+    client: httpx.AsyncClient, key: str, max_tokens: int, text: str, model: str = MODEL
+) -> float | None:
     """Seconds to the first content token of one streamed chat request (None: refused)."""
     body = {
-        "model": MODEL,
+        "model": model,
         "messages": [{"role": "user", "content": text}],
         "max_tokens": max_tokens,
         "temperature": 0,
@@ -134,7 +144,7 @@ async def _ttft(client: httpx.AsyncClient, key: str, max_tokens: int, text: str)
 async def _probes(client: httpx.AsyncClient, key: str, count: int) -> list[float]:
     results = []
     for index in range(count):
-        value = await _ttft(client, key, 4, f"Say one word, please ({index}).")
+        value = await ttft(client, key, 4, f"Say one word, please ({index}).")
         if value is not None:
             results.append(value)
         await asyncio.sleep(0.2)
@@ -148,7 +158,7 @@ async def _load(client: httpx.AsyncClient, streams: int) -> AsyncIterator[None]:
     async def loop(worker: int) -> None:
         while not stop.is_set():
             with contextlib.suppress(httpx.HTTPError):
-                await _ttft(client, LOW_KEY, 48, f"Write a long story about the sea ({worker}).")
+                await ttft(client, LOW_KEY, 48, f"Write a long story about the sea ({worker}).")
 
     tasks = [asyncio.create_task(loop(i)) for i in range(streams)]
     await asyncio.sleep(3.0)  # let the queue fill
@@ -159,7 +169,7 @@ async def _load(client: httpx.AsyncClient, streams: int) -> AsyncIterator[None]:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _summary(values: list[float]) -> dict[str, Any]:
+def summary(values: list[float]) -> dict[str, Any]:
     p50, p95 = percentile(values, 50), percentile(values, 95)
     return {
         "n": len(values),
@@ -177,9 +187,9 @@ async def measure(url: str, probes: int, max_num_seqs: int) -> dict[str, Any]:
             high = await _probes(client, HIGH_KEY, probes)
             same = await _probes(client, LOW_KEY, probes)
     return {
-        "unloaded": _summary(unloaded),
-        "overloaded_high": _summary(high),
-        "overloaded_same": _summary(same),
+        "unloaded": summary(unloaded),
+        "overloaded_high": summary(high),
+        "overloaded_same": summary(same),
     }
 
 
@@ -190,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-num-seqs", type=int, default=4)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default all).")
     args = parser.parse_args(argv)
-    with _gateway(_config(args.max_num_seqs, args.threads)) as url:
+    with gateway(_config(args.max_num_seqs, args.threads)) as url:
         result = asyncio.run(measure(url, args.probes, args.max_num_seqs))
     result["config"] = {"max_num_seqs": args.max_num_seqs, "load_streams": 2 * args.max_num_seqs}
     base = result["unloaded"]["p95_ms"]

@@ -2,13 +2,14 @@
 
 ``Admission`` (one per app) holds the client key ring, the limit store and the per-key
 metrics. Each request, online or a batch line, gets a ``Ticket``: ``identify`` names
-its client key, ``admit`` checks the key's model allow-list and takes the request's
-share of its limits, all or nothing (a refusal is a typed 429/503 and consumes no
-allowance), and ``finish`` settles the reservation against the tokens really used,
-charges the request's cost to the key's spend budget, and counts the request (and its
-cost) per key. Nothing here reads HTTP: the edge (``gateway.edge.door``)
-finds the presented key, and shows a ticket's ``Verdict`` as OpenAI's
-``x-ratelimit-*`` headers.
+its client key, ``admit`` sets the request's priority (the one it asked for, within the
+key's range, else the key's) and tenant (the key and its fair-share weight), checks the
+key's model allow-list and takes the request's share of its limits, all or nothing (a
+refusal is a typed 400/429/503 and consumes no allowance), and ``finish`` settles the
+reservation against the tokens really used, charges the request's cost to the key's spend
+budget, and counts the request (and its cost) per key. Nothing here reads HTTP: the edge
+(``gateway.edge.door``) finds the presented key, and shows a ticket's ``Verdict`` as
+OpenAI's ``x-ratelimit-*`` headers.
 
 ``Admission`` is owned by the app; ``reconfigure`` swaps in a new key ring on reload.
 """
@@ -148,15 +149,16 @@ class Ticket:
         self.record.may_use = self._admission.model_filter(client)
 
     async def admit(self, request: GenerationRequest) -> GenerationRequest:
-        """``request`` as its key may run it (the key's priority), once the key's model
+        """``request`` as its key may run it (its priority: the one it asked for within
+        the key's range, else the key's; the key as its tenant), once the key's model
         allow-list and limits let it in; raises the refusal otherwise."""
         client = self.client
         if client is None:
             return request
+        priority = client.priority_of(request.asked_priority)
         if self.record.may_use is not None:  # refuse early, before taking any allowance
             self._check_model(request, self.record.may_use)
-        if request.priority != client.priority:
-            request = replace(request, priority=client.priority)
+        request = replace(request, priority=priority, tenant=client.tenant)
         # Kept on the record too: what a stream cut before its usage is billed.
         self._prompt_estimate = self.record.prompt_estimate = estimate_prompt_tokens(request)
         if not client.limited:

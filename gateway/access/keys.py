@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from config.frontdoor import PRIORITY_RANK, AuthConfig, KeyConfig
+from backends.base import InvalidRequest, Tenant
+from config.frontdoor import PRIORITY_LIMIT, PRIORITY_RANK, AuthConfig, KeyConfig
 from gateway.access.limits import KeyLimits
 from gateway.errors import Unauthorized
 from gateway.observe.cost import pico_of_usd
@@ -48,12 +49,33 @@ class NamedAdapter:
 
 @dataclass(frozen=True, slots=True)
 class Client:
-    """An identified caller: its name (never the key), limits, priority and models."""
+    """An identified caller: its name (never the key), limits, priority (the default,
+    and the range a request may ask for), fair-share weight and models."""
 
     name: str
     limits: KeyLimits
     priority: int = 0
     models: tuple[str, ...] | None = None
+    priority_range: tuple[int, int] = (0, 0)
+    weight: float = 1.0
+
+    @property
+    def tenant(self) -> Tenant:
+        return Tenant(self.name, self.weight)
+
+    def priority_of(self, asked: int | None) -> int:
+        """The priority a request runs at: the key's own when it asked for none, else
+        what it asked for, within the key's range (a 400 naming ``priority`` outside)."""
+        if asked is None:
+            return self.priority
+        first, last = self.priority_range
+        if not first <= asked <= last:
+            allowed = f"only {first}" if first == last else f"from {first} to {last}"
+            raise InvalidRequest(
+                f"priority {asked} is not allowed for this key: {allowed} (lower runs first)",
+                param="priority",
+            )
+        return asked
 
     @property
     def limited(self) -> bool:
@@ -86,7 +108,8 @@ class Client:
         return self.may_use(base) or self.may_use(adapter)
 
 
-OPEN_DOOR = Client(ANONYMOUS, KeyLimits())
+OPEN_DOOR = Client(ANONYMOUS, KeyLimits(), priority_range=(-PRIORITY_LIMIT, PRIORITY_LIMIT))
+"""The caller when no key is required: trusted, so any priority within the limit."""
 
 
 class KeyRing:
@@ -101,6 +124,8 @@ class KeyRing:
                     _limits(key),
                     PRIORITY_RANK[key.priority],
                     key.models,
+                    key.allowed_priorities,
+                    key.weight,
                 ),
             )
             for key in auth.keys

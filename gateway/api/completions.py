@@ -230,6 +230,7 @@ class PlanPresenter(GenerationPresenter):
             replace(
                 other,
                 priority=request.priority,
+                tenant=request.tenant,
                 trace_headers=request.trace_headers,
                 session_id=request.session_id,
             )

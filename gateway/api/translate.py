@@ -54,6 +54,7 @@ def chat_request(wire: ChatCompletionRequest, request_id: str, arrival: float) -
         messages=tuple(_message(index, wire.messages) for index in range(len(wire.messages))),
         arrival_time=arrival,
         user=wire.user,
+        asked_priority=wire.priority,
         tools=specs,
         tool_choice=tool_wire.tool_choice(wire, specs),
         # Legacy `functions` answer with one `function_call`: ask for one call.
@@ -108,6 +109,7 @@ def completion_request(
         prompt_token_ids=() if isinstance(first, str) else first,
         arrival_time=arrival,
         user=wire.user,
+        asked_priority=wire.priority,
         suffix=wire.suffix,
         logit_bias=_logit_bias(wire),
         passthrough=_passthrough(wire),

@@ -76,6 +76,8 @@ class SamplingFields(_Wire):
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     user: str | None = None
+    # vLLM's: lower runs first; the front door checks it against the client key's range.
+    priority: int | None = None
     ignore_eos: bool = False
     # Honoured only by backends that declare Feature.LOGIT_BIAS (gateway.service.capabilities).
     logit_bias: dict[str, float] | None = None

@@ -182,7 +182,8 @@ class ModelRegistry:
 
         Waits for a load up to ``max_wait`` seconds (default: the model's ``load_timeout``).
         Raises ``ModelNotFound``, ``NotReady`` (loading too long, draining,
-        failed, no memory) or ``Overloaded`` (``max_concurrency`` reached).
+        failed, no memory) or ``Overloaded`` (``max_concurrency`` reached, unless the
+        backend waits for its slots itself: ``waits_for_slots``).
         """
         return _Leasing(self, name, max_wait)
 
@@ -191,7 +192,8 @@ class ModelRegistry:
         wait = entry.config.load_timeout if max_wait is None else max_wait
         instance = await self._serving_instance(entry, time.monotonic() + wait)
         limit = entry.config.max_concurrency
-        if limit is not None and instance.inflight >= limit:
+        # A relay with a queue_timeout waits for its slots itself (in fair-share order).
+        if limit is not None and instance.inflight >= limit and not entry.config.waits_for_slots:
             raise Overloaded(
                 f"model '{entry.name}' is serving its limit of {limit} requests",
                 code="model_overloaded",

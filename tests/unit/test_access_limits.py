@@ -136,3 +136,24 @@ def test_bad_auth_config_names_the_field(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match=r"limits\.store"):
         load_config(path)
+
+
+def test_a_keys_priority_range_and_weight() -> None:
+    def key(**fields: object) -> KeyConfig:
+        return KeyConfig.model_validate({"name": "k", "key": "sk-test-123456", **fields})
+
+    assert key().allowed_priorities == (0, 0) and key().weight == 1.0
+    assert key(priority="low").allowed_priorities == (1, 1)  # only its own level
+    assert key(priority_range=["high", "low"]).allowed_priorities == (-1, 1)  # named levels
+    assert key(priority="high", priority_range=[-3, 2]).allowed_priorities == (-3, 2)
+    for bad, match in (
+        ({"priority_range": [1, -1]}, "first not above the second"),
+        ({"priority_range": [-11, 0]}, "within"),
+        ({"priority_range": ["urgent", 0]}, "priority_range"),
+        ({"priority_range": [-1]}, "priority_range"),
+        ({"priority": "low", "priority_range": [-1, 0]}, "own priority"),
+        ({"weight": 0}, "weight"),
+        ({"weight": 1001}, "weight"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            key(**bad)

@@ -211,7 +211,7 @@ async def test_list_models_reports_backend_facts(make: Make) -> None:
 
 
 async def test_max_concurrency_overloaded(make: Make) -> None:
-    registry, _, _ = make(app_config(fake_model("m", max_concurrency=1)))
+    registry, _, _ = make(app_config(fake_model("m", max_concurrency=1, queue_timeout=0)))
     await registry.start()
     release, holding = asyncio.Event(), asyncio.Event()
     holder = asyncio.create_task(hold(registry, "m", release, holding))
@@ -224,6 +224,20 @@ async def test_max_concurrency_overloaded(make: Make) -> None:
     await holder
     async with registry.lease("m"):
         pass
+
+
+async def test_a_relay_that_waits_for_its_slots_is_not_refused(make: Make) -> None:
+    """An openai model with a queue_timeout queues beyond max_concurrency in its own
+    (fair) slot line, so the registry lets the request through to it."""
+    registry, _, _ = make(app_config(fake_model("m", max_concurrency=1)))
+    await registry.start()
+    release, holding = asyncio.Event(), asyncio.Event()
+    holder = asyncio.create_task(hold(registry, "m", release, holding))
+    await holding.wait()
+    async with registry.lease("m"):
+        assert registry.list_models()[0].inflight == 2
+    release.set()
+    await holder
 
 
 # --------------------------------------------------------------------------- memory

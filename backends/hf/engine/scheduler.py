@@ -2,8 +2,9 @@
 
 Owner: the engine thread. Three sets:
 
-- ``waiting``: tokenized requests not yet admitted, priority first, then arrival, with
-  aging (``backends.hf.engine.waiting``);
+- ``waiting``: tokenized requests not yet admitted, priority first (with aging), then
+  weighted fair share between client keys (``backends.hf.engine.waiting``): every step
+  charges each request's key the slots it held in the step;
 - ``prefilling``: admitted requests whose prompt is still being fed, chunk by chunk, into
   one cache slot (a request with ``n`` choices reserves ``n`` slots but prefills once);
 - ``decoding``: choices generating tokens; ``decoding[i]`` always lives in cache slot
@@ -32,7 +33,7 @@ from typing import Protocol
 
 import torch
 
-from backends.base import PromptLogprobs
+from backends.base import PromptLogprobs, Tenant
 from backends.hf.engine.detokenizer import TokenTable
 from backends.hf.engine.outputs import StepOutputs, accept_token, emit_started, finish_choice
 from backends.hf.engine.prompt_scores import first_token, score_rows
@@ -139,6 +140,7 @@ class ContinuousScheduler:
         )
         for choice in decode:
             choice.length += 1
+        self._charge(decode, owners)
         last_rows = self._score_prompts(logits, len(decode), chunks, owners)
         rows: list[Choice] = list(decode)
         row_index = list(range(len(decode)))
@@ -195,6 +197,20 @@ class ContinuousScheduler:
     def _reserved(self) -> int:
         return len(self.decoding) + sum(s.n for s in self.prefilling)
 
+    def _charge(self, decode: list[Choice], owners: list[RequestState]) -> None:
+        """The step's work against each request's key, in slot-steps: one per decoding
+        choice, and one per choice a prefilling request holds a slot for (the waiting
+        queue's fair share; see ``backends.hf.engine.waiting`` for why not tokens)."""
+        work: dict[Tenant, int] = {}
+        for choice in decode:
+            tenant = choice.request.request.tenant
+            work[tenant] = work.get(tenant, 0) + 1
+        for state in owners:
+            tenant = state.request.tenant
+            work[tenant] = work.get(tenant, 0) + state.n
+        for tenant, steps in work.items():
+            self.waiting.charge(tenant, steps)
+
     def _score_prompts(
         self,
         logits: torch.Tensor,
@@ -237,8 +253,11 @@ class ContinuousScheduler:
                 break
             budget -= self._add_chunk(state, budget, chunks, finishing)
             owners.append(state)
-        while self.waiting and budget > 0 and self._can_admit(self.waiting[0]):
+        holding = self._holding()
+        while self.waiting and budget > 0 and self._can_admit(self.waiting.peek(), holding):
             state = self.waiting.popleft()
+            name = state.request.tenant.name
+            holding[name] = holding.get(name, 0) + state.n
             if state.request.adapter is not None and self._adapter_place is not None:
                 state.adapter, state.adapter_key = self._adapter_place(state.request.adapter)
             self.prefill_slot[id(state)] = self._free_slot()
@@ -261,13 +280,25 @@ class ContinuousScheduler:
         if self._observer is not None:
             self._observer.on_prefix_cache(len(state.prompt_ids), state.prefilled)
 
-    def _can_admit(self, state: RequestState) -> bool:
+    def _can_admit(self, state: RequestState, holding: dict[str, int]) -> bool:
         if self._one_at_a_time and (self.decoding or self.prefilling):
             return False
         limit = self._max_seqs
         if self.decoding or self.prefilling:  # an idle engine takes anything that fits
-            limit -= self.waiting.held_back(state, self._max_seqs)
+            limit -= self.waiting.held_back(state, self._max_seqs, holding)
         return self._reserved() + state.n <= limit
+
+    def _holding(self) -> dict[str, int]:
+        """The slots each key's admitted requests hold (``held_back`` keeps the last
+        ones from the key with the most while another is about)."""
+        holding: dict[str, int] = {}
+        for choice in self.decoding:
+            name = choice.request.request.tenant.name
+            holding[name] = holding.get(name, 0) + 1
+        for state in self.prefilling:
+            name = state.request.tenant.name
+            holding[name] = holding.get(name, 0) + state.n
+        return holding
 
     def _add_chunk(
         self,
