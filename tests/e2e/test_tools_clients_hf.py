@@ -67,9 +67,21 @@ def test_stream_helper_rebuilds_a_forced_call_then_round_trip(client: openai.Ope
     round_trip(client, MODEL, message)
 
 
+# smolagents' ToolCallingAgent sends tool_choice "auto": nothing holds the model to a call,
+# and whether SmolLM2-135M in bf16 opens one flips with the CPU's bf16 kernels: it calls
+# on an AMD Zen 4, and on an Intel Xeon with AMX it answers in text (at 9836cdc too, with
+# oneDNN capped below AMX or not). Asserted in float32, where every CPU agrees.
+BF16_CPU_DEPENDENT = {"smolagents ToolCallingAgent"}
+
+
 @pytest.mark.parametrize("case", [c for c in CASES if c not in MODEL_LIMITED])
-def test_client_dialect_returns_its_validated_object(server: RunningServer, case: str) -> None:
+def test_client_dialect_returns_its_validated_object(
+    server: RunningServer, case: str, request: pytest.FixtureRequest
+) -> None:
     """Each library's own call returns its typed object."""
+    dtype = request.node.callspec.params["server"]
+    if dtype == "bfloat16" and case in BF16_CPU_DEPENDENT:
+        pytest.skip(f"{case}: whether the bf16 model calls its tool depends on the CPU")
     assert outcome(case, server.url + "/v1", MODEL, 128) == "pass"
 
 
