@@ -55,8 +55,13 @@ def test_compiled_decode_attention_matches_the_matmuls_without_recompiling() -> 
             # a wrong mask or layout moves logits by whole units
             diff = (got - expected).abs()
             assert diff.max().item() < 2.0 and diff.mean().item() < 0.25  # ~1 bf16 ulp
+            # where the two pick different tokens it is a near tie: the token the compiled
+            # kernel picks scores, under the matmuls, within the noise bound of their best
+            # (a 12-row argmax agreement share flipped with the CPU: 0.83 on AMX hosts)
+            picked = expected.gather(-1, got.argmax(-1, keepdim=True)).squeeze(-1)
+            assert (expected.max(-1).values - picked).max().item() < 1.0
             same = (got.argmax(-1) == expected.argmax(-1)).float().mean().item()
-            assert same >= 0.9
+            assert same >= 0.75
         assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
 
 
