@@ -79,7 +79,7 @@ class SSEDecoder:
             not self._tail
             and data.endswith(b"\n\n")
             and data.startswith(b"data:")
-            and data.count(b"\n") == 2
+            and data.find(b"\n") == len(data) - 2  # (memchr; `count` walks every byte)
         ):
             return [data[5:-2].strip()]
         if self._tail:
