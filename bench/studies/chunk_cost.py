@@ -6,7 +6,9 @@ own), to ``--streams`` concurrent clients through one gateway process: ``llmso s
 with one ``backend: openai`` model (``--system gateway``), or the raw relay
 (``bench.raw_relay``, the server stack and upstream client with nothing between: a
 floor). The client is a lean asyncio HTTP/1.1 loop (keep-alive, one connection per
-stream) so the 2-vCPU box spends its time on the gateway, not on the load.
+stream, the streams' starts spread over one chunk gap, so their chunks interleave as a
+fleet's do) so the 2-vCPU box spends its time on the gateway, not on the load; it checks
+one answer's text per level and every answer's end.
 
 Figures per level, from the gateway process only:
 
@@ -18,13 +20,18 @@ Figures per level, from the gateway process only:
   ``instructions_per_chunk`` counts user-space instructions (the kernel's side of a
   syscall is not in it), which repeat run to run whatever the machine's load. Give two
   ``--tokens`` values and the difference between them is the marginal cost of one
-  more chunk, per-request work excluded (``marginal``).
+  more chunk, per-request work excluded (``marginal``); with ``--span-ms`` both levels
+  last as long (one fake per chunk gap), so the gateway's clock-driven work (health
+  probes, ticks) is the same in both and cancels.
 
 ``--tree A --tree B`` serves the gateway from two checkouts in turn, round by round (an
-interleaved A/B; the fake and the client come from this one). Run from a checkout::
+interleaved A/B; the fakes and the client come from this one). Each tree's servers run
+from the tree itself: ``python -m`` imports from the working directory first. Run from a
+checkout (docs/benchmarks/overhead/per_chunk.md has the runs)::
 
-    python -m bench.studies.chunk_cost --streams 64,256 --rounds 3
-    python -m bench.studies.chunk_cost --callgrind --streams 16 --delay-ms 250 --tokens 16,64
+    python -m bench.studies.chunk_cost --streams 64,256 --rounds 5 --tree A --tree B
+    python -m bench.studies.chunk_cost --callgrind --streams 16 --tokens 16,64 \
+        --span-ms 16000 --batches 2 --tree A --tree B
 """
 
 from __future__ import annotations
