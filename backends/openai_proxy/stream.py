@@ -54,6 +54,10 @@ from backends.tool_markup.markup import new_call_id
 
 DONE = b"[DONE]"
 _MAX_SHAPES = 4  # shapes kept per stream: one per choice and kind for n <= 2
+# Shapes learnt in a row that no payload matched before this stream stops learning: an
+# upstream whose plain deltas differ in more than their text (a per-token counter) would
+# otherwise pay for a learn (~3 parses' worth) on every chunk.
+_MAX_UNUSED = 4
 REASONS: dict[str, FinishReason] = {
     "length": "length",
     "tool_calls": "tool_calls",
@@ -113,6 +117,7 @@ class ChunkTranslator:
         "_run_thought",
         "_run_tokens",
         "_shapes",
+        "_unused",
         "_upstream_splits",
         "counted_reasoning",
         "counted_tokens",
@@ -140,6 +145,7 @@ class ChunkTranslator:
         self._upstream_splits = False
         self._shapes: list[Shape] = []
         """Shapes of this stream's plain deltas (``shapes``), the latest learnt first."""
+        self._unused = 0  # shapes learnt since a payload last matched one
         self.done = False
         """The upstream sent ``[DONE]``."""
         self.usage: tuple[int, int] | None = None
@@ -207,12 +213,14 @@ class ChunkTranslator:
                 self._run_tokens = 0
 
     def _parse(self, payloads: list[bytes], out: list[BackendEvent]) -> None:
-        """Translate payloads by their parsed JSON; a plain delta teaches its shape."""
+        """Translate payloads by their parsed JSON; a plain delta teaches its shape
+        (unless shapes learnt here stopped matching: ``_MAX_UNUSED``)."""
         for chunk, payload in zip(self._decode(payloads), payloads, strict=True):
             self._chunk(chunk, out)
-            shape = learn(chunk, payload, chat=self._chat)
-            if shape is not None:
-                self._learnt(shape)
+            if self._unused < _MAX_UNUSED:
+                shape = learn(chunk, payload, chat=self._chat)
+                if shape is not None:
+                    self._learnt(shape)
 
     def _chunk(self, chunk: Any, out: list[BackendEvent]) -> None:
         if type(chunk) is not dict:
@@ -238,9 +246,11 @@ class ChunkTranslator:
         """Keep ``shape`` in place of the one of its choice and kind (a few at most)."""
         shapes = [known for known in self._shapes if not known.same_slot(shape)]
         self._shapes = [shape, *shapes[: _MAX_SHAPES - 1]]
+        self._unused += 1
 
     def _shaped(self, shape: Shape, text: str, out: list[BackendEvent]) -> None:
         """A payload of ``shape`` carrying ``text``: what ``_choice`` does with its parse."""
+        self._unused = 0
         index = shape.index
         if text and index not in self._finished:
             if shape.thought:

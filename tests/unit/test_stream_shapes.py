@@ -275,6 +275,32 @@ def test_plain_deltas_skip_the_parser(engine: str) -> None:
     assert len(parsed) == len(payloads) - shaped + relearnt
 
 
+def test_a_stream_whose_deltas_never_repeat_a_shape_stops_learning() -> None:
+    """llama.cpp with ``timings_per_token``: each delta carries its own counters, so no
+    shape ever matches; after a few tries the stream stops paying for learning, and its
+    events are still the full parse's."""
+    payloads = [
+        orjson.dumps(
+            {
+                "choices": [{"finish_reason": None, "index": 0, "delta": {"content": word}}],
+                "timings": {"predicted_n": i, "predicted_ms": 10.5 * i},
+            }
+        )
+        for i, word in enumerate(WORDS * 2)
+    ]
+    calls: list[bytes] = []
+
+    def counting(chunk: Any, payload: bytes, *, chat: bool) -> Any:
+        calls.append(payload)
+        return learn(chunk, payload, chat=chat)
+
+    with mock.patch.object(stream, "learn", counting):
+        fast = _translate([[p] for p in payloads])
+    assert len(calls) == 4  # stream._MAX_UNUSED
+    with _full_parse_only():
+        assert fast == _translate([[p] for p in payloads])
+
+
 def test_a_thought_shape_is_learnt_like_a_content_shape() -> None:
     payload = _vllm_delta({"reasoning": " hm"})
     shape = learn(orjson.loads(payload), payload, chat=True)
