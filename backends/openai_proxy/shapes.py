@@ -19,9 +19,10 @@ raises for invalid JSON as before. A key is recognised only where JSON allows on
 ``{`` or ``,`` and before ``:``, which text inside a string cannot imitate (its quotes
 are escaped).
 
-Engines whose shape changes from chunk to chunk (llama.cpp stamps ``created`` with the
-current second) relearn at each change; the shapes are owned by the translator of one
-stream.
+Engines whose shape changes now and then (llama.cpp stamps ``created`` with the current
+second) relearn at each change; one whose every delta differs in more than its text
+stops being learnt after a few shapes that nothing matched (``stream._MAX_UNUSED``). The
+shapes are owned by the translator of one stream.
 """
 
 from __future__ import annotations
