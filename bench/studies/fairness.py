@@ -132,6 +132,8 @@ def commit(root: Path) -> str:
 
 
 def run(args: argparse.Namespace, trees: dict[str, Path | None]) -> dict[str, Any]:
+    """Every round of every tree; each round's samples are also appended to
+    ``NAME.rounds.jsonl`` in ``--out`` as it ends, so a run cut short keeps them."""
     rounds: list[dict[str, Any]] = []
     for index in range(args.rounds):
         for name, root in trees.items():
@@ -142,6 +144,10 @@ def run(args: argparse.Namespace, trees: dict[str, Path | None]) -> dict[str, An
                 {"tree": name, "round": index, "started": began, "loadavg_1m": loadavg, **times}
             )
             print(f"round {index} {name}: " + _ratio_line(times), flush=True)
+            if args.out is not None:
+                args.out.mkdir(parents=True, exist_ok=True)
+                with (args.out / f"{args.name}.rounds.jsonl").open("a") as partial:
+                    partial.write(json.dumps(rounds[-1]) + "\n")
     pooled: dict[str, Any] = {}
     for name in trees:
         mine = [r for r in rounds if r["tree"] == name]
