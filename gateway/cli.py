@@ -21,7 +21,6 @@ from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from backends.hf.loading.isa import cap_for_batch_invariance
 from config.loader import ConfigError, load_config
 from config.schema import AppConfig, HFModelConfig, workers_refusal
 from gateway.edge.settings import Settings
@@ -39,8 +38,6 @@ PLUGINS = "llmso.commands"
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # Before torch makes any oneDNN primitive: bf16 batched == alone on AMX CPUs too.
-    cap_for_batch_invariance()
     plugins = _plugins()
     if argv and argv[0] in plugins:
         command: Callable[[list[str]], int] = plugins[argv[0]].load()

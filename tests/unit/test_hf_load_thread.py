@@ -57,12 +57,3 @@ def test_call_in_own_thread_returns_or_raises_on_the_caller_thread() -> None:
 
     with pytest.raises(ValueError, match="inside"):
         call_in_own_thread(fails, "t")
-
-
-def test_onednn_is_capped_below_amx_unless_the_environment_says_otherwise() -> None:
-    from backends.hf.loading.isa import ISA_ENV, cap_for_batch_invariance
-
-    env: dict[str, str] = {}
-    assert cap_for_batch_invariance(env) == "AVX512_CORE_BF16" == env[ISA_ENV]
-    chosen = {ISA_ENV: "AVX512_CORE_AMX"}
-    assert cap_for_batch_invariance(chosen) == "AVX512_CORE_AMX"

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from backends.hf.loading.quantization import Scheme
+from backends.hf.model.row_blocks import invariant_width
 
 _PACK_BATCH_HINT = 16  # oneDNN picks its blocking for about this many rows
 
@@ -49,29 +50,74 @@ class Dense:
     """The weight as loaded; on CPU in bf16, reordered once into oneDNN's blocked layout
     (what vLLM-CPU and inductor's freezing do), so no GEMM reorders it per call. Measured
     on an AMD EPYC: identical outputs, 0.5x (1 row) to 0.96x (300 rows) of ``F.linear``'s
-    time."""
+    time. A bf16 CPU projection takes at most ``row_block`` rows per GEMM (``None``: any),
+    the most with which every row rounds as it would alone (``row_blocks``: 32 on AMX
+    CPUs, any elsewhere)."""
 
     weight: torch.Tensor
     bias: torch.Tensor | None
     prepacked: bool
     nbytes: int
+    row_block: int | None = None
 
     @classmethod
     def of(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> Dense:
         weight = weight.contiguous()
         size = weight.numel() * weight.element_size()
-        if not _can_prepack(weight):
-            return cls(weight, bias, False, size)
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_BATCH_HINT)
-        return cls(packed, bias, True, size)
+        prepacked = _can_prepack(weight)
+        block = None
+        if weight.device.type == "cpu" and weight.dtype == torch.bfloat16:
+            block = _row_block(weight, prepacked)
+        return cls(_pack(weight) if prepacked else weight, bias, prepacked, size, block)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.prepacked:
-            out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
-                x, self.weight, self.bias, "none", [], ""
-            )
-            return out
-        return F.linear(x, self.weight, self.bias)
+        rows = x.reshape(-1, x.shape[-1])
+        if self.row_block is None or rows.shape[0] <= self.row_block:
+            return _dense(x, self.weight, self.bias, self.prepacked)
+        block = self.row_block
+        parts = [
+            _dense(rows[start : start + block], self.weight, self.bias, self.prepacked)
+            for start in range(0, rows.shape[0], block)
+        ]
+        return torch.cat(parts).reshape(*x.shape[:-1], -1)
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_BATCH_HINT)
+    return packed
+
+
+def _dense(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, prepacked: bool
+) -> torch.Tensor:
+    if prepacked:
+        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+        return out
+    return F.linear(x, weight, bias)
+
+
+_ROW_BLOCKS: dict[tuple[int, int, bool], int | None] = {}
+"""Memo of :func:`_row_block` per weight shape: a pure function of the CPU and the shape
+(the kernel oneDNN picks depends on the shape, not the values), so a race only computes
+it twice; a model has a handful of shapes, and the memo stops growing at 256."""
+
+_PROBE_OUT_FEATURES = 8192
+"""A wider weight is probed on its first 8,192 rows: how a GEMM groups and sums an input
+row does not depend on how many outputs it has (checked on SmolLM2's 49,152-row LM head,
+``tests/hf/test_hf_row_blocks.py``), and a 150k-row head probed whole takes seconds."""
+
+
+def _row_block(weight: torch.Tensor, prepacked: bool) -> int | None:
+    """``invariant_width`` of this bf16 CPU projection, probed once per shape (~0.1 s)."""
+    key = (int(weight.shape[0]), int(weight.shape[1]), prepacked)
+    if key in _ROW_BLOCKS:
+        return _ROW_BLOCKS[key]
+    probe = weight[:_PROBE_OUT_FEATURES].contiguous()
+    packed = _pack(probe) if prepacked else probe
+    width = invariant_width(lambda x: _dense(x, packed, None, prepacked), key[1])
+    if len(_ROW_BLOCKS) < 256:
+        _ROW_BLOCKS[key] = width
+    return width
 
 
 @dataclass(frozen=True, slots=True)

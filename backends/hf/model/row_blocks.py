@@ -1,0 +1,54 @@
+"""How many rows one bf16 GEMM may take while every row still rounds as it would alone.
+
+A sequence's logits must not depend on what else is in its step (the engine's promise:
+batched == alone). oneDNN's bf16 GEMM keeps it on CPUs without AMX, but on an Intel Xeon
+with AMX it picks its kernel by the number of rows: up to 32 rows every row is bitwise
+what it is alone; from 33 rows on a few rows of each call round otherwise (measured on
+SmolLM2's shapes: 1 to 7 of 33-40 rows, all 33 for the 49,152-row LM head), so a greedy
+token at a near tie followed the batch. Capping oneDNN below AMX
+(``ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16``, what ``llmso serve`` did before) also kept the
+promise, but made the same GEMMs 2.5x (16 rows) to 9x (256 rows) slower.
+
+So each weight shape is probed once (``linears.Dense`` does, with the first weight of
+that shape, at most 8,192 of its rows): the widest call (all rows, else 32, 16, ...
+rows) whose every row equals that row computed alone, over call sizes from that width
+down to 2. The projection then splits larger inputs into calls of that many rows. Where
+the probe finds the whole input invariant (no AMX), it splits nothing. Stateless.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+PROBE_ROWS = 40  # more than the widest width tried, so a full call is wider than it
+_WIDTHS = (32, 16, 8, 4, 2)
+
+
+def _calls_match_alone(
+    call: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, width: int, alone: torch.Tensor
+) -> bool:
+    """``x`` in calls of ``width``, ``width - 1``, half, 3 and 2 rows, repeating, each row
+    compared bitwise with ``alone``."""
+    sizes = [n for n in (width, width - 1, width // 2 + 1, 3, 2) if n >= 1]
+    start, turn = 0, 0
+    while start < x.shape[0]:
+        end = min(start + sizes[turn % len(sizes)], x.shape[0])
+        if not torch.equal(call(x[start:end]), alone[start:end]):
+            return False
+        start, turn = end, turn + 1
+    return True
+
+
+def invariant_width(call: Callable[[torch.Tensor], torch.Tensor], in_features: int) -> int | None:
+    """The most rows one ``call`` may take with every row as it is alone; ``None``: any."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(PROBE_ROWS, in_features, generator=generator, dtype=torch.bfloat16)
+    alone = torch.cat([call(x[row : row + 1]) for row in range(PROBE_ROWS)])
+    if torch.equal(call(x), alone):
+        return None
+    for width in _WIDTHS:
+        if _calls_match_alone(call, x, width, alone):
+            return width
+    return 1
