@@ -7,6 +7,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
+from bench.gpu_suite import gpu_models_suite
 from bench.random_weights import MARKER, build, random_weights_note
 from tests.hf import tiny
 
@@ -40,3 +41,11 @@ def test_a_built_folder_is_reused_and_a_new_seed_rebuilds_it(tmp_path: Path) -> 
     assert (out / "model.safetensors").stat().st_mtime_ns == stamp
     build(source, out, seed=3, dtype="float32")
     assert '"seed": 3' in (out / MARKER).read_text()
+
+
+def test_the_gpu_suite_notes_say_the_weights_are_random(tmp_path: Path) -> None:
+    source = tiny.build("llama", tmp_path / "trained")
+    folder = build(source, tmp_path / "random", seed=0, dtype="float32")
+    spec = gpu_models_suite(tmp_path, str(folder), include_vllm=False)
+    assert any(note.startswith("weights: RANDOM (seed 0, float32)") for note in spec.notes)
+    assert "(random weights)" in spec.title
