@@ -107,6 +107,15 @@ def _add_suite(sub: Any) -> None:
         "--dtype", default="bfloat16", choices=("float32", "bfloat16"), help="Model weights."
     )
     p.add_argument("--no-vllm", action="store_true", help="Leave vLLM out of the models suite.")
+    p.add_argument(
+        "--python",
+        type=Path,
+        default=None,
+        help="gpu: interpreter for the gateway and the reference (default .venv-gpu's).",
+    )
+    p.add_argument(
+        "--level-duration", type=float, default=None, help="Override the suite's cap (s)."
+    )
     p.add_argument("--systems", default=None, help="Only these labels, comma-separated.")
     p.add_argument(
         "--hf-threads", type=int, default=None, help="torch threads of llmso hf (default: all)."
@@ -237,6 +246,9 @@ def _cmd_suite(args: argparse.Namespace) -> int:
         if not args.model_path:
             log.error("the %s suite needs --model-path (the converted model folder)", args.name)
             return 2
+        if args.python and args.name != "gpu":
+            log.error("--python is an option of the gpu suite only")
+            return 2
         spec = _MODEL_SUITES[args.name](
             root,
             args.model_path,
@@ -245,6 +257,7 @@ def _cmd_suite(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             include_vllm=not args.no_vllm,
             hf_threads=args.hf_threads,
+            **({"python": args.python} if args.python else {}),
         )
     else:
         spec = overhead_suite(root, quick=args.quick, concurrency=args.concurrency)
@@ -252,6 +265,7 @@ def _cmd_suite(args: argparse.Namespace) -> int:
         "slo_ttft_ms": args.slo_ttft_ms,
         "slo_itl_ms": args.slo_itl_ms,
         "rounds": args.rounds,
+        "level_duration_s": args.level_duration,
     }
     spec = spec.model_copy(update={k: v for k, v in overrides.items() if v is not None})
     if args.systems:

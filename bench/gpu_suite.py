@@ -2,18 +2,22 @@
 
 ``llmso bench suite gpu``, run by ``make bench-gpu`` through ``bench/gpu.sh`` (which builds
 the two CUDA virtualenvs it needs: ``.venv-gpu`` for the gateway and the reference,
-``.venv-vllm-cuda`` for vLLM).
+``.venv-vllm-cuda`` for vLLM; or, offline, takes an existing CUDA interpreter as
+``--python``). The gateway serves the same folder the peers load (``--model-path``).
 Unlike the CPU suite, vLLM keeps its CUDA graphs (no ``--enforce-eager``): the peer runs
 as it would be deployed. Prefix caching is off on both sides (the prompts repeat across
-levels); one more level, c = 64.
+levels); one more level, c = 64. A folder of random weights (``bench.random_weights``)
+says so in the results' notes.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 from bench.machine import venv_package_version
+from bench.random_weights import random_weights_note
 from bench.spec import CompareSpec
 from bench.suites import MODEL_NAME, hf_system, reference_system, vllm_system
 
@@ -30,8 +34,11 @@ def gpu_models_suite(
     dtype: str = "bfloat16",
     include_vllm: bool = True,
     hf_threads: int | None = None,
+    python: Path | None = None,
 ) -> CompareSpec:
-    """hf continuous on ``cuda``, vLLM from ``.venv-vllm-cuda``, transformers on ``cuda``."""
+    """hf continuous on ``cuda``, vLLM from ``.venv-vllm-cuda``, transformers on ``cuda``;
+    the gateway and the reference run on ``python`` (default: ``.venv-gpu``'s)."""
+    python = python or root / GPU_VENV / "bin/python"
     levels = concurrency or ((1, 4) if quick else (1, 4, 16, 64))
     max_seqs = 64
     threads = hf_threads or min(8, len(os.sched_getaffinity(0)))
@@ -45,7 +52,8 @@ def gpu_models_suite(
             threads=threads,
             prefix_caching=False,
             device="cuda",
-            venv=GPU_VENV,
+            python=python,
+            source=model_path,
         )
     ]
     vllm_venv = root / VLLM_CUDA_VENV
@@ -64,11 +72,21 @@ def gpu_models_suite(
             )
         )
     systems.append(
-        reference_system(root / GPU_VENV / "bin/python", model_path, dtype=dtype, threads=threads)
+        reference_system(python, model_path, dtype=dtype, threads=threads, device="cuda")
     )
     vllm_version = venv_package_version(vllm_venv, "vllm")
+    vllm_note = (
+        f"vLLM: {vllm_version or 'not installed'} (CUDA graphs on), max_num_seqs 64, "
+        "prefix caching off (both engines)"
+        if include_vllm
+        else "vLLM: not run (--no-vllm)"
+    )
+    weights_note = random_weights_note(model_path)
     return CompareSpec(
-        title="SmolLM2-135M-Instruct on CUDA: llmso hf continuous vs vLLM vs transformers",
+        title=(
+            f"SmolLM2-135M-Instruct{' (random weights)' if weights_note else ''} on CUDA: "
+            f"llmso hf continuous vs {'vLLM vs ' if include_vllm else ''}transformers"
+        ),
         model=MODEL_NAME,
         max_tokens=8 if quick else 128,
         ignore_eos=True,
@@ -82,10 +100,28 @@ def gpu_models_suite(
         slo_itl_ms=20,
         notes=(
             f"model: {model_path} ({dtype}) on cuda, chat API, temperature 0, ignore_eos",
-            f"vLLM: {vllm_version or 'not installed'} (CUDA graphs on), max_num_seqs 64, "
-            "prefix caching off (both engines)",
-            "transformers-generate is sequential in-process (concurrency 1 only)",
+            *((weights_note,) if weights_note else ()),
+            f"GPU: {_gpu_name() or 'unknown (nvidia-smi failed)'}",
+            vllm_note,
+            "transformers-generate is sequential in-process on cuda (concurrency 1 only)",
             "goodput: requests with TTFT <= 200 ms and mean inter-token gap <= 20 ms",
         ),
         systems=tuple(systems),
     )
+
+
+def _gpu_name() -> str | None:
+    """The first GPU's name, memory and driver as nvidia-smi reports them."""
+    query = "--query-gpu=name,memory.total,driver_version"
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", query, "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = out.stdout.strip().splitlines()
+    return lines[0].strip() if out.returncode == 0 and lines else None

@@ -31,6 +31,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--api", choices=("chat", "completions"), default="chat")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="bfloat16")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads.")
+    p.add_argument("--device", default="cpu", help="torch device of the model (cpu, cuda).")
     p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--out", type=Path, required=True)
     return p.parse_args(argv)
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     # Typed as Any: transformers' generate() stubs do not type-check on Auto classes.
     model: Any = AutoModelForCausalLM.from_pretrained(
         args.model_path, dtype=getattr(torch, args.dtype)
-    )
+    ).to(args.device)
     model.eval()
     prompts = load_prompts(args.prompts)
 
@@ -78,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             enc = tokenizer(text, return_tensors="pt", add_special_tokens=False)
         else:
             enc = tokenizer(prompt.text, return_tensors="pt")
+        enc = enc.to(args.device)
         clock = TokenClock()
         with torch.inference_mode():
             out = model.generate(

@@ -65,16 +65,22 @@ def hf_system(
     prefix_caching: bool,
     device: str = "auto",
     venv: str = ".venv",
+    python: Path | None = None,
     compile_attention: bool = False,
     source: str = DEFAULT_SOURCE,
     quantization: str = "none",
 ) -> SystemSpec:
-    """The gateway (from ``root/venv``) serving ``source`` (default: the packaged SmolLM2)
-    with its hf backend in ``mode``; every other setting is the config's default."""
+    """The gateway (``root/venv``'s ``llmso``, or ``python -m gateway.cli`` when ``python``
+    is given: an interpreter where llmso is importable but not installed) serving
+    ``source`` (default: the packaged SmolLM2) with its hf backend in ``mode``; every
+    other setting is the config's default."""
     path = f"{{workdir}}/gateway-{label}.yaml"
+    launcher = (
+        (str(root / venv / "bin/llmso"),) if python is None else (str(python), "-m", "gateway.cli")
+    )
     return SystemSpec(
         label=label,
-        command=(str(root / venv / "bin/llmso"), "serve", "--config", path),
+        command=(*launcher, "serve", "--config", path),
         files={
             path: _gateway_yaml_hf(
                 mode,
@@ -143,8 +149,10 @@ def vllm_system(
     )
 
 
-def reference_system(python: Path, model_path: str, *, dtype: str, threads: int) -> SystemSpec:
-    """transformers ``generate()`` in-process, sequential (``bench.reference``)."""
+def reference_system(
+    python: Path, model_path: str, *, dtype: str, threads: int, device: str = "cpu"
+) -> SystemSpec:
+    """transformers ``generate()`` in-process on ``device``, sequential (``bench.reference``)."""
     return SystemSpec(
         label="transformers-generate",
         kind="reference",
@@ -168,6 +176,8 @@ def reference_system(python: Path, model_path: str, *, dtype: str, threads: int)
             dtype,
             "--threads",
             str(threads),
+            "--device",
+            device,
             "--out",
             "{out}",
         ),

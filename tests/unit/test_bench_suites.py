@@ -6,8 +6,10 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 import yaml
 
+from bench.cli import main as bench_main
 from bench.gpu_suite import gpu_models_suite
 from bench.prefix_suite import prefix_suite
 from bench.prompts import shared_prefix, shared_prefix_prompts
@@ -140,15 +142,27 @@ def test_gpu_suite_runs_hf_on_cuda_against_vllm_with_cuda_graphs() -> None:
     spec = gpu_models_suite(ROOT, "/models/smol")
     assert spec.concurrency == (1, 4, 16, 64)
     hf = spec.systems[0]
-    assert hf.command[0] == str(ROOT / ".venv-gpu/bin/llmso")
+    assert hf.command[:3] == (str(ROOT / ".venv-gpu/bin/python"), "-m", "gateway.cli")
     model = _configs(spec)[hf.label].models[0]
     assert isinstance(model, HFModelConfig)
     assert model.device == "cuda" and model.scheduling == "continuous"
+    assert model.source == "/models/smol"  # the very folder the peers load
     vllm = next(s for s in spec.systems if s.label == "vllm-cuda")
     assert vllm.command[0] == str(ROOT / ".venv-vllm-cuda/bin/python")
     assert "--enforce-eager" not in vllm.command and "VLLM_CPU_KVCACHE_SPACE" not in vllm.env
     ref = next(s for s in spec.systems if s.kind == "reference")
     assert ref.command[0] == str(ROOT / ".venv-gpu/bin/python")
+    device = ref.command.index("--device")
+    assert ref.command[device + 1] == "cuda"
+    assert not any("RANDOM" in note for note in spec.notes)
+
+
+def test_gpu_suite_offline_runs_both_sides_on_the_given_python_without_vllm() -> None:
+    python = Path("/opt/cuda-python/bin/python3")
+    spec = gpu_models_suite(ROOT, "/models/smol", include_vllm=False, python=python)
+    assert [s.label for s in spec.systems] == ["llmso-hf-continuous-cuda", "transformers-generate"]
+    assert all(s.command[0] == str(python) for s in spec.systems)
+    assert "vLLM: not run (--no-vllm)" in spec.notes and "vLLM" not in spec.title
 
 
 def test_overhead_suite_has_a_traced_gateway() -> None:
@@ -164,3 +178,15 @@ def test_hf_systems_count_as_started_only_when_ready() -> None:
     spec = models_suite(ROOT, "/models/smol", quick=False)
     hf = [s for s in spec.systems if s.label.startswith("llmso-hf-")]
     assert hf and all(s.health_url == "http://127.0.0.1:{port}/ready" for s in hf)
+
+
+def test_suite_cli_takes_python_for_gpu_only_and_overrides_the_level_cap(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["suite", "gpu", "--out", "/tmp/o", "--model-path", "/models/smol", "--dry-run"]
+    assert bench_main([*args, "--python", "/usr/bin/python3", "--level-duration", "40"]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert spec["level_duration_s"] == 40.0
+    assert spec["systems"][0]["command"][0] == "/usr/bin/python3"
+    models = ["suite", "models", "--out", "/tmp/o", "--model-path", "/m", "--dry-run"]
+    assert bench_main([*models, "--python", "/usr/bin/python3"]) == 2
