@@ -362,9 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--q4-0", help="a Q4_0 GGUF of the model (default: made here)")
     parser.add_argument("--no-q4-0", action="store_true", help="skip the Q4_0 peer")
     parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM-CPU peers")
-    parser.add_argument(
-        "--systems", type=system_labels, help=f"only these, comma-separated: {ALL_SYSTEMS}"
-    )
+    known = ", ".join(ALL_SYSTEMS)
+    parser.add_argument("--systems", type=system_labels, help=f"only these (of {known})")
     parser.add_argument("--gguf-convert-venv", default=".venv-gguf-convert")
     parser.add_argument("--llamacpp-venv", default=".venv-llamacpp", help="its quantizer")
     parser.add_argument("--quick", action="store_true", help="2 rounds of 16-token answers")
