@@ -196,6 +196,7 @@ class _Driver:
             self.workdir / "logs" / f"{name}.log",
             env={k: fill(v, values) for k, v in spec.env.items()},
             cwd=cwd,
+            unset=spec.env_unset if isinstance(spec, SystemSpec) else (),
         )
         log.info("starting %s: %s", name, " ".join(proc.command))
         proc.start()

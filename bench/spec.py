@@ -45,6 +45,9 @@ class SystemSpec(_Frozen):
     kind: Literal["server", "reference"] = "server"
     command: tuple[str, ...] = ()
     env: dict[str, str] = {}
+    env_unset: tuple[str, ...] = Field(
+        default=(), description="Variables of the harness's environment the command must not see."
+    )
     files: dict[str, str] = {}
     base_url: str | None = None
     model: str | None = None

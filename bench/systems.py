@@ -14,7 +14,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 import aiohttp
@@ -42,7 +42,8 @@ def _tail(path: Path, limit: int = 3000) -> str:
 
 
 class ManagedProcess:
-    """One subprocess in its own process group, logging to ``log_path``."""
+    """One subprocess in its own process group, logging to ``log_path``, with the
+    harness's environment less the names in ``unset``, plus ``env``."""
 
     def __init__(
         self,
@@ -51,11 +52,14 @@ class ManagedProcess:
         log_path: Path,
         env: Mapping[str, str] | None = None,
         cwd: Path | None = None,
+        *,
+        unset: Collection[str] = (),
     ) -> None:
         self.name = name
         self.command = tuple(command)
         self.log_path = log_path
-        self._env = {**os.environ, **(env or {})}
+        inherited = {k: v for k, v in os.environ.items() if k not in unset}
+        self._env = {**inherited, **(env or {})}
         self._cwd = cwd
         self._proc: subprocess.Popen[bytes] | None = None
         self._paused = False

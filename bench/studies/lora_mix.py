@@ -276,6 +276,7 @@ class _Served:
             [fill(part, self.values) for part in spec.command],
             workdir / "logs" / f"{spec.label}.log",
             env={k: fill(v, self.values) for k, v in spec.env.items()},
+            unset=spec.env_unset,
         )
         for path, content in spec.files.items():
             Path(fill(path, self.values)).write_text(fill(content, self.values))

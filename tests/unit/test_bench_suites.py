@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,8 @@ from bench.gpu_suite import gpu_models_suite
 from bench.prefix_suite import prefix_suite
 from bench.prompts import shared_prefix, shared_prefix_prompts
 from bench.spec import CompareSpec, fill
-from bench.suites import HF_MODES, models_suite, overhead_suite
+from bench.suites import HF_MODES, ONEDNN_CAP_ENV, models_suite, overhead_suite
+from bench.systems import ManagedProcess
 from config.schema import AppConfig, HFModelConfig, OpenAIModelConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,6 +40,7 @@ def test_models_suite_covers_every_system_with_one_budget() -> None:
     assert labels == [
         *(f"llmso-hf-{m}" for m in HF_MODES),
         "vllm-cpu",
+        "vllm-cpu-compiled",
         "transformers-generate",
     ]
     assert spec.concurrency == (1, 4, 16, 64) and spec.max_tokens == 64 and spec.ignore_eos
@@ -55,12 +59,18 @@ def test_models_suite_covers_every_system_with_one_budget() -> None:
         assert configs[f"llmso-hf-{mode}"].server.port == 18000
     shaped = models_suite(ROOT, "/m/q", source="/m/q", title="Q")
     assert shaped.title.startswith("Q on CPU")
-    assert _configs(shaped)["llmso-hf-continuous"].models[0].source == "/m/q"
+    shaped_hf = _configs(shaped)["llmso-hf-continuous"].models[0]
+    assert isinstance(shaped_hf, HFModelConfig) and shaped_hf.source == "/m/q"
     one = _configs(models_suite(ROOT, "/m", hf_threads=1))["llmso-hf-continuous"].models[0]
     assert isinstance(one, HFModelConfig) and one.threads == 1
     vllm = next(s for s in spec.systems if s.label == "vllm-cpu")
     assert "/models/smol" in vllm.command and "--enforce-eager" in vllm.command
     assert vllm.env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    # vLLM's default mode: the same command less --enforce-eager, and time to compile
+    compiled = next(s for s in spec.systems if s.label == "vllm-cpu-compiled")
+    assert [p for p in vllm.command if p != "--enforce-eager"] == list(compiled.command)
+    assert compiled.env == vllm.env and compiled.startup_timeout_s > vllm.startup_timeout_s
+    assert any("vllm-cpu-compiled" in note and "torch.compile" in note for note in spec.notes)
     ref = next(s for s in spec.systems if s.label == "transformers-generate")
     assert ref.kind == "reference" and "{out}" in ref.command
     quantized = models_suite(ROOT, "/m/q", source="/m/q", quantizations=("int8", "int4"))
@@ -74,7 +84,35 @@ def test_models_suite_covers_every_system_with_one_budget() -> None:
         assert model.model_copy(update={"quantization": "none"}) == base
     quick = models_suite(ROOT, "/m", quick=True, include_vllm=False)
     assert quick.concurrency == (1, 2) and quick.max_tokens == 8 and quick.min_requests == 4
-    assert "vllm-cpu" not in [s.label for s in quick.systems]
+    assert not [s.label for s in quick.systems if s.label.startswith("vllm")]
+
+
+def _environment_seen(process: ManagedProcess) -> list[str]:
+    """Start ``process`` (a script printing what it sees) and read its log once it exits."""
+    process.start()
+    deadline = time.monotonic() + 30
+    while process.alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    process.stop()
+    return process.log_path.read_text().split()
+
+
+def test_vllm_never_sees_the_onednn_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a user may cap oneDNN for llmso (docs/hf.md); vLLM-CPU's engine core crashed when
+    # it inherited that cap.
+    monkeypatch.setenv(ONEDNN_CAP_ENV, "AVX512_CORE_BF16")
+    spec = next(s for s in models_suite(ROOT, "/m").systems if s.label == "vllm-cpu-compiled")
+    assert spec.env_unset == (ONEDNN_CAP_ENV,)
+    show = [
+        sys.executable,
+        "-c",
+        f"import os; print(os.environ.get({ONEDNN_CAP_ENV!r}), "
+        "os.environ['VLLM_CPU_KVCACHE_SPACE'])",
+    ]
+    vllm_like = ManagedProcess("a", show, tmp_path / "a.log", env=spec.env, unset=spec.env_unset)
+    assert _environment_seen(vllm_like) == ["None", "2"]
+    plain = ManagedProcess("b", show, tmp_path / "b.log", env=spec.env)
+    assert _environment_seen(plain) == ["AVX512_CORE_BF16", "2"]
 
 
 def test_overhead_suite_points_the_gateway_at_the_fake() -> None:
