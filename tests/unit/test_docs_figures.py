@@ -108,6 +108,7 @@ def _fleet_ratio(system: str, streams: int) -> float:
 
 
 MODELS = "models/results.json"
+GPU = "models-gpu/results.json"
 PREFIX = "prefix/results.json"
 QWEN = "shapes/qwen2.5-0.5b/results.json"
 LLAMA = "shapes/llama-3.2-1b/results.json"
@@ -175,6 +176,13 @@ INDEX_FIGURES: dict[str, Figure] = {
         lambda: [_fleet_ratio("llmso-w1", 1024), _fleet_ratio("llmso-w2", 1024)],
     ),
     "models": Figure((MODELS,), lambda: _tok_ratios(MODELS, HF, VLLM, (1, 64))),
+    "models-gpu": Figure(
+        (GPU,),
+        lambda: [
+            *_tok_ratios(GPU, "llmso-hf-continuous-cuda", "transformers-generate", (1,)),
+            _tok_s(GPU, "llmso-hf-continuous-cuda", 64),
+        ],
+    ),
     "prefix": Figure(
         (PREFIX,),
         lambda: [
