@@ -103,7 +103,7 @@ def markdown(record: dict[str, Any]) -> str:
         "",
         f"{meta['machine']['cpu_model']}, {meta['machine']['cpus_usable']} usable CPUs, torch "
         f"threads {record['threads']}, {record['rounds']} rounds; load average at start "
-        f"{meta['load_start']}, at the end {meta['load_end']}; {meta['started']}.",
+        f"{meta['loadavg_at_start']}, at the end {meta['loadavg_at_end']}; {meta['started']}.",
         f"Command: `{meta['command']}`.",
         "",
     ]
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
 
     meta = {
         "machine": machine_info(),
-        "load_start": [round(x, 2) for x in os.getloadavg()],
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
         "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "command": "python -m bench.studies.row_blocks " + " ".join(argv or sys.argv[1:]),
     }
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             result = _child(mode, args)
             runs.append({"mode": mode, "round": round_, **result})
             print(f"round {round_} {mode}: {result['decode_ms']} {result['prefill_ms']}")
-    meta["load_end"] = [round(x, 2) for x in os.getloadavg()]
+    meta["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     record = {"meta": meta, "rows": rows, "prefill": prefill, "threads": args.threads}
     record |= {"rounds": args.rounds, "runs": runs}
     args.out.mkdir(parents=True, exist_ok=True)

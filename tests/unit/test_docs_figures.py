@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -100,6 +101,16 @@ class Figure:
     compute: Callable[[], list[float]]
 
 
+def _row_blocks(mode: str, kind: str, key: str) -> float:
+    """``mode``'s median over rounds over row blocks' (``kind``: decode_ms or prefill_ms)."""
+    runs = _load("row_blocks/results.json")["runs"]
+
+    def median(name: str) -> float:
+        return float(statistics.median(r[kind][key] for r in runs if r["mode"] == name))
+
+    return median(mode) / median("row-blocks")
+
+
 def _fleet_ratio(system: str, streams: int) -> float:
     """Requests per second through ``system`` over direct, whole run, at ``streams``."""
     runs = _load("fleet/results.json")["runs"]
@@ -174,6 +185,14 @@ INDEX_FIGURES: dict[str, Figure] = {
     "fleet": Figure(
         ("fleet/results.json",),
         lambda: [_fleet_ratio("llmso-w1", 1024), _fleet_ratio("llmso-w2", 1024)],
+    ),
+    "row_blocks": Figure(
+        ("row_blocks/results.json",),
+        lambda: [
+            _row_blocks("capped", "decode_ms", "32"),
+            _row_blocks("capped", "prefill_ms", "256"),
+            _row_blocks("whole", "prefill_ms", "256"),
+        ],
     ),
     "models": Figure((MODELS,), lambda: _tok_ratios(MODELS, HF, VLLM, (1, 64))),
     "models-gpu": Figure(
