@@ -50,6 +50,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -390,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = build_spec(args, root, prompts, folder=folder, q4_1=q4_1, q4_0=q4_0_gguf(args, folder))
     command = " ".join(["python -m bench.studies.chat_c1", *sys.argv[1:]])
     meta: dict[str, Any] = {"command": command, "machine": machine_info()}
+    meta["started_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     with mock.patch("bench.compare.new_session", fresh_connections):
         records = asyncio.run(run_compare(spec, args.out, work, {"command": command}))
     meta["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]

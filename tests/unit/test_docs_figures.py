@@ -101,6 +101,10 @@ class Figure:
     compute: Callable[[], list[float]]
 
 
+def _chat_c1(llmso: str, peer: str) -> float:
+    return float(_load("chat_c1/chat_c1.json")["ratios"][llmso][peer]["tok_per_s"])
+
+
 def _row_blocks(mode: str, kind: str, key: str) -> float:
     """``mode``'s median over rounds over row blocks' (``kind``: decode_ms or prefill_ms)."""
     runs = _load("row_blocks/results.json")["runs"]
@@ -150,8 +154,12 @@ README_FIGURES: dict[str, Figure] = {
     "hf int4 / hf bf16, output tok/s, one stream, SmolLM2-135M": Figure(
         (SERVE,), lambda: _tok_ratios(SERVE, "hf-int4", "hf-none", (1,))
     ),
-    "hf int4 / llama-cpp-python's server on the same Q4_1 GGUF, one stream": Figure(
-        (SERVE,), lambda: _tok_ratios(SERVE, "hf-int4", "llamacpp", (1,))
+    "hf int4 / llama.cpp's own llama-server on the same Q4_1 GGUF, one user chatting "
+    "(Intel Xeon, quiet)": Figure(
+        ("chat_c1/chat_c1.json",), lambda: [_chat_c1("hf-int4", "llama-server-q4_1-np1")]
+    ),
+    "hf bf16 / vLLM-CPU compiled (its default), one user chatting, same run": Figure(
+        ("chat_c1/chat_c1.json",), lambda: [_chat_c1("hf-bf16", "vllm-cpu-compiled")]
     ),
     "8 LoRA adapters mixed / the base model alone, output tok/s, c = 16, in process": Figure(
         ("lora/results.json",), lambda: [_load("lora/results.json")["mixed_over_base"]]
@@ -185,6 +193,13 @@ INDEX_FIGURES: dict[str, Figure] = {
     "fleet": Figure(
         ("fleet/results.json",),
         lambda: [_fleet_ratio("llmso-w1", 1024), _fleet_ratio("llmso-w2", 1024)],
+    ),
+    "chat_c1": Figure(
+        ("chat_c1/chat_c1.json",),
+        lambda: [
+            _chat_c1("hf-int4", "llama-server-q4_1-np1"),
+            _chat_c1("hf-bf16", "vllm-cpu-compiled"),
+        ],
     ),
     "row_blocks": Figure(
         ("row_blocks/results.json",),
