@@ -105,6 +105,13 @@ def _chat_c1(llmso: str, peer: str) -> float:
     return float(_load("chat_c1/chat_c1.json")["ratios"][llmso][peer]["tok_per_s"])
 
 
+def _fairness(name: str, tree: str) -> float:
+    """b's busy p95 over idle p95, pooled, for the tree whose label starts with ``tree``."""
+    pooled = _load(f"fairness/{name}.json")["pooled"]
+    (label,) = [label for label in pooled if label.startswith(tree)]
+    return float(pooled[label]["p95_busy_over_idle"])
+
+
 def _row_blocks(mode: str, kind: str, key: str) -> float:
     """``mode``'s median over rounds over row blocks' (``kind``: decode_ms or prefill_ms)."""
     runs = _load("row_blocks/results.json")["runs"]
@@ -199,6 +206,15 @@ INDEX_FIGURES: dict[str, Figure] = {
         lambda: [
             _chat_c1("hf-int4", "llama-server-q4_1-np1"),
             _chat_c1("hf-bf16", "vllm-cpu-compiled"),
+        ],
+    ),
+    "fairness": Figure(
+        ("fairness/cpu-default.json", "fairness/cpu-seqs8.json"),
+        lambda: [
+            _fairness("cpu-default", "this tree"),
+            _fairness("cpu-default", "baseline"),
+            _fairness("cpu-seqs8", "this tree"),
+            _fairness("cpu-seqs8", "baseline"),
         ],
     ),
     "row_blocks": Figure(
