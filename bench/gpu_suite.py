@@ -13,10 +13,9 @@ says so in the results' notes.
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
-from bench.machine import venv_package_version
+from bench.machine import command_output, venv_package_version
 from bench.random_weights import random_weights_note
 from bench.spec import CompareSpec
 from bench.suites import MODEL_NAME, hf_system, reference_system, vllm_system
@@ -113,15 +112,4 @@ def gpu_models_suite(
 def _gpu_name() -> str | None:
     """The first GPU's name, memory and driver as nvidia-smi reports them."""
     query = "--query-gpu=name,memory.total,driver_version"
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", query, "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    lines = out.stdout.strip().splitlines()
-    return lines[0].strip() if out.returncode == 0 and lines else None
+    return command_output(["nvidia-smi", query, "--format=csv,noheader"])

@@ -51,18 +51,18 @@ def venv_package_version(venv: Path, *names: str) -> str | None:
     return None
 
 
-def _git_commit() -> str | None:
+def command_output(argv: list[str], timeout: float = 10) -> str | None:
+    """``argv``'s first line of output, or ``None`` if it cannot run, fails or says nothing."""
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        )
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return out.stdout.strip() or None
+    lines = out.stdout.strip().splitlines()
+    return lines[0].strip() if out.returncode == 0 and lines else None
+
+
+def _git_commit() -> str | None:
+    return command_output(["git", "rev-parse", "--short", "HEAD"], timeout=5)
 
 
 def machine_info() -> dict[str, Any]:
