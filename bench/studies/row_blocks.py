@@ -1,10 +1,10 @@
 """What batch invariance costs on an AMX CPU: the packed runner's step three ways.
 
     python -m bench.studies.row_blocks [--out docs/benchmarks/row_blocks] [--rounds 3]
-        [--rows 1,4,16,32] [--prefill 32,256] [--threads 2]
+        [--rows 1,4,16,32,64] [--prefill 32,256] [--threads 2]
 
 SmolLM2-135M-Instruct in bf16, loaded in a fresh process per mode and round (the modes
-rotate from round to round, so all see the same neighbours), its decode step at 1/4/16/32
+rotate from round to round, so all see the same neighbours), its decode step at 1/4/16/32/64
 rows (median of 20, ``bench.studies.quant_accuracy.step_times``) and one prefill chunk of
 32 and 256 tokens (best of three):
 
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/row_blocks"))
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--rows", default="1,4,16,32")
+    parser.add_argument("--rows", default="1,4,16,32,64")
     parser.add_argument("--prefill", default="32,256")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)

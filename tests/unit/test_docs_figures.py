@@ -222,6 +222,7 @@ INDEX_FIGURES: dict[str, Figure] = {
         lambda: [
             _row_blocks("capped", "decode_ms", "32"),
             _row_blocks("capped", "prefill_ms", "256"),
+            _row_blocks("whole", "decode_ms", "64"),
             _row_blocks("whole", "prefill_ms", "256"),
         ],
     ),
