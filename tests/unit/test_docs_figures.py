@@ -137,15 +137,19 @@ LLAMA = "shapes/llama-3.2-1b/results.json"
 QWEN_Q = "quant_shapes/qwen2.5-0.5b/results.json"
 LLAMA_Q = "quant_shapes/llama-3.2-1b/results.json"
 SERVE = "quant_serve/results.json"
-HF, VLLM = "llmso-hf-continuous", "vllm-cpu"
+HF, VLLM, VLLM_COMPILED = "llmso-hf-continuous", "vllm-cpu", "vllm-cpu-compiled"
 
 # The README's benchmark summary, by row label.
 README_FIGURES: dict[str, Figure] = {
-    "hf / vLLM-CPU eager, output tok/s, SmolLM2-135M, c = 1 / 4 / 16 / 64": Figure(
+    "hf / vLLM-CPU compiled (its default), output tok/s, SmolLM2-135M, c = 1 / 4 / 16 / 64 "
+    "(Intel Xeon, quiet)": Figure(
+        (MODELS,), lambda: _tok_ratios(MODELS, HF, VLLM_COMPILED, (1, 4, 16, 64))
+    ),
+    "hf / vLLM-CPU eager, output tok/s, same run": Figure(
         (MODELS,), lambda: _tok_ratios(MODELS, HF, VLLM, (1, 4, 16, 64))
     ),
-    "hf / vLLM-CPU eager, TTFT p50, same run": Figure(
-        (MODELS,), lambda: _ttft_ratios(MODELS, HF, VLLM, (1, 4, 16, 64))
+    "hf / vLLM-CPU compiled, TTFT p50, same run": Figure(
+        (MODELS,), lambda: _ttft_ratios(MODELS, HF, VLLM_COMPILED, (1, 4, 16, 64))
     ),
     "hf / vLLM-CPU eager, TTFT p50, shared 1,008-token prefix, both prefix caches on, "
     "c = 1 / 4 / 16": Figure(
@@ -226,7 +230,7 @@ INDEX_FIGURES: dict[str, Figure] = {
             _row_blocks("whole", "prefill_ms", "256"),
         ],
     ),
-    "models": Figure((MODELS,), lambda: _tok_ratios(MODELS, HF, VLLM, (1, 64))),
+    "models": Figure((MODELS,), lambda: _tok_ratios(MODELS, HF, VLLM_COMPILED, (1, 64))),
     "models-gpu": Figure(
         (GPU,),
         lambda: [
