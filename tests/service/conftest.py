@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from tests.tools.fleet import Fleets
+from tests.tools.frontdoor_app import AppFactory, app_factory
 
 
 @pytest.fixture
@@ -15,3 +16,11 @@ async def fleet_of() -> AsyncIterator[Fleets]:
     fleets = Fleets()
     yield fleets
     await fleets.stop()
+
+
+@pytest.fixture
+async def make_app() -> AsyncIterator[AppFactory]:
+    """``await make_app(config)``: a gateway app on fake backends (``frontdoor_app``),
+    closed at the end of the test."""
+    async with app_factory() as make:
+        yield make

@@ -6,7 +6,6 @@ in-process over ASGI with an echo backend (``tests.tools.frontdoor_app``).
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 
 import orjson
 import pytest
@@ -19,7 +18,6 @@ from tests.tools.frontdoor_app import (
     KEY_A,
     KEY_B,
     AppFactory,
-    app_factory,
     bearer,
     chat,
     drive,
@@ -28,13 +26,6 @@ from tests.tools.frontdoor_app import (
     metric,
     team,
 )
-
-
-@pytest.fixture
-async def make_app() -> AsyncIterator[AppFactory]:
-    async with app_factory() as make:
-        yield make
-
 
 # --------------------------------------------------------------------------- accounting
 

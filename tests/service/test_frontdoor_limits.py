@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import orjson
@@ -22,7 +21,6 @@ from tests.tools.frontdoor_app import (
     KEY_A,
     KEY_B,
     AppFactory,
-    app_factory,
     bearer,
     chat,
     drive,
@@ -32,13 +30,6 @@ from tests.tools.frontdoor_app import (
     team,
 )
 from tests.tools.servers import free_port
-
-
-@pytest.fixture
-async def make_app() -> AsyncIterator[AppFactory]:
-    async with app_factory() as make:
-        yield make
-
 
 # --------------------------------------------------------------------------- limits
 

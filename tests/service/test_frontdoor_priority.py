@@ -22,19 +22,12 @@ from tests.tools.frontdoor_app import (
     KEY_A,
     KEY_B,
     AppFactory,
-    app_factory,
     bearer,
     chat,
     keys,
     make_config,
     team,
 )
-
-
-@pytest.fixture
-async def make_app() -> AsyncIterator[AppFactory]:
-    async with app_factory() as make:
-        yield make
 
 
 async def test_a_request_priority_within_the_key_range(make_app: AppFactory) -> None:

@@ -6,17 +6,9 @@ backend (``tests.tools.frontdoor_app``), whose ``hold`` prompt keeps a request o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
-import pytest
-
-from tests.tools.frontdoor_app import AppFactory, app_factory, chat, make_config, metric
-
-
-@pytest.fixture
-async def make_app() -> AsyncIterator[AppFactory]:
-    async with app_factory() as make:
-        yield make
+from tests.tools.frontdoor_app import AppFactory, chat, make_config, metric
 
 
 async def _until(condition: Callable[[], bool], seconds: float = 5.0) -> None:

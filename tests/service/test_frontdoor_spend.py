@@ -34,7 +34,6 @@ from tests.tools.frontdoor_app import (
     KEY_B,
     PROMPT_TOKENS,
     AppFactory,
-    app_factory,
     bearer,
     chat,
     drive,
@@ -56,12 +55,6 @@ def priced_config(**sections: Any) -> AppConfig:
         {"name": "beta", "backend": "openai", "base_url": "http://u"},  # no prices
     ]
     return make_config(models=models, **sections)
-
-
-@pytest.fixture
-async def make_app() -> AsyncIterator[AppFactory]:
-    async with app_factory() as make:
-        yield make
 
 
 def logged(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
