@@ -120,6 +120,28 @@ def inter_token_gaps(chunk_times: tuple[float, ...]) -> tuple[float, ...]:
     return tuple(b - a for a, b in itertools.pairwise(chunk_times))
 
 
+def raw_chat_post(
+    model: str, max_tokens: int, *, stream: bool = True, content: str = "hi", **extra: object
+) -> bytes:
+    """One ``POST /v1/chat/completions`` as the bytes of an HTTP/1.1 request, for a client
+    that drives its socket by hand (a reader that stalls, a connection cut mid-stream, the
+    per-chunk study's minimal client)."""
+    body = orjson.dumps(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens,
+            "stream": stream,
+            **extra,
+        }
+    )
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
 def build_body(options: RequestOptions, prompt: Prompt) -> dict[str, Any]:
     """The body every system receives, built by the gateway's own body builder."""
     chat = options.api == "chat"

@@ -53,6 +53,7 @@ from pathlib import Path
 
 import orjson
 
+from bench.client import raw_chat_post
 from bench.procstat import group_cpu_split
 
 _MODEL = "fake"
@@ -245,22 +246,6 @@ class Callgrind:
 # ---------------------------------------------------------------------- the client
 
 
-def _request(model: str, tokens: int) -> bytes:
-    body = orjson.dumps(
-        {
-            "model": model,
-            "messages": [{"role": "user", "content": "hello"}],
-            "max_tokens": tokens,
-            "stream": True,
-        }
-    )
-    head = (
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    )
-    return head.encode() + body
-
-
 async def _stream_once(
     reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes
 ) -> bytes:
@@ -303,7 +288,7 @@ async def _drive(port: int, level: Level, batches: int, *, raw: bool) -> tuple[i
     spread evenly over one chunk gap (the streams' chunks interleave, as a fleet's do,
     instead of arriving together): the requests made and the ``data:`` lines received.
     ``raw``: the raw relay, which passes the model name on as it is."""
-    request = _request(_MODEL if raw else level.model, level.tokens)
+    request = raw_chat_post(_MODEL if raw else level.model, level.tokens, content="hello")
 
     async def one_stream(start: float) -> int:
         await asyncio.sleep(start)

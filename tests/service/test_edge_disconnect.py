@@ -9,9 +9,9 @@ import asyncio
 import re
 from collections.abc import AsyncIterator
 
-import orjson
 import pytest
 
+from bench.client import raw_chat_post
 from bench.fake_upstream import FakeOptions
 from tests.service.edge_server import Served, gateway_on_edge
 
@@ -20,22 +20,6 @@ from tests.service.edge_server import Served, gateway_on_edge
 async def served() -> AsyncIterator[Served]:
     async with gateway_on_edge(FakeOptions(chunks=400, delay_ms=10)) as served:
         yield served
-
-
-def _post(stream: bool, max_tokens: int) -> bytes:
-    body = orjson.dumps(
-        {
-            "model": "m",
-            "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": max_tokens,
-            "stream": stream,
-        }
-    )
-    head = (
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    )
-    return head.encode() + body
 
 
 async def _disconnected(port: int) -> float:
@@ -50,7 +34,7 @@ async def _disconnected(port: int) -> float:
 async def test_leaving_mid_stream_aborts_the_upstream(served: Served) -> None:
     port, fake, _ = served
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(_post(stream=True, max_tokens=400))
+    writer.write(raw_chat_post("m", 400))
     await reader.readuntil(b"\r\n\r\n")
     await reader.readuntil(b"data: {")  # the stream is running
     assert fake.running == 1
@@ -70,7 +54,7 @@ async def test_finished_requests_on_one_connection_are_not_cancelled(
     fake.options = FakeOptions(chunks=4)
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     for _ in range(3):  # keep-alive: each request registers and clears the hook
-        writer.write(_post(stream=True, max_tokens=4))
+        writer.write(raw_chat_post("m", 4))
         await reader.readuntil(b"\r\n\r\n")
         await reader.readuntil(b"data: [DONE]\n\n")
     writer.close()

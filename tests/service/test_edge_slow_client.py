@@ -10,31 +10,13 @@ import asyncio
 import re
 import socket
 
-import orjson
-
 from backends.openai_proxy import http1
+from bench.client import raw_chat_post
 from bench.fake_upstream import FakeOptions
 from tests.service.edge_server import Served, gateway_on_edge
 
 _LONG = 60_000  # chunks: more than every buffer between the fake and the client holds
 _SMALL = 8192  # the gateway's socket buffer toward the client: a few frames fill it
-
-
-def _post(max_tokens: int, **extra: object) -> bytes:
-    body = orjson.dumps(
-        {
-            "model": "m",
-            "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": max_tokens,
-            "stream": True,
-            **extra,
-        }
-    )
-    head = (
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    )
-    return head.encode() + body
 
 
 async def _stalled_client(
@@ -47,7 +29,7 @@ async def _stalled_client(
     sock.setblocking(False)
     await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
     reader, writer = await asyncio.open_connection(sock=sock, limit=4096)
-    writer.write(_post(tokens, **extra))
+    writer.write(raw_chat_post("m", tokens, **extra))
     await reader.readuntil(b"data: {")
     return reader, writer
 
