@@ -50,7 +50,7 @@ def _one(mode: str, rows: list[int], prefill: list[int], threads: int) -> dict[s
     torch.set_num_threads(threads)
     if mode != "row-blocks":
         linears._ROW_BLOCKS.clear()
-        setattr(linears, "_row_block", lambda weight, prepacked: None)  # noqa: B010
+        setattr(linears, "_row_block", lambda weight, stored, prepacked: None)  # noqa: B010
     config = HFModelConfig(
         name="m", backend="hf", source=DEFAULT_SOURCE, dtype="bfloat16", device="cpu"
     )

@@ -65,10 +65,11 @@ class Dense:
         weight = weight.contiguous()
         size = weight.numel() * weight.element_size()
         prepacked = _can_prepack(weight)
+        stored = _pack(weight) if prepacked else weight
         block = None
         if weight.device.type == "cpu" and weight.dtype == torch.bfloat16:
-            block = _row_block(weight, prepacked)
-        return cls(_pack(weight) if prepacked else weight, bias, prepacked, size, block)
+            block = _row_block(weight, stored, prepacked)
+        return cls(stored, bias, prepacked, size, block)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
@@ -107,13 +108,16 @@ row does not depend on how many outputs it has (checked on SmolLM2's 49,152-row 
 ``tests/hf/test_hf_row_blocks.py``), and a 150k-row head probed whole takes seconds."""
 
 
-def _row_block(weight: torch.Tensor, prepacked: bool) -> int | None:
-    """``invariant_width`` of this bf16 CPU projection, probed once per shape (~0.1 s)."""
+def _row_block(weight: torch.Tensor, stored: torch.Tensor, prepacked: bool) -> int | None:
+    """``invariant_width`` of this bf16 CPU projection (``stored``: ``weight`` as the
+    projection keeps it), probed once per shape (~0.1 s)."""
     key = (int(weight.shape[0]), int(weight.shape[1]), prepacked)
     if key in _ROW_BLOCKS:
         return _ROW_BLOCKS[key]
-    probe = weight[:_PROBE_OUT_FEATURES].contiguous()
-    packed = _pack(probe) if prepacked else probe
+    packed = stored
+    if key[0] > _PROBE_OUT_FEATURES:  # only a wide one is probed on a packed slice
+        probe = weight[:_PROBE_OUT_FEATURES].contiguous()
+        packed = _pack(probe) if prepacked else probe
     width = invariant_width(lambda x: _dense(x, packed, None, prepacked), key[1])
     if len(_ROW_BLOCKS) < 256:
         _ROW_BLOCKS[key] = width
