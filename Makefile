@@ -47,7 +47,7 @@ NO_PYTHON := no Python 3.11 with venv support found (tried /usr/bin/python3.11, 
 
 # What serving needs: the runtime pins, the default models' packages and llmso itself.
 # `make run` and the container image (deploy/Dockerfile) both install through this.
-install: $(VENV)/.stamp-runtime
+install: $(VENV)/.stamp-runtime $(VENV)/.stamp-glue
 
 $(VENV)/.stamp-runtime: requirements.txt requirements-nodeps.txt pyproject.toml
 	@test -n "$(PYTHON)" || { echo "$(NO_PYTHON)" >&2; exit 1; }
@@ -59,7 +59,13 @@ $(VENV)/.stamp-runtime: requirements.txt requirements-nodeps.txt pyproject.toml
 	$(PIP) install $(PIP_FLAGS) --no-deps --no-build-isolation -e .
 	@touch $@
 
-setup: $(VENV)/.stamp model
+# The hf engine's C glue kernels (backends/hf/model/glue.py): a few seconds with the
+# system's C compiler; without one the engine runs the framework ops and says so.
+$(VENV)/.stamp-glue: $(VENV)/.stamp-runtime backends/hf/model/csrc/glue.c backends/hf/model/glue.py
+	$(PY) -m backends.hf.model.glue --build
+	@touch $@
+
+setup: $(VENV)/.stamp $(VENV)/.stamp-glue model
 
 # Plus the test, lint and benchmark tools, resolved together with the runtime pins so
 # that none of them moves a pinned version.

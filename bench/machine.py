@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
@@ -78,3 +79,39 @@ def machine_info() -> dict[str, Any]:
         "git_commit": _git_commit(),
         "argv": sys.argv,
     }
+
+
+def study_meta(module: str, argv: list[str]) -> dict[str, Any]:
+    """What an in-process study records before it starts: the machine, the load average,
+    the UTC start and the command that reruns it."""
+    import time
+
+    return {
+        "machine": machine_info(),
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": f"python -m {module} " + " ".join(argv),
+    }
+
+
+def study_footer(meta: dict[str, Any], threads: int, rounds: int | None) -> list[str]:
+    """The closing lines of a study's markdown: where, how loaded, when, and how to rerun."""
+    repeats = "" if rounds is None else f", {rounds} rounds"
+    return [
+        "",
+        f"{meta['machine']['cpu_model']}, {meta['machine']['cpus_usable']} usable CPUs, torch "
+        f"threads {threads}{repeats}; load average at start "
+        f"{meta['loadavg_at_start']}, at the end {meta.get('loadavg_at_end')}; "
+        f"{meta['started']}.",
+        f"Command: `{meta['command']}`.",
+        "",
+    ]
+
+
+def write_study(out: Path, stem: str, record: dict[str, Any], markdown: str) -> None:
+    """``<out>/<stem>.json`` (the record) and ``<out>/<stem>.md`` (its table), and the
+    table on stdout."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(record, indent=1) + "\n")
+    (out / f"{stem}.md").write_text(markdown)
+    print(markdown)

@@ -326,6 +326,13 @@ class HFModelConfig(ModelBase):
         description="continuous, half precision on CPU: also try an inductor-compiled decode "
         "attention at load (a compile of ~20 s on 2 cores) and keep it where it is faster.",
     )
+    glue_kernels: bool = Field(
+        True,
+        description="continuous, bf16 on CPU: run the norms, residual adds and RoPE between "
+        "the projections as one C call each (built by make install; without the build the "
+        "engine runs the framework ops and says so at load); false: always the framework "
+        "ops.",
+    )
     task: Literal["generate", "embed", "score"] = Field(
         "generate",
         description="'embed': a pooling model served on /v1/embeddings (batches up to "

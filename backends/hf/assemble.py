@@ -44,6 +44,8 @@ from backends.hf.engine.thought import ThoughtMarkup, resolve
 from backends.hf.loading.loader import LoadedModel, ModelLoadError, threads_for
 from backends.hf.loading.quantization import quant_plan
 from backends.hf.model.families import Unsupported
+from backends.hf.model.glue import Glue
+from backends.hf.model.glue import load as load_glue
 from backends.hf.model.module_runner import ModuleRunner
 from backends.hf.model.packed_runner import DecoderRunner, unsupported_reason
 from backends.hf.model.prefix_cache import PrefixCache
@@ -169,7 +171,12 @@ def _runner(
     with torch.inference_mode():
         try:
             make: Callable[..., DecoderRunner | ModuleRunner] = (
-                functools.partial(DecoderRunner, quantization=plan, lora=_first_bank(adapters))
+                functools.partial(
+                    DecoderRunner,
+                    quantization=plan,
+                    lora=_first_bank(adapters),
+                    glue=_glue(config, loaded),
+                )
                 if fast is None
                 else ModuleRunner
             )
@@ -190,6 +197,18 @@ def _runner(
                 f"transformers' own modules over the slot cache are not exact: {exc} "
                 "(scheduling: static runs it with transformers' own generate)"
             ) from exc
+
+
+def _glue(config: HFModelConfig, loaded: LoadedModel) -> Glue | None:
+    """The C glue kernels when the config wants them, the model runs in bf16 on CPU, and
+    they are built (else None; a missing build is logged with the reason)."""
+    if not config.glue_kernels or loaded.device.type != "cpu" or loaded.dtype != torch.bfloat16:
+        return None
+    found = load_glue()
+    if isinstance(found, str):
+        log.warning("%s: C glue kernels %s; running the framework ops", config.name, found)
+        return None
+    return found
 
 
 def _log_runner(config: HFModelConfig, runner: DecoderRunner | ModuleRunner) -> None:

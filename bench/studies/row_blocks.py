@@ -27,9 +27,10 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
+
+from bench.machine import study_footer, study_meta, write_study
 
 MODES = ("row-blocks", "whole", "capped")
 CAP = {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}
@@ -98,15 +99,7 @@ def markdown(record: dict[str, Any]) -> str:
                 base = _median(runs, "row-blocks", kind, str(n))
                 cells.append(f"{value:.1f} ({value / base:.2f}x)")
         lines.append("| " + " | ".join(cells) + " |")
-    meta = record["meta"]
-    lines += [
-        "",
-        f"{meta['machine']['cpu_model']}, {meta['machine']['cpus_usable']} usable CPUs, torch "
-        f"threads {record['threads']}, {record['rounds']} rounds; load average at start "
-        f"{meta['loadavg_at_start']}, at the end {meta['loadavg_at_end']}; {meta['started']}.",
-        f"Command: `{meta['command']}`.",
-        "",
-    ]
+    lines += study_footer(record["meta"], record["threads"], record["rounds"])
     return "\n".join(lines)
 
 
@@ -124,14 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(_one(args.child, rows, prefill, args.threads)))
         return 0
-    from bench.machine import machine_info
-
-    meta = {
-        "machine": machine_info(),
-        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
-        "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "command": "python -m bench.studies.row_blocks " + " ".join(argv or sys.argv[1:]),
-    }
+    meta = study_meta("bench.studies.row_blocks", argv or sys.argv[1:])
     runs = []
     for round_ in range(args.rounds):
         for i in range(len(MODES)):
@@ -142,10 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     meta["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     record = {"meta": meta, "rows": rows, "prefill": prefill, "threads": args.threads}
     record |= {"rounds": args.rounds, "runs": runs}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(record, indent=1) + "\n")
-    (args.out / "results.md").write_text(markdown(record))
-    print(markdown(record))
+    write_study(args.out, "results", record, markdown(record))
     return 0
 
 

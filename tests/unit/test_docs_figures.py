@@ -122,6 +122,18 @@ def _row_blocks(mode: str, kind: str, key: str) -> float:
     return median(mode) / median("row-blocks")
 
 
+def _glue(setting: str, kind: str, key: str) -> float:
+    """The glue's median over rounds over the framework ops' (``kind``: decode_ms or
+    prefill_ms)."""
+    runs = _load("glue/results.json")["runs"]
+
+    def median(glue: bool) -> float:
+        picked = [r[kind][key] for r in runs if r["setting"] == setting and r["glue"] == glue]
+        return float(statistics.median(picked))
+
+    return median(True) / median(False)
+
+
 def _fleet_ratio(system: str, streams: int) -> float:
     """Requests per second through ``system`` over direct, whole run, at ``streams``."""
     runs = _load("fleet/results.json")["runs"]
@@ -228,6 +240,15 @@ INDEX_FIGURES: dict[str, Figure] = {
             _row_blocks("capped", "prefill_ms", "256"),
             _row_blocks("whole", "decode_ms", "64"),
             _row_blocks("whole", "prefill_ms", "256"),
+        ],
+    ),
+    "glue": Figure(
+        ("glue/results.json",),
+        lambda: [
+            _glue("none", "decode_ms", "1"),
+            _glue("none", "decode_ms", "16"),
+            _glue("int4", "decode_ms", "1"),
+            _glue("none", "prefill_ms", "512"),
         ],
     ),
     "models": Figure((MODELS,), lambda: _tok_ratios(MODELS, HF, VLLM_COMPILED, (1, 64))),

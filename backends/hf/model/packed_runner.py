@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from backends.hf.adapters.bank import LoraBank, LoraStep
 from backends.hf.loading.quantization import NONE, QuantPlan
 from backends.hf.model.families import Family, Unsupported, family_of
+from backends.hf.model.glue import Glue, GlueNorm
 from backends.hf.model.linears import Linear, make_linear
 from backends.hf.model.norms import OffsetRMSNorm, RMSNorm, offset_weight
 from backends.hf.model.slot_attention import PrefillChunk, SlotAttention, SlotStep
@@ -111,6 +112,7 @@ class DecoderRunner:
         step_threads: StepThreads | None = None,
         quantization: QuantPlan = NONE,
         lora: LoraBank | None = None,
+        glue: Glue | None = None,
     ) -> None:
         config = model.config
         inner = model.model
@@ -126,15 +128,12 @@ class DecoderRunner:
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
         self.group = self.heads // self.kv_heads
         self.hidden = int(config.hidden_size)
-        eps = float(config.rms_norm_eps)
-        self._norm: Norm
-        self._head_norm: Norm
-        if self.family.offset_norms:
-            self._norm = OffsetRMSNorm(self.hidden, eps)
-            self._head_norm = OffsetRMSNorm(self.head_dim, eps)
-        else:
-            self._norm = RMSNorm(self.hidden, eps, self.dtype, self.device)
-            self._head_norm = RMSNorm(self.head_dim, eps, self.dtype, self.device)
+        self.eps = float(config.rms_norm_eps)
+        # The C glue covers Llama's norm in bf16 on CPU (Gemma's offset norm rounds
+        # differently and keeps the framework ops).
+        fits = self.dtype == torch.bfloat16 and self.device.type == "cpu"
+        self.glue = glue if fits and not self.family.offset_norms else None
+        self._norm, self._head_norm = self._norms()
         self.scale = self.family.scale
         self.vocab_size = int(config.vocab_size)
         self.embed = inner.embed_tokens.weight.detach()
@@ -183,8 +182,20 @@ class DecoderRunner:
         self.path = f"packed runner ({self.family.model_type})"
         if quantization.quantized:
             self.path += f"; weights: {quantization.described}"
+        if self.glue is not None:
+            self.path += "; norms, RoPE and SiLU in the C glue"
         if lora is not None:
             self.path += f"; LoRA adapters: {', '.join(lora.names)} (rank {lora.rank})"
+
+    def _norms(self) -> tuple[Norm, Norm]:
+        """The hidden-state norm and the per-head (q/k) norm."""
+        eps = self.eps
+        if self.family.offset_norms:
+            return OffsetRMSNorm(self.hidden, eps), OffsetRMSNorm(self.head_dim, eps)
+        head = RMSNorm(self.head_dim, eps, self.dtype, self.device)
+        if self.glue is not None:
+            return GlueNorm(self.glue, eps), head
+        return RMSNorm(self.hidden, eps, self.dtype, self.device), head
 
     def _norm_weight(self, norm: Any) -> torch.Tensor:
         if self.family.offset_norms:
@@ -301,6 +312,8 @@ class DecoderRunner:
 
     def _rope(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         rd, n, rows = self.rotary_dim, qk.shape[0], qk.shape[1]
+        if self.glue is not None:
+            return self.glue.rope(qk, cos, sin, rd)
         part = qk if rd == self.head_dim else qk[..., :rd]
         flipped = part.reshape(n, rows, 2, rd // 2).flip(2).view(n, rows, rd)
         rotated = part * cos + flipped * sin
@@ -338,13 +351,19 @@ class DecoderRunner:
             lora.add(index, "o", attn, out)
         if layer.ln_attn_out is not None:
             out = self._norm(out, layer.ln_attn_out)
-        x = x + out
-        h = self._norm(x, layer.ln_mlp_in)
+        if self.glue is not None:
+            x, h = self.glue.add_rms_norm(x, out, layer.ln_mlp_in, self.eps)
+        else:
+            x = x + out
+            h = self._norm(x, layer.ln_mlp_in)
         gate_up = layer.gate_up(h)
         if lora is not None:
             lora.add(index, "gate_up", h, gate_up)
-        gate, up = gate_up.chunk(2, dim=-1)
-        inner = self.act(gate) * up
+        if self.glue is not None and self.act is F.silu:
+            inner = self.glue.silu_mul(gate_up)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            inner = self.act(gate) * up
         out = layer.down(inner)
         if lora is not None:
             lora.add(index, "down", inner, out)

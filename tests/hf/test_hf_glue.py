@@ -1,0 +1,172 @@
+"""The C glue kernels (``backends/hf/model/glue.py``): ``make install`` built them for
+this source, they round as the framework ops they replace, a row gets the same bits alone
+and in any batch, and the runner with them decodes what it decodes without them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from backends.hf.loading.loader import load
+from backends.hf.model import glue
+from backends.hf.model.norms import upcast_rms_norm
+from backends.hf.model.packed_runner import DecoderRunner
+from backends.hf.model.slot_attention import PrefillChunk
+from tests.hf import tiny
+from tests.hf.helpers import config
+
+EPS = 1e-5
+
+
+@pytest.fixture(scope="module")
+def kernels() -> glue.Glue:
+    found = glue.load()
+    assert not isinstance(found, str), found  # make install / make test build them
+    return found
+
+
+def _ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Distance in bf16 units in the last place (same-sign values)."""
+    return (a.view(torch.int16).int() - b.view(torch.int16).int()).abs()
+
+
+def test_a_missing_build_is_reported_not_raised(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(glue, "library_path", lambda: tmp_path / "libllmso_glue-x.so")
+    reason = glue.load.__wrapped__()
+    assert isinstance(reason, str) and "make install" in reason
+
+
+@pytest.mark.parametrize("hidden", [576, 100])  # 100: a tail past the 16-lane blocks
+def test_norm_rounds_as_the_fp32_upcast_norm(kernels: glue.Glue, hidden: int) -> None:
+    gen = torch.Generator().manual_seed(1)
+    wide = (torch.randn(33, hidden + 8, generator=gen) * 4).to(torch.bfloat16)
+    x = wide[:, :hidden]  # strided rows, as a slice of a fused projection
+    weight = torch.randn(hidden, generator=gen).to(torch.bfloat16)
+    got, want = kernels.rms_norm(x, weight, EPS), upcast_rms_norm(x, weight, EPS)
+    # Only the order of the fp32 sum of squares differs: at most one bf16 step, rarely.
+    assert int(_ulps(got, want).max()) <= 1
+    assert float((got != want).float().mean()) <= 0.01
+    residual = torch.randn(33, hidden, generator=gen).to(torch.bfloat16)
+    total, normed = kernels.add_rms_norm(x, residual, weight, EPS)
+    assert torch.equal(total, x + residual)
+    assert torch.equal(normed, kernels.rms_norm(x + residual, weight, EPS))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:  # transformers' formula
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+@pytest.mark.parametrize("rotary", [32, 16])  # 16 of 32: Phi-3's partial rotary
+def test_rope_is_bitwise_transformers_formula(kernels: glue.Glue, rotary: int) -> None:
+    rows, heads, head_dim = 9, 6, 32
+    gen = torch.Generator().manual_seed(2)
+    qkv = torch.randn(rows, (heads + 2) * head_dim, generator=gen).to(torch.bfloat16)
+    qk = qkv[:, : heads * head_dim].view(rows, heads, head_dim)  # strided rows
+    angles = torch.rand(rows, 1, rotary // 2, generator=gen) * 50
+    cos = torch.cat((angles.cos(), angles.cos()), -1).to(torch.bfloat16)
+    sin = torch.cat((angles.sin(), angles.sin()), -1).to(torch.bfloat16)
+    half = rotary // 2
+    signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+    part = qk[..., :rotary]
+    want = torch.cat((part * cos + _rotate_half(part) * sin, qk[..., rotary:]), dim=-1)
+    assert torch.equal(kernels.rope(qk, cos, signed, rotary), want)
+
+
+def test_silu_mul_rounds_as_the_framework_ops(kernels: glue.Glue) -> None:
+    gen = torch.Generator().manual_seed(4)
+    gate_up = (torch.randn(64, 2 * 1536, generator=gen) * 4).to(torch.bfloat16)
+    gate_up[0, :6] = torch.tensor([0.0, -0.0, 30.0, -30.0, 95.0, -95.0])  # SiLU's tails
+    gate, up = gate_up.chunk(2, dim=-1)
+    want = torch.nn.functional.silu(gate) * up
+    got = kernels.silu_mul(gate_up)
+    # Only the exponential is the kernel's own (a polynomial to ~1 fp32 ulp).
+    assert int(_ulps(got, want).max()) <= 1
+    assert float((got != want).float().mean()) <= 0.001
+
+
+def test_a_row_gets_the_same_bits_alone_and_in_a_batch(kernels: glue.Glue) -> None:
+    gen = torch.Generator().manual_seed(3)
+    x = (torch.randn(37, 576, generator=gen) * 3).to(torch.bfloat16)
+    r = torch.randn(37, 576, generator=gen).to(torch.bfloat16)
+    w = torch.randn(576, generator=gen).to(torch.bfloat16)
+    together = kernels.add_rms_norm(x, r, w, EPS)
+    gate_up = torch.cat((x, r), dim=-1)
+    silu_together = kernels.silu_mul(gate_up)
+    for row in (0, 17, 36):
+        alone = kernels.add_rms_norm(x[row : row + 1], r[row : row + 1], w, EPS)
+        assert torch.equal(alone[0], together[0][row : row + 1])
+        assert torch.equal(alone[1], together[1][row : row + 1])
+        silu_alone = kernels.silu_mul(gate_up[row : row + 1])
+        assert torch.equal(silu_alone, silu_together[row : row + 1])
+
+
+def _decode(
+    runner: DecoderRunner, prompts: list[list[int]], steps: int, forced: list[list[int]] | None
+) -> tuple[list[list[int]], torch.Tensor]:
+    """Prefill every prompt in one step, then decode them all together: greedily, or
+    feeding ``forced``'s tokens. Returns the tokens and every step's logits."""
+    chunks = [
+        PrefillChunk(slot=i, tokens=tuple(p), start=0, want_logits=True)
+        for i, p in enumerate(prompts)
+    ]
+    logits = [runner.forward([], [], chunks)]
+    out: list[list[int]] = [[] for _ in prompts]
+    for step in range(steps + 1):
+        picked = logits[-1].argmax(-1).tolist()
+        for i, seq in enumerate(out):
+            seq.append(forced[i][step] if forced else picked[i])
+        if step == steps:
+            break
+        positions = [len(p) + len(seq) - 1 for p, seq in zip(prompts, out, strict=True)]
+        logits.append(runner.forward([seq[-1] for seq in out], positions, []))
+    return out, torch.stack(logits)
+
+
+def test_smollm2_with_the_glue_batches_exactly_and_stays_within_tolerance(
+    kernels: glue.Glue,
+) -> None:
+    torch.set_num_threads(1)
+    loaded = load(config(dtype="bfloat16"))
+    # One length: bf16 decode attention over spans of other lengths rounds otherwise
+    # with or without the glue (docs/hf.md promises batched == alone in fp32).
+    prompts = [list(range(300, 340)), list(range(500, 540)), list(range(900, 940))]
+    with torch.inference_mode():
+        fused = DecoderRunner(loaded.model, max_slots=4, max_context=256, glue=kernels)
+        assert fused.glue is not None and "C glue" in fused.path
+        together, logits = _decode(fused, prompts, 12, None)
+        alone = [_decode(fused, [p], 12, None)[0][0] for p in prompts]
+        assert alone == together  # batch invariance
+        plain = DecoderRunner(loaded.model, max_slots=4, max_context=256)
+        _, reference = _decode(plain, prompts, 12, together)
+    # The norm's fp32 sum order is the only difference: the compiled-attention bounds.
+    diff = (logits - reference).abs()
+    assert float(diff.max()) < 2.0 and float(diff.mean()) < 0.25
+    picked = logits.argmax(-1, keepdim=True)
+    gap = reference.max(-1, keepdim=True).values - reference.gather(-1, picked)
+    assert float(gap.max()) < 1.0  # where the two pick differently, it is a near tie
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gemma"])
+def test_tiny_families_in_bf16_with_the_glue(
+    kernels: glue.Glue, family: str, tmp_path: Path
+) -> None:
+    folder = tiny.build(family, tmp_path / family)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    prompts = [list(range(3, 30)), list(range(40, 51))]
+    with torch.inference_mode():
+        fused = DecoderRunner(model, max_slots=3, max_context=128, glue=kernels)
+        plain = DecoderRunner(model, max_slots=3, max_context=128)
+        # Gemma's offset norm rounds otherwise: that family keeps the framework ops.
+        assert (fused.glue is None) == (family == "gemma")
+        chunks = [PrefillChunk(slot=0, tokens=tuple(prompts[0]), start=0, want_logits=True)]
+        diff = (fused.forward([], [], chunks) - plain.forward([], [], chunks)).abs().max()
+        assert float(diff) < 0.05
+        tokens, logits = _decode(fused, prompts, 8, None)
+        _, reference = _decode(plain, prompts, 8, tokens)
+        assert float((logits - reference).abs().max()) < 0.5
