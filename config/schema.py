@@ -333,6 +333,13 @@ class HFModelConfig(ModelBase):
         "engine runs the framework ops and says so at load); false: always the framework "
         "ops.",
     )
+    batch_invariant: bool = Field(
+        False,
+        description="continuous: a sequence's decode gets the same bits alone and in any "
+        "batch (greedy output does not depend on what else runs): bf16 on CPU decodes its "
+        "attention with the C glue's per-row kernel (slower than SDPA at long spans); fp32 "
+        "already is. Refused where neither applies.",
+    )
     task: Literal["generate", "embed", "score"] = Field(
         "generate",
         description="'embed': a pooling model served on /v1/embeddings (batches up to "

@@ -163,6 +163,11 @@ def _runner(
             f"{config.name}: quantization {config.quantization!r} needs the packed runner, "
             f"which does not cover this model: {fast}"
         )
+    if fast is not None and config.batch_invariant and loaded.dtype != torch.float32:
+        raise ModelLoadError(
+            f"{config.name}: batch_invariant in {loaded.dtype} needs the packed runner, "
+            f"which does not cover this model: {fast}"
+        )
     if plan.quantized and loaded.device.type != "cpu":
         raise ModelLoadError(
             f"{config.name}: quantization {config.quantization!r} runs on CPU only "
@@ -176,6 +181,7 @@ def _runner(
                     quantization=plan,
                     lora=_first_bank(adapters),
                     glue=_glue(config, loaded),
+                    batch_invariant=config.batch_invariant,
                 )
                 if fast is None
                 else ModuleRunner
@@ -191,6 +197,8 @@ def _runner(
                     config.adaptive_threads, threads_for(config), loaded.device
                 ),
             )
+        except ValueError as exc:
+            raise ModelLoadError(f"{config.name}: {exc}") from exc
         except Unsupported as exc:
             raise ModelLoadError(
                 f"{config.name}: cannot batch {config.source!r} continuously: {fast}, and "

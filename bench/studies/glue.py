@@ -3,27 +3,34 @@
     python -m bench.studies.glue [--out docs/benchmarks/glue] [--rounds 3]
         [--rows 1,4,16,64] [--prefill 32,128,512] [--settings none,int4] [--threads 2]
     python -m bench.studies.glue --profile [--rows 1,16] [--out docs/benchmarks/glue]
+    python -m bench.studies.glue --attention [--out docs/benchmarks/glue]
 
 SmolLM2-135M-Instruct loaded once in bf16; per round, for each weight setting, a runner
 with the glue (``backends/hf/model/glue.py``: norms, residual add + norm, RoPE and
 SiLU·up as one C call each) and one with the framework ops, alternating which goes first
 from round to round. Each is timed on its decode step at 1/4/16/64 rows (median of 20,
 ``bench.studies.quant_accuracy.step_times``) and one prefill chunk of 32/128/512 tokens
-(best of three). Writes ``results.json`` (every round) and ``results.md`` (medians over
+(best of three); a third runner adds ``batch_invariant`` (the glue's per-row decode
+attention). Writes ``results.json`` (every round) and ``results.md`` (medians over
 rounds, and the glue's time over the framework ops'), with the load average at the start.
 
 ``--profile``: instead, ``torch.profiler`` over ten decode steps per setting, row count
 and mode; writes ``profile.json`` and ``profile.md``: framework ops per step and their
 self CPU time by kind, beside the step's unprofiled time (the C calls are invisible to
 the profiler: they are in the gap between the two).
+
+``--attention``: instead, one layer's decode attention per kernel at a few rows x span
+shapes (``attention.json``, ``attention.md``).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +68,10 @@ def _setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     return load(base), kernels, base
 
 
+# the framework ops; the C glue; the C glue with batch-invariant decode attention
+MODES = ("framework ops", "C glue", "batch-invariant")
+
+
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     import torch
 
@@ -73,20 +84,91 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
         for round_ in range(args.rounds):
             for setting in args.settings:
                 plan = quant_plan(base.model_copy(update={"quantization": setting}))
-                order = (True, False) if round_ % 2 == 0 else (False, True)
-                for with_glue in order:
+                modes = MODES if round_ % 2 == 0 else MODES[::-1]
+                for mode in modes:
                     runner = DecoderRunner(
                         loaded.model,
                         max_slots=max(args.rows) + 1,
                         max_context=max(args.prefill) + 128,
                         quantization=plan,
-                        glue=kernels if with_glue else None,
+                        glue=None if mode == "framework ops" else kernels,
+                        batch_invariant=mode == "batch-invariant",
                     )
                     result = _time(runner, args.rows, args.prefill)
                     del runner
-                    runs.append({"round": round_, "setting": setting, "glue": with_glue, **result})
-                    print(f"round {round_} {setting} glue={with_glue}: {result}", flush=True)
+                    runs.append({"round": round_, "setting": setting, "mode": mode, **result})
+                    print(f"round {round_} {setting} {mode}: {result}", flush=True)
     return runs
+
+
+SHAPES = ((1, 64), (1, 1024), (4, 256), (16, 128), (16, 512), (16, 1024), (64, 128))
+
+
+def attention_us(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One layer's decode attention at SmolLM2's heads, µs per call (median of 5
+    interleaved repeats of 20 calls) for SDPA, the fp32 matmuls and the per-row kernel;
+    the rows' lengths spread over the upper half of the span, one row at full span."""
+    import torch
+
+    from backends.hf.model.decode_attention import decode_matmul, decode_sdpa
+
+    loaded, kernels, _ = _setup(args)
+    cfg = loaded.model.config
+    heads, kvh = cfg.num_attention_heads, cfg.num_key_value_heads
+    hd = cfg.hidden_size // heads
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for rows, span in SHAPES:
+        cache = [torch.randn(rows, kvh, 2 * span, hd, generator=gen).bfloat16() for _ in "kv"]
+        k, v = (c[:, :, :span] for c in cache)
+        q = torch.randn(rows, heads, hd, generator=gen).bfloat16()
+        pos = torch.randint(span // 2, span, (rows,), generator=gen)
+        pos[0] = span - 1
+        allowed = torch.arange(span)[None, :] <= pos[:, None]
+        mask = torch.zeros(rows, span).masked_fill_(~allowed, float("-inf"))
+        sdpa_bias = mask.bfloat16()[:, None, None, :]
+        matmul_bias = mask[:, None, None, :].expand(rows, kvh, 1, span).reshape(-1, 1, span)
+        bounds = torch.stack((torch.zeros_like(pos), pos), dim=1)
+        calls = {
+            "sdpa": functools.partial(decode_sdpa, q, k, v, sdpa_bias, hd**-0.5),
+            "matmul": functools.partial(decode_matmul, q, k, v, matmul_bias, hd**-0.5),
+            "invariant": functools.partial(kernels.decode_attention, q, k, v, bounds, hd**-0.5),
+        }
+        samples: dict[str, list[float]] = {name: [] for name in calls}
+        with torch.inference_mode():
+            for _ in range(5):
+                for name, call in calls.items():
+                    call()
+                    began = time.perf_counter()
+                    for _ in range(20):
+                        call()
+                    samples[name].append((time.perf_counter() - began) / 20 * 1e6)
+        entry: dict[str, Any] = {"rows": rows, "span": span}
+        entry |= {name: statistics.median(times) for name, times in samples.items()}
+        out.append(entry)
+        print(entry, flush=True)
+    return out
+
+
+def attention_markdown(record: dict[str, Any]) -> str:
+    lines = [
+        "# Decode attention kernels, one layer, µs per call",
+        "",
+        "SmolLM2's heads; median of 5 interleaved repeats of 20 calls. `invariant`: the "
+        "C glue's per-row kernel that `batch_invariant: true` uses (one thread); SDPA and "
+        "the matmuls run on the torch threads.",
+        "",
+        "| rows x span | sdpa | matmul | invariant | invariant / fastest of the others |",
+        "|---|---|---|---|---|",
+    ]
+    for e in record["attention"]:
+        best = min(e["sdpa"], e["matmul"])
+        lines.append(
+            f"| {e['rows']} x {e['span']} | {e['sdpa']:.0f} | {e['matmul']:.0f} | "
+            f"{e['invariant']:.0f} | {e['invariant'] / best:.2f}x |"
+        )
+    lines += study_footer(record["meta"], record["threads"], None)
+    return "\n".join(lines)
 
 
 KINDS = (
@@ -167,8 +249,8 @@ def profile_markdown(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _median(runs: list[dict[str, Any]], setting: str, glue: bool, kind: str, key: str) -> float:
-    picked = [r[kind][key] for r in runs if r["setting"] == setting and r["glue"] == glue]
+def _median(runs: list[dict[str, Any]], setting: str, mode: str, kind: str, key: str) -> float:
+    picked = [r[kind][key] for r in runs if r["setting"] == setting and r["mode"] == mode]
     return float(statistics.median(picked))
 
 
@@ -178,20 +260,22 @@ def markdown(record: dict[str, Any]) -> str:
     lines = [
         "# The C glue kernels: the packed runner's step with and without them",
         "",
-        "Median ms over rounds; the glue rows add, in brackets, their time over the "
-        "framework ops' time.",
+        "Median ms over rounds (in brackets: over the framework ops' median). "
+        "`batch-invariant`: the C glue plus `batch_invariant: true` (decode attention by "
+        "the glue's per-row kernel instead of the fastest one timed at load).",
         "",
-        "| weights | element-wise glue | " + " | ".join(head) + " |",
+        "| weights | mode | " + " | ".join(head) + " |",
         "|---|---|" + "---|" * len(head),
     ]
     for setting in record["settings"]:
-        for with_glue in (False, True):
-            cells = [setting, "C glue" if with_glue else "framework ops"]
+        for mode in MODES:
+            cells = [setting, mode]
             for kind, keys in (("decode_ms", rows), ("prefill_ms", prefill)):
                 for n in keys:
-                    value = _median(runs, setting, with_glue, kind, str(n))
-                    base = _median(runs, setting, False, kind, str(n))
-                    cells.append(f"{value:.1f}" + (f" ({value / base:.2f}x)" if with_glue else ""))
+                    value = _median(runs, setting, mode, kind, str(n))
+                    base = _median(runs, setting, MODES[0], kind, str(n))
+                    ratio = "" if mode == MODES[0] else f" ({value / base:.2f}x)"
+                    cells.append(f"{value:.1f}{ratio}")
             lines.append("| " + " | ".join(cells) + " |")
     lines += study_footer(record["meta"], record["threads"], record["rounds"])
     return "\n".join(lines)
@@ -206,8 +290,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settings", type=lambda s: s.split(","), default=["none", "int4"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--profile", action="store_true", help="profile instead of timing")
+    parser.add_argument(
+        "--attention", action="store_true", help="time the decode attention kernels instead"
+    )
     args = parser.parse_args(argv)
     meta = study_meta("bench.studies.glue", argv or sys.argv[1:])
+    if args.attention:
+        entries = attention_us(args)
+        meta["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        record = {"meta": meta, "threads": args.threads, "attention": entries}
+        write_study(args.out, "attention", record, attention_markdown(record))
+        return 0
     if args.profile:
         profiles = profile_all(args)
         meta["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]

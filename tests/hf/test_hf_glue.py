@@ -1,22 +1,27 @@
 """The C glue kernels (``backends/hf/model/glue.py``): ``make install`` built them for
 this source, they round as the framework ops they replace, a row gets the same bits alone
-and in any batch, and the runner with them decodes what it decodes without them."""
+and in any batch, and the runner with them decodes what it decodes without them; with
+``batch_invariant`` a sequence decodes the same alone and in any batch, mixed lengths
+included."""
 
 from __future__ import annotations
 
+import asyncio
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from backends.hf.loading.loader import load
+from backends.hf.backend import HFBackend
+from backends.hf.loading.loader import ModelLoadError, load
 from backends.hf.model import glue
 from backends.hf.model.norms import upcast_rms_norm
 from backends.hf.model.packed_runner import DecoderRunner
 from backends.hf.model.slot_attention import PrefillChunk
 from tests.hf import tiny
-from tests.hf.helpers import config
+from tests.hf.helpers import collect, completion, config
 
 EPS = 1e-5
 
@@ -170,3 +175,68 @@ def test_tiny_families_in_bf16_with_the_glue(
         tokens, logits = _decode(fused, prompts, 8, None)
         _, reference = _decode(plain, prompts, 8, tokens)
         assert float((logits - reference).abs().max()) < 0.5
+
+
+def test_batch_invariant_runner_gives_each_row_its_bits_alone(kernels: glue.Glue) -> None:
+    """Mixed lengths, so the batch's decode spans reach past each short row's keys: with
+    ``batch_invariant`` every logit equals the row's alone (without it, they need not)."""
+    torch.set_num_threads(2)
+    loaded = load(config(dtype="bfloat16"))
+    prompts = [list(range(300, 340)), list(range(500, 517)), list(range(900, 960)), [7, 8, 9]]
+    with torch.inference_mode():
+        runner = DecoderRunner(
+            loaded.model, max_slots=5, max_context=256, glue=kernels, batch_invariant=True
+        )
+        assert runner.attention.decode_impl == "invariant"
+        together, logits = _decode(runner, prompts, 16, None)
+        for row, prompt in enumerate(prompts):
+            alone, alone_logits = _decode(runner, [prompt], 16, None)
+            assert alone[0] == together[row]
+            assert torch.equal(alone_logits[:, 0], logits[:, row])
+
+
+def test_batch_invariant_decode_attention_honours_windows(kernels: glue.Glue) -> None:
+    """A Mistral whose window is shorter than the prompt: the invariant kernel computes
+    what the framework kernels compute (within bf16 attention tolerance)."""
+    folder = tiny.build("mistral", Path(tempfile.mkdtemp()) / "mistral")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    prompts = [list(range(3, 3 + 3 * tiny.WINDOW)), list(range(40, 51))]
+    with torch.inference_mode():
+        invariant = DecoderRunner(
+            model, max_slots=3, max_context=256, glue=kernels, batch_invariant=True
+        )
+        plain = DecoderRunner(model, max_slots=3, max_context=256, glue=kernels)
+        tokens, logits = _decode(invariant, prompts, 8, None)
+        _, reference = _decode(plain, prompts, 8, tokens)
+    assert float((logits - reference).abs().max()) < 0.5
+
+
+async def test_batch_invariant_engine_answers_alone_as_in_a_batch() -> None:
+    prompts = [
+        "The capital of France is",
+        "def fibonacci(n):",
+        "Once upon a time, in a small village by the sea, there lived an old fisherman who",
+        "1, 2, 3,",
+        "Water boils at one hundred degrees Celsius, and ice melts at",
+        "Hi",
+    ]
+    backend = HFBackend(
+        config(dtype="bfloat16", batch_invariant=True, prefix_caching=False, threads=2)
+    )
+    await backend.start()
+    try:
+
+        async def run(prompt: str) -> str:
+            return (await collect(backend.generate(completion(prompt, 24)))).text()
+
+        alone = [await run(p) for p in prompts]
+        together = await asyncio.gather(*(run(p) for p in prompts))
+    finally:
+        await backend.stop()
+    assert together == alone
+
+
+async def test_batch_invariant_without_the_glue_is_refused() -> None:
+    backend = HFBackend(config(dtype="bfloat16", batch_invariant=True, glue_kernels=False))
+    with pytest.raises(ModelLoadError, match="glue_kernels"):
+        await backend.start()

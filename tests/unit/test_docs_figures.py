@@ -127,11 +127,11 @@ def _glue(setting: str, kind: str, key: str) -> float:
     prefill_ms)."""
     runs = _load("glue/results.json")["runs"]
 
-    def median(glue: bool) -> float:
-        picked = [r[kind][key] for r in runs if r["setting"] == setting and r["glue"] == glue]
+    def median(mode: str) -> float:
+        picked = [r[kind][key] for r in runs if r["setting"] == setting and r["mode"] == mode]
         return float(statistics.median(picked))
 
-    return median(True) / median(False)
+    return median("C glue") / median("framework ops")
 
 
 def _fleet_ratio(system: str, streams: int) -> float:

@@ -53,6 +53,7 @@ _SIGNATURES = {
     "llmso_add_rms_norm": (_P, _P, _P, _P, _P, _I, _I, _F),
     "llmso_rope": (_P, _I, _I, _I, _I, _P, _P, _P, _I),
     "llmso_silu_mul": (_P, _P, _I, _I),
+    "llmso_decode_attention": (_P, _P, _P, _I, _I, _I, _P, _I, _I, _I, _I, _F, _P, _I, _P),
 }
 
 
@@ -147,6 +148,46 @@ class Glue:
         rows, width = gate_up.shape
         out = torch.empty((rows, width // 2), dtype=gate_up.dtype)
         self.lib.llmso_silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, width // 2)
+        return out
+
+    def decode_attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        bounds: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        """Row ``d``'s query (``q [D, heads, hd]``) over positions ``bounds[d, 0]`` to
+        ``bounds[d, 1]`` of slot ``d`` of one layer's cache (``k``/``v`` views
+        ``[D, kv_heads, span, hd]`` with contiguous features); ``[D, heads * hd]``."""
+        rows, heads, hd = q.shape
+        kv_heads = k.shape[1]
+        if k.stride(3) != 1 or v.stride() != k.stride():
+            raise ValueError("the cache views need contiguous features and equal strides")
+        q = q.contiguous()
+        bounds = bounds.contiguous()
+        span = int(k.shape[2])
+        group = heads // kv_heads
+        scratch = torch.empty(heads * hd + group * (hd + span), dtype=torch.float32)
+        out = torch.empty((rows, heads * hd), dtype=q.dtype)
+        self.lib.llmso_decode_attention(
+            q.data_ptr(),
+            k.data_ptr(),
+            v.data_ptr(),
+            k.stride(0),
+            k.stride(1),
+            k.stride(2),
+            bounds.data_ptr(),
+            rows,
+            heads,
+            kv_heads,
+            hd,
+            scale,
+            scratch.data_ptr(),
+            span,
+            out.data_ptr(),
+        )
         return out
 
 

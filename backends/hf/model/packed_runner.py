@@ -113,6 +113,7 @@ class DecoderRunner:
         quantization: QuantPlan = NONE,
         lora: LoraBank | None = None,
         glue: Glue | None = None,
+        batch_invariant: bool = False,
     ) -> None:
         config = model.config
         inner = model.model
@@ -175,6 +176,7 @@ class DecoderRunner:
             softcap=self.family.attn_softcap,
             compile_attention=compile_attention,
             step_threads=step_threads,
+            invariant=self._invariant(glue) if batch_invariant else None,
         )
         self.cache = self.attention.cache
         self.lora = lora
@@ -186,6 +188,20 @@ class DecoderRunner:
             self.path += "; norms, RoPE and SiLU in the C glue"
         if lora is not None:
             self.path += f"; LoRA adapters: {', '.join(lora.names)} (rank {lora.rank})"
+
+    def _invariant(self, glue: Glue | None) -> Glue | None:
+        """The kernels for batch-invariant decode attention (None: fp32, where the
+        matmuls already are); ValueError where this runner has none."""
+        if not self.upcast:
+            return None
+        if self.family.attn_softcap is not None:
+            raise ValueError("batch_invariant: no invariant kernel for soft-capped attention")
+        if glue is None or self.dtype != torch.bfloat16 or self.device.type != "cpu":
+            raise ValueError(
+                "batch_invariant needs fp32, or bf16 on CPU with the C glue kernels "
+                "(glue_kernels: true, built by make install)"
+            )
+        return glue
 
     def _norms(self) -> tuple[Norm, Norm]:
         """The hidden-state norm and the per-head (q/k) norm."""

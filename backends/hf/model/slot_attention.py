@@ -8,7 +8,9 @@ Gemma 2/3 window some or all layers; a key ``k`` is seen from ``q`` when
 ``q - window < k <= q``, transformers' sliding-window rule). ``layer`` stores a layer's
 new keys and values and runs one batched kernel over the decode rows (grouped-query
 heads folded into the matmul, no key repetition) and one SDPA call per prefill chunk.
-Which decode kernel runs is timed per machine at construction (``decode_attention.py``).
+Which decode kernel runs is timed per machine at construction (``decode_attention.py``),
+unless batch invariance is asked for: then the C glue's per-row kernel, whose bits for a
+row do not depend on the other rows or on how far their spans reach.
 
 Owner: the engine thread (through its runner). Not thread-safe.
 """
@@ -29,6 +31,7 @@ from backends.hf.model.decode_attention import (
     decode_sdpa,
     prefill_softcapped,
 )
+from backends.hf.model.glue import Glue
 from backends.hf.model.kv_cache import SlotKVCache
 from backends.hf.model.step_threads import StepThreads, as_step
 
@@ -87,6 +90,15 @@ class Packed:
     step: SlotStep
 
 
+def _invariant_kernel(glue: Glue) -> Attend:
+    def attend(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        return glue.decode_attention(q, k, v, bounds, scale)
+
+    return attend
+
+
 class SlotAttention:
     """See the module docstring. ``softcap`` (Gemma 2): scores become
     ``cap * tanh(score / cap)``; only the matmul kernels apply it."""
@@ -106,6 +118,7 @@ class SlotAttention:
         softcap: float | None = None,
         compile_attention: bool = False,
         step_threads: StepThreads | None = None,
+        invariant: Glue | None = None,
     ) -> None:
         self.heads = heads
         self.kv_heads = kv_heads
@@ -119,6 +132,9 @@ class SlotAttention:
         self._kernels: dict[str, Attend] = {"sdpa": decode_sdpa, "matmul": decode_matmul}
         if softcap is not None:
             self._kernels = {"matmul": functools.partial(decode_matmul, softcap=softcap)}
+        elif invariant is not None:
+            # Batch invariance asked for: the one kernel whose row bits ignore the batch.
+            self._kernels = {"invariant": _invariant_kernel(invariant)}
         elif compile_attention and self.upcast and device.type == "cpu":
             self._kernels["compiled"] = compiled_reduce()
         self.decode_timings: dict[str, dict[str, float]] = {}  # shape -> kernel -> seconds
@@ -253,6 +269,9 @@ class SlotAttention:
         """Additive mask, 0 up to each row's own position (and, with a ``window``, only
         over its last ``window`` positions): ``[D, 1, 1, span]`` in the model dtype for
         SDPA, or fp32 ``[D*kv_heads, 1, span]`` for the matmul/compiled paths."""
+        if impl == "invariant":  # [D, 2]: each row's first and last key
+            first = torch.zeros_like(positions) if window is None else positions - window + 1
+            return torch.stack((first.clamp(min=0), positions), dim=1)
         keys = torch.arange(span_len, device=self.device)
         allowed = keys[None, :] <= positions[:, None]
         if window is not None:

@@ -154,3 +154,70 @@ void llmso_silu_mul(const uint16_t* gate_up, uint16_t* out, int64_t rows, int64_
     silu_mul_row(gate_up + r * 2 * inter, gate_up + r * 2 * inter + inter, out + r * inter,
                  inter);
 }
+
+/* One decode row's attention for one kv head: `group` query heads (fp32, scaled) over
+ * keys first..last of that head's cache rows, in order; writes bf16 outputs. Reads only
+ * the row's own keys, in one fixed order, so the result is the same whatever the batch
+ * and however far other rows' spans reach. */
+static inline void attend_head(const float* q, int64_t group, int64_t hd, const uint16_t* k,
+                               const uint16_t* v, int64_t pos_stride, int64_t first,
+                               int64_t last, float* scores, float* acc, uint16_t* out) {
+  const int64_t span = last - first + 1;
+  for (int64_t g = 0; g < group; ++g) {
+    const float* qg = q + g * hd;
+    float* sg = scores + g * span;
+    float top = -INFINITY;
+    for (int64_t j = 0; j < span; ++j) {
+      const uint16_t* kj = k + (first + j) * pos_stride;
+      float lanes[LANES] = {0};
+      int64_t i = 0;
+      for (; i + LANES <= hd; i += LANES)
+        for (int l = 0; l < LANES; ++l) lanes[l] += qg[i + l] * from_bf16(kj[i + l]);
+      for (int l = 0; i < hd; ++i, ++l) lanes[l] += qg[i] * from_bf16(kj[i]);
+      for (int width = LANES / 2; width > 0; width /= 2)
+        for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+      sg[j] = lanes[0];
+      top = lanes[0] > top ? lanes[0] : top;
+    }
+    float total = 0.0f;
+    for (int64_t j = 0; j < span; ++j) {
+      sg[j] = exp_poly(sg[j] - top);
+      total += sg[j];
+    }
+    float* ag = acc + g * hd;
+    for (int64_t i = 0; i < hd; ++i) ag[i] = 0.0f;
+    for (int64_t j = 0; j < span; ++j) {
+      const uint16_t* vj = v + (first + j) * pos_stride;
+      const float p = sg[j];
+      for (int64_t i = 0; i < hd; ++i) ag[i] += p * from_bf16(vj[i]);
+    }
+    const float inv = 1.0f / total;
+    for (int64_t i = 0; i < hd; ++i) out[g * hd + i] = to_bf16(ag[i] * inv);
+  }
+}
+
+/* Decode attention over the slot cache: row d (slot d) has its query q[d] ([heads, hd]
+ * bf16) and attends to positions bounds[2d]..bounds[2d+1] of its slot (its window and
+ * causal limit). k/v: one layer's cache, strides in elements (slot, kv head, position;
+ * features contiguous). scratch: group * (max span + hd) + heads * hd floats. */
+GLUE_CLONES
+void llmso_decode_attention(const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                            int64_t slot_stride, int64_t head_stride, int64_t pos_stride,
+                            const int64_t* bounds, int64_t rows, int64_t heads,
+                            int64_t kv_heads, int64_t hd, float scale, float* scratch,
+                            int64_t max_span, uint16_t* out) {
+  const int64_t group = heads / kv_heads;
+  float* qf = scratch;
+  float* acc = qf + heads * hd;
+  float* scores = acc + group * hd;
+  for (int64_t d = 0; d < rows; ++d) {
+    for (int64_t i = 0; i < heads * hd; ++i) qf[i] = from_bf16(q[d * heads * hd + i]) * scale;
+    const int64_t first = bounds[2 * d], last = bounds[2 * d + 1];
+    (void)max_span;
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      const int64_t base = d * slot_stride + h * head_stride;
+      attend_head(qf + h * group * hd, group, hd, k + base, v + base, pos_stride, first, last,
+                  scores, acc, out + (d * heads + h * group) * hd);
+    }
+  }
+}
