@@ -328,8 +328,8 @@ class HFModelConfig(ModelBase):
     )
     glue_kernels: bool = Field(
         True,
-        description="continuous, bf16 on CPU: run the norms, residual adds and RoPE between "
-        "the projections as one C call each (built by make install; without the build the "
+        description="continuous, bf16 on CPU: run the norms, residual adds, RoPE and SiLU "
+        "between the projections as one C call each (built by make install; without the build the "
         "engine runs the framework ops and says so at load); false: always the framework "
         "ops.",
     )

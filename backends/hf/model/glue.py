@@ -53,7 +53,7 @@ _SIGNATURES = {
     "llmso_add_rms_norm": (_P, _P, _P, _P, _P, _I, _I, _F),
     "llmso_rope": (_P, _I, _I, _I, _I, _P, _P, _P, _I),
     "llmso_silu_mul": (_P, _P, _I, _I),
-    "llmso_decode_attention": (_P, _P, _P, _I, _I, _I, _P, _I, _I, _I, _I, _F, _P, _I, _P),
+    "llmso_decode_attention": (_P, _P, _P, _I, _I, _I, _P, _I, _I, _I, _I, _F, _P, _P),
 }
 
 
@@ -185,7 +185,6 @@ class Glue:
             hd,
             scale,
             scratch.data_ptr(),
-            span,
             out.data_ptr(),
         )
         return out

@@ -176,7 +176,7 @@ class DecoderRunner:
             softcap=self.family.attn_softcap,
             compile_attention=compile_attention,
             step_threads=step_threads,
-            invariant=self._invariant(glue) if batch_invariant else None,
+            invariant=self._invariant(glue if fits else None) if batch_invariant else None,
         )
         self.cache = self.attention.cache
         self.lora = lora
@@ -190,13 +190,14 @@ class DecoderRunner:
             self.path += f"; LoRA adapters: {', '.join(lora.names)} (rank {lora.rank})"
 
     def _invariant(self, glue: Glue | None) -> Glue | None:
-        """The kernels for batch-invariant decode attention (None: fp32, where the
-        matmuls already are); ValueError where this runner has none."""
+        """The kernels for batch-invariant decode attention (``glue``: those usable here,
+        bf16 on CPU; None returned: fp32, where the matmuls already are); ValueError where
+        this runner has none."""
         if not self.upcast:
             return None
         if self.family.attn_softcap is not None:
             raise ValueError("batch_invariant: no invariant kernel for soft-capped attention")
-        if glue is None or self.dtype != torch.bfloat16 or self.device.type != "cpu":
+        if glue is None:
             raise ValueError(
                 "batch_invariant needs fp32, or bf16 on CPU with the C glue kernels "
                 "(glue_kernels: true, built by make install)"

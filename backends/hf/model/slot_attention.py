@@ -90,15 +90,6 @@ class Packed:
     step: SlotStep
 
 
-def _invariant_kernel(glue: Glue) -> Attend:
-    def attend(
-        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: torch.Tensor, scale: float
-    ) -> torch.Tensor:
-        return glue.decode_attention(q, k, v, bounds, scale)
-
-    return attend
-
-
 class SlotAttention:
     """See the module docstring. ``softcap`` (Gemma 2): scores become
     ``cap * tanh(score / cap)``; only the matmul kernels apply it."""
@@ -134,7 +125,7 @@ class SlotAttention:
             self._kernels = {"matmul": functools.partial(decode_matmul, softcap=softcap)}
         elif invariant is not None:
             # Batch invariance asked for: the one kernel whose row bits ignore the batch.
-            self._kernels = {"invariant": _invariant_kernel(invariant)}
+            self._kernels = {"invariant": invariant.decode_attention}
         elif compile_attention and self.upcast and device.type == "cpu":
             self._kernels["compiled"] = compiled_reduce()
         self.decode_timings: dict[str, dict[str, float]] = {}  # shape -> kernel -> seconds

@@ -1,6 +1,7 @@
 /* The packed runner's element-wise glue between projections, for bf16 on CPU: RMSNorm,
- * residual add + RMSNorm, RoPE and SiLU(gate) * up, each one pass over its rows instead of a chain of
- * framework ops (backends/hf/model/glue.py explains why and how it is loaded).
+ * residual add + RMSNorm, RoPE and SiLU(gate) * up, each one pass over its rows instead of
+ * a chain of framework ops, and a per-row decode attention for batch invariance
+ * (backends/hf/model/glue.py explains why and how it is loaded).
  *
  * Every row is computed alone, in a fixed order that does not depend on how many rows a
  * call has, so a sequence gets the same bits alone and in any batch. Built with
@@ -199,13 +200,14 @@ static inline void attend_head(const float* q, int64_t group, int64_t hd, const 
 /* Decode attention over the slot cache: row d (slot d) has its query q[d] ([heads, hd]
  * bf16) and attends to positions bounds[2d]..bounds[2d+1] of its slot (its window and
  * causal limit). k/v: one layer's cache, strides in elements (slot, kv head, position;
- * features contiguous). scratch: group * (max span + hd) + heads * hd floats. */
+ * features contiguous). scratch: heads * hd + group * (hd + the longest row's span)
+ * floats. */
 GLUE_CLONES
 void llmso_decode_attention(const uint16_t* q, const uint16_t* k, const uint16_t* v,
                             int64_t slot_stride, int64_t head_stride, int64_t pos_stride,
                             const int64_t* bounds, int64_t rows, int64_t heads,
                             int64_t kv_heads, int64_t hd, float scale, float* scratch,
-                            int64_t max_span, uint16_t* out) {
+                            uint16_t* out) {
   const int64_t group = heads / kv_heads;
   float* qf = scratch;
   float* acc = qf + heads * hd;
@@ -213,7 +215,6 @@ void llmso_decode_attention(const uint16_t* q, const uint16_t* k, const uint16_t
   for (int64_t d = 0; d < rows; ++d) {
     for (int64_t i = 0; i < heads * hd; ++i) qf[i] = from_bf16(q[d * heads * hd + i]) * scale;
     const int64_t first = bounds[2 * d], last = bounds[2 * d + 1];
-    (void)max_span;
     for (int64_t h = 0; h < kv_heads; ++h) {
       const int64_t base = d * slot_stride + h * head_stride;
       attend_head(qf + h * group * hd, group, hd, k + base, v + base, pos_stride, first, last,
