@@ -7,6 +7,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -84,8 +85,6 @@ def machine_info() -> dict[str, Any]:
 def study_meta(module: str, argv: list[str]) -> dict[str, Any]:
     """What an in-process study records before it starts: the machine, the load average,
     the UTC start and the command that reruns it."""
-    import time
-
     return {
         "machine": machine_info(),
         "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],

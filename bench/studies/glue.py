@@ -295,30 +295,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     meta = study_meta("bench.studies.glue", argv or sys.argv[1:])
+    body: dict[str, Any]
     if args.attention:
-        entries = attention_us(args)
-        meta["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
-        record = {"meta": meta, "threads": args.threads, "attention": entries}
-        write_study(args.out, "attention", record, attention_markdown(record))
-        return 0
-    if args.profile:
-        profiles = profile_all(args)
-        meta["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
-        record = {"meta": meta, "threads": args.threads, "profiles": profiles}
-        write_study(args.out, "profile", record, profile_markdown(record))
-        return 0
-    runs = measure(args)
+        stem, render, body = "attention", attention_markdown, {"attention": attention_us(args)}
+    elif args.profile:
+        stem, render, body = "profile", profile_markdown, {"profiles": profile_all(args)}
+    else:
+        stem, render = "results", markdown
+        body = {
+            "rows": list(args.rows),
+            "prefill": list(args.prefill),
+            "settings": args.settings,
+            "rounds": args.rounds,
+            "runs": measure(args),
+        }
     meta["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    record = {
-        "meta": meta,
-        "rows": list(args.rows),
-        "prefill": list(args.prefill),
-        "settings": args.settings,
-        "threads": args.threads,
-        "rounds": args.rounds,
-        "runs": runs,
-    }
-    write_study(args.out, "results", record, markdown(record))
+    record = {"meta": meta, "threads": args.threads, **body}
+    write_study(args.out, stem, record, render(record))
     return 0
 
 

@@ -112,26 +112,32 @@ def _fairness(name: str, tree: str) -> float:
     return float(pooled[label]["p95_busy_over_idle"])
 
 
+def _median_ratio(path: str, kind: str, key: str, **runs: tuple[object, object]) -> float:
+    """The median over rounds of the runs matching ``runs``' first values over that of the
+    runs matching their second values (``kind``: decode_ms or prefill_ms)."""
+    records = _load(path)["runs"]
+
+    def median(side: int) -> float:
+        picked = [r for r in records if all(r[f] == pair[side] for f, pair in runs.items())]
+        return float(statistics.median(r[kind][key] for r in picked))
+
+    return median(0) / median(1)
+
+
 def _row_blocks(mode: str, kind: str, key: str) -> float:
-    """``mode``'s median over rounds over row blocks' (``kind``: decode_ms or prefill_ms)."""
-    runs = _load("row_blocks/results.json")["runs"]
-
-    def median(name: str) -> float:
-        return float(statistics.median(r[kind][key] for r in runs if r["mode"] == name))
-
-    return median(mode) / median("row-blocks")
+    """``mode``'s time over row blocks'."""
+    return _median_ratio("row_blocks/results.json", kind, key, mode=(mode, "row-blocks"))
 
 
 def _glue(setting: str, kind: str, key: str) -> float:
-    """The glue's median over rounds over the framework ops' (``kind``: decode_ms or
-    prefill_ms)."""
-    runs = _load("glue/results.json")["runs"]
-
-    def median(mode: str) -> float:
-        picked = [r[kind][key] for r in runs if r["setting"] == setting and r["mode"] == mode]
-        return float(statistics.median(picked))
-
-    return median("C glue") / median("framework ops")
+    """The glue's time over the framework ops', at one weight setting."""
+    return _median_ratio(
+        "glue/results.json",
+        kind,
+        key,
+        setting=(setting, setting),
+        mode=("C glue", "framework ops"),
+    )
 
 
 def _fleet_ratio(system: str, streams: int) -> float:
