@@ -46,6 +46,21 @@ def test_a_missing_build_is_reported_not_raised(
     assert isinstance(reason, str) and "make install" in reason
 
 
+def test_a_build_replaces_the_earlier_builds(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    stale = tmp_path / "libllmso_glue-0123456789ab.so"
+    stale.write_bytes(b"an earlier source's build")
+    other = tmp_path / "notes.txt"
+    other.write_text("kept")
+    monkeypatch.setattr(glue, "library_path", lambda: tmp_path / "libllmso_glue-x.so")
+    built = glue.build()
+    assert built.exists() and not stale.exists() and other.exists()
+    stale.write_bytes(b"left by an older llmso")
+    assert glue.build() == built  # built already: only the stale one goes
+    assert built.exists() and not stale.exists()
+
+
 @pytest.mark.parametrize("hidden", [576, 100])  # 100: a tail past the 16-lane blocks
 def test_norm_rounds_as_the_fp32_upcast_norm(kernels: glue.Glue, hidden: int) -> None:
     gen = torch.Generator().manual_seed(1)

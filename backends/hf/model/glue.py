@@ -13,10 +13,11 @@ call: at a 512-token prefill the glue still costs less than the ops it replaces 
 
 Built by ``make install`` (``python -m backends.hf.model.glue --build``) into the
 environment (``<sys.prefix>/lib/llmso``), under a name that hashes the source and flags,
-so a stale build is never loaded. The engine never compiles at load: without the
-library (no C compiler when installing, another environment) it runs the framework ops
-and says why at load. Loaded with ``ctypes``, which also releases the GIL for the
-call. The loaded library is cached per process (``load``); it holds no state.
+so a stale build is never loaded (and a new build deletes the earlier ones). The engine
+never compiles at load: without the library (no C compiler when installing, another
+environment) it runs the framework ops and says why at load. Loaded with ``ctypes``,
+which also releases the GIL for the call. The loaded library is cached per process
+(``load``); it holds no state.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ def build(compiler: str | None = None) -> Path:
     """Compile the library into ``library_path()`` (atomically; a no-op when built)."""
     target = library_path()
     if target.exists():
+        _remove_stale(target)
         return target
     cc = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
@@ -80,7 +82,16 @@ def build(compiler: str | None = None) -> Path:
             timeout=300,
         )
         partial.replace(target)
+    _remove_stale(target)
     return target
+
+
+def _remove_stale(current: Path) -> None:
+    """Delete this environment's builds of earlier sources (nothing loads them: the name
+    hashes the source). A process that has one loaded keeps its mapping."""
+    for old in current.parent.glob("libllmso_glue-*.so"):
+        if old != current:
+            old.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
