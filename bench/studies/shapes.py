@@ -17,12 +17,12 @@ real ones, and those set the cost of a step. (transformers 5 loads the qwen2 fol
 tokenizer as ``Qwen2Tokenizer``, whose pre-tokenizer splits some text, e.g. runs of
 newlines, differently from SmolLM2's: a prompt can be a token shorter or longer there.)
 
-Each shape runs the ``models`` suite's two engines (``llmso-hf-continuous`` with the
-suite's config: ``max_num_seqs`` 64, prefix caching off; and ``vllm-cpu``, eager),
-alternating per level, then writes ``bandwidth.md``: bytes read per decode step at c = 1
-(weights + KV at the mean context) divided by the measured time per output token, beside
-a read probe run in the same process before and after (``bench.studies.read_probe``), the
-machine's limit for a memory-bound decode.
+Each shape runs the ``models`` suite's engines (``llmso-hf-continuous`` with the suite's
+config: ``max_num_seqs`` 64, prefix caching off; ``vllm-cpu-compiled``, vLLM's default, and
+``vllm-cpu``, eager), alternating per level, then writes ``bandwidth.md``: bytes read per
+decode step at c = 1 (weights + KV at the mean context) divided by the measured time per
+output token, beside a read probe run in the same process before and after
+(``bench.studies.read_probe``), the machine's limit for a memory-bound decode.
 
 ``--quantization int8,int4`` adds the hf engine at each named weight-only setting
 (``llmso-hf-int8``, ``llmso-hf-int4``; the same config otherwise), its bytes per step
@@ -64,7 +64,7 @@ from bench.suites import models_suite
 
 log = logging.getLogger(__name__)
 
-SYSTEMS = ("llmso-hf-continuous", "vllm-cpu")
+SYSTEMS = ("llmso-hf-continuous", "vllm-cpu", "vllm-cpu-compiled")
 _PLANS = {"int8": uniform("int8", GROUP), "int4": uniform("int4", GROUP)}
 QUANTIZED = tuple(_PLANS)
 

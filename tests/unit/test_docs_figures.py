@@ -174,11 +174,11 @@ README_FIGURES: dict[str, Figure] = {
         (PREFIX,),
         lambda: _ttft_ratios(PREFIX, "llmso-hf-prefix-cache", "vllm-cpu-prefix-cache", (1, 4, 16)),
     ),
-    "hf / vLLM-CPU eager, output tok/s, Qwen2.5-0.5B shape, c = 1 / 4 / 16": Figure(
-        (QWEN,), lambda: _tok_ratios(QWEN, HF, VLLM, (1, 4, 16))
+    "hf / vLLM-CPU compiled, output tok/s, Qwen2.5-0.5B shape, c = 1 / 4 / 16 (Intel Xeon)": Figure(
+        (QWEN,), lambda: _tok_ratios(QWEN, HF, VLLM_COMPILED, (1, 4, 16))
     ),
-    "hf / vLLM-CPU eager, output tok/s, Llama-3.2-1B shape, c = 1 / 4 / 16": Figure(
-        (LLAMA,), lambda: _tok_ratios(LLAMA, HF, VLLM, (1, 4, 16))
+    "hf / vLLM-CPU compiled, output tok/s, Llama-3.2-1B shape, c = 1 / 4 / 16 (Intel Xeon)": Figure(
+        (LLAMA,), lambda: _tok_ratios(LLAMA, HF, VLLM_COMPILED, (1, 4, 16))
     ),
     "hf int4 / hf bf16, output tok/s, one stream, SmolLM2-135M": Figure(
         (SERVE,), lambda: _tok_ratios(SERVE, "hf-int4", "hf-none", (1,))
@@ -274,7 +274,10 @@ INDEX_FIGURES: dict[str, Figure] = {
     ),
     "shapes": Figure(
         (QWEN, LLAMA),
-        lambda: [*_tok_ratios(QWEN, HF, VLLM, (1,)), *_tok_ratios(LLAMA, HF, VLLM, (1,))],
+        lambda: [
+            *_tok_ratios(QWEN, HF, VLLM_COMPILED, (1, 16)),
+            *_tok_ratios(LLAMA, HF, VLLM_COMPILED, (1, 16)),
+        ],
     ),
     "quant_shapes": Figure(
         (
