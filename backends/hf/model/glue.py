@@ -65,11 +65,17 @@ def library_path() -> Path:
 
 
 def build(compiler: str | None = None) -> Path:
-    """Compile the library into ``library_path()`` (atomically; a no-op when built)."""
+    """Compile the library into ``library_path()`` unless it is there, and delete the
+    builds of earlier sources beside it."""
     target = library_path()
-    if target.exists():
-        _remove_stale(target)
-        return target
+    if not target.exists():
+        _compile(target, compiler)
+    _remove_stale(target)
+    return target
+
+
+def _compile(target: Path, compiler: str | None) -> None:
+    """Compile into ``target`` atomically (a partial build never has its name)."""
     cc = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise FileNotFoundError("no C compiler (cc or gcc) on PATH; set CC")
@@ -82,8 +88,6 @@ def build(compiler: str | None = None) -> Path:
             timeout=300,
         )
         partial.replace(target)
-    _remove_stale(target)
-    return target
 
 
 def _remove_stale(current: Path) -> None:
