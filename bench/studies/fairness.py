@@ -17,7 +17,9 @@ With ``--baseline REF`` the same server runs from REF's tree too (a temporary ``
 worktree``, removed at the end), interleaved round by round (REF, this tree, REF, ...),
 so both see the same neighbours. Per tree, phase and round it keeps every probe's TTFT;
 the table pools the rounds: p50, p95 and busy p95 / idle p95 (the issue asks for at most
-1.5). Writes ``NAME.json`` and ``NAME.md`` into ``--out``, with the load average at the
+1.5), beside key a's streamed content chunks per second (about a token each) while b
+probes: what b's turns cost a.
+Writes ``NAME.json`` and ``NAME.md`` into ``--out``, with the load average at the
 start. A measurement, not a test: on a shared CPU box every number moves with the
 neighbours' load.
 """
@@ -41,6 +43,7 @@ from typing import Any
 import httpx
 import yaml
 
+from bench.machine import study_meta
 from bench.studies.priority import MODEL, gateway, summary, ttft
 
 KEY_A = "bench-fair-key-a-0001"
@@ -68,23 +71,31 @@ def config(max_num_seqs: int | None, threads: int | None) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def load(client: httpx.AsyncClient, streams: int) -> AsyncIterator[None]:
-    """Key a keeps ``streams`` requests in flight until the block ends."""
+async def load(client: httpx.AsyncClient, streams: int) -> AsyncIterator[list[float]]:
+    """Key a keeps ``streams`` requests in flight until the block ends; yields the list
+    of the times its content chunks arrive, filled as they do."""
     stop = asyncio.Event()
+    chunks: list[float] = []
 
     async def loop(worker: int) -> None:
         while not stop.is_set():
             with contextlib.suppress(httpx.HTTPError):
                 text = f"Write a long story about the sea ({worker})."
-                await ttft(client, KEY_A, LOAD_TOKENS, text)
+                await ttft(client, KEY_A, LOAD_TOKENS, text, chunks=chunks)
 
     tasks = [asyncio.create_task(loop(i)) for i in range(streams)]
     await asyncio.sleep(5.0)  # every stream started, and the engine at its pace
     try:
-        yield
+        yield chunks
     finally:
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def chunks_per_s(chunks: list[float], began: float, until: float) -> float:
+    """Key a's content chunks per second (about a token each) from ``began`` to ``until``."""
+    done = sum(1 for moment in chunks if began <= moment <= until)
+    return round(done / (until - began), 1)
 
 
 async def probes(client: httpx.AsyncClient, count: int) -> list[float]:
@@ -106,9 +117,11 @@ async def measure(url: str, count: int, streams: int) -> dict[str, list[float]]:
         async with load(client, streams):
             await probes(client, 10)
         idle = await probes(client, count)
-        async with load(client, streams):
+        async with load(client, streams) as chunks:
+            began = time.perf_counter()
             busy = await probes(client, count)
-    return {"idle": idle, "busy": busy}
+            a_rate = chunks_per_s(chunks, began, time.perf_counter())
+    return {"idle": idle, "busy": busy, "a_chunks_per_s": [a_rate]}
 
 
 @contextlib.contextmanager
@@ -154,7 +167,13 @@ def run(args: argparse.Namespace, trees: dict[str, Path | None]) -> dict[str, An
         idle = summary([v for r in mine for v in r["idle"]])
         busy = summary([v for r in mine for v in r["busy"]])
         ratio = busy["p95_ms"] / idle["p95_ms"] if idle["p95_ms"] and busy["p95_ms"] else None
-        pooled[name] = {"idle": idle, "busy": busy, "p95_busy_over_idle": ratio}
+        rates = [rate for r in mine for rate in r["a_chunks_per_s"]]
+        pooled[name] = {
+            "idle": idle,
+            "busy": busy,
+            "p95_busy_over_idle": ratio,
+            "a_chunks_per_s": round(sum(rates) / len(rates), 1),
+        }
     return {"rounds": rounds, "pooled": pooled}
 
 
@@ -165,15 +184,17 @@ def _ratio_line(times: dict[str, list[float]]) -> str:
 
 def table(result: dict[str, Any]) -> str:
     rows = [
-        "| tree | b TTFT idle p50 / p95 ms | b TTFT, a busy, p50 / p95 ms | busy / idle p95 |",
-        "|---|---|---|---|",
+        "| tree | b TTFT idle p50 / p95 ms | b TTFT, a busy, p50 / p95 ms | busy / idle p95 "
+        "| a's streamed chunks/s meanwhile |",
+        "|---|---|---|---|---|",
     ]
     for name, row in result["pooled"].items():
         idle, busy, ratio = row["idle"], row["busy"], row["p95_busy_over_idle"]
         shown = f"{ratio:.2f}" if ratio is not None else "-"
         rows.append(
             f"| {name} | {idle['p50_ms']} / {idle['p95_ms']} (n {idle['n']}) | "
-            f"{busy['p50_ms']} / {busy['p95_ms']} (n {busy['n']}) | {shown} |"
+            f"{busy['p50_ms']} / {busy['p95_ms']} (n {busy['n']}) | {shown} "
+            f"| {row['a_chunks_per_s']} |"
         )
     return "\n".join(rows)
 
@@ -194,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     # Stopped from outside: unwind, so the servers and the baseline worktree go too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     load_start = os.getloadavg()
+    meta = study_meta("bench.studies.fairness", sys.argv[1:] if argv is None else argv)
     here = DEFAULT_CONFIG.parents[1]
     with contextlib.ExitStack() as stack:
         trees: dict[str, Path | None] = {}
@@ -202,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             trees[f"baseline {commit(base)}"] = base
         trees[f"this tree {commit(here)}"] = None
         result = run(args, trees)
+    result["meta"] = meta
     result["config"] = {
         "max_num_seqs": args.max_num_seqs or "as shipped",
         "threads": args.threads or "as shipped",

@@ -117,9 +117,16 @@ def gateway(
 
 
 async def ttft(
-    client: httpx.AsyncClient, key: str, max_tokens: int, text: str, model: str = MODEL
+    client: httpx.AsyncClient,
+    key: str,
+    max_tokens: int,
+    text: str,
+    model: str = MODEL,
+    *,
+    chunks: list[float] | None = None,
 ) -> float | None:
-    """Seconds to the first content token of one streamed chat request (None: refused)."""
+    """Seconds to the first content token of one streamed chat request (None: refused);
+    with ``chunks``, every content chunk's ``time.perf_counter()`` is appended to it."""
     body = {
         "model": model,
         "messages": [{"role": "user", "content": text}],
@@ -136,8 +143,12 @@ async def ttft(
             await resp.aread()
             return None
         async for line in resp.aiter_lines():
-            if first is None and line.startswith("data: {") and '"content":"' in line:
-                first = time.perf_counter() - began
+            if line.startswith("data: {") and '"content":"' in line:
+                now = time.perf_counter()
+                if first is None:
+                    first = now - began
+                if chunks is not None:
+                    chunks.append(now)
     return first
 
 
