@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.base import ContextLengthExceeded, TextDelta
+from backends.base import ContextLengthExceeded, GenerationRequest, Tenant, TextDelta
 from backends.hf.backend import HFBackend
 from backends.hf.loading.memory_estimate import (
     estimate_memory_bytes,
@@ -88,6 +88,31 @@ async def test_staggered_concurrent_greedy_equals_alone(
     assert together == alone
     assert len(set(alone)) == len(alone)
     assert max(size for size, _, _ in observer.steps[before:]) >= 8  # really batched
+
+
+async def test_a_newcomer_key_beside_another_keys_streams_equals_alone(
+    backend: HFBackend, alone: list[str], observer: RecordingObserver
+) -> None:
+    """Key a's eight streams decode; key b's request, from a key holding no slot, is
+    prefilled in a step of its own (a newcomer step: one row, between steps of eight
+    and nine), and every answer still equals the same prompt alone."""
+
+    def keyed(prompt: str, key: str) -> GenerationRequest:
+        return dataclasses.replace(completion(prompt, TOKENS), tenant=Tenant(key))
+
+    async def run(prompt: str, key: str) -> str:
+        return (await collect(backend.generate(keyed(prompt, key)))).text()
+
+    before = len(observer.steps)
+    a_side = [asyncio.create_task(run(p, "a")) for p in PROMPTS[:8]]
+    for _ in range(400):  # until a's eight decode
+        if len(observer.steps) > before and observer.loads[-1][0] == 8:
+            break
+        await asyncio.sleep(0.005)
+    b_side = await run(PROMPTS[8], "b")
+    assert [*(await asyncio.gather(*a_side)), b_side] == alone[:9]
+    sizes = [size for size, _, _ in observer.steps[before:]]
+    assert any(sizes[i - 1 : i + 2] == [8, 1, 9] for i in range(1, len(sizes) - 1)), sizes
 
 
 async def test_one_of_eight_disconnects(

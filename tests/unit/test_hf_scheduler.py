@@ -9,10 +9,12 @@ the same request run alone.
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
+import pytest
 import torch
 
-from backends.base import GenerationRequest, RequestKind, SamplingParams, TextDelta
+from backends.base import GenerationRequest, RequestKind, SamplingParams, Tenant, TextDelta
 from backends.hf.engine.detokenizer import TokenTable
 from backends.hf.engine.outputs import StepOutputs
 from backends.hf.engine.scheduler import ContinuousScheduler
@@ -49,6 +51,7 @@ class FakeRunner:
     def __init__(self, max_slots: int) -> None:
         self.cache = FakeCache(max_slots)
         self.max_context = 4096
+        self.calls: list[tuple[int, list[PrefillChunk]]] = []  # (decode rows, chunks)
 
     def _write(self, slot: int, start: int, tokens: tuple[int, ...] | list[int]) -> int:
         history = self.cache.slots.setdefault(slot, [])
@@ -64,6 +67,7 @@ class FakeRunner:
         prefills: list[PrefillChunk],
         decode_adapters: list[int] | None = None,
     ) -> torch.Tensor:
+        self.calls.append((len(decode_tokens), list(prefills)))
         preds = [
             self._write(slot, pos, [tok])
             for slot, (tok, pos) in enumerate(zip(decode_tokens, decode_positions, strict=True))
@@ -128,7 +132,11 @@ def _run(sched: ContinuousScheduler, arrivals: dict[int, list[RequestState]]) ->
     return out
 
 
-def test_concurrent_staggered_requests_equal_alone() -> None:
+@pytest.mark.parametrize("keys", [1, 3])
+def test_concurrent_staggered_requests_equal_alone(keys: int) -> None:
+    """With several client keys (``keys`` 3: one key sends most requests, so the others'
+    arrive as newcomer steps, see ``scheduler.py``) every output still equals the same
+    request run alone."""
     rng = random.Random(7)
     specs = [
         (
@@ -144,12 +152,25 @@ def test_concurrent_staggered_requests_equal_alone() -> None:
         out = _run(_scheduler(4, 64), {0: [state]})
         alone.append(_texts(out, [state])[0])
     states = [_state(p, m, n) for p, m, n in specs]
+    for index, state in enumerate(states):
+        key = "a" if index % 4 else f"k{index % keys}"
+        state.request = replace(state.request, tenant=Tenant(key if keys > 1 else ""))
     arrivals: dict[int, list[RequestState]] = {}
     for state in states:
         arrivals.setdefault(rng.randrange(0, 60), []).append(state)
     sched = _scheduler(6, 16)
+    newcomer_steps = 0
+
+    def counted(out: StepOutputs) -> None:
+        nonlocal newcomer_steps
+        decoding = bool(sched.decoding)
+        ContinuousScheduler.step(sched, out)
+        newcomer_steps += decoding and sched._newcomers_last
+
+    sched.step = counted  # type: ignore[method-assign]
     out = _run(sched, arrivals)
     assert _texts(out, states) == alone
+    assert (newcomer_steps > 0) == (keys > 1)
     assert not sched.decoding and not sched.prefilling and not sched.waiting
 
 

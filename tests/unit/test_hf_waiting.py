@@ -8,10 +8,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from backends.base import Tenant
+from backends.hf.engine.detokenizer import TokenTable
 from backends.hf.engine.outputs import StepOutputs
+from backends.hf.engine.scheduler import ContinuousScheduler
 from backends.hf.engine.sequence import RequestState
 from backends.hf.engine.waiting import AGING, WaitingQueue, shed_limit
-from tests.unit.test_hf_scheduler import _scheduler, _state
+from tests.unit.test_hf_scheduler import FakeRunner, FakeTokenizer, _scheduler, _state
 
 
 def state(
@@ -209,3 +211,74 @@ def test_a_slot_is_held_back_for_high_priority_while_it_is_about() -> None:
     held.add(high, out)
     held.step(out)
     assert high in [choice.request for choice in held.decoding]
+
+
+def recording(max_seqs: int) -> tuple[ContinuousScheduler, FakeRunner]:
+    """A scheduler over a fake runner that keeps its calls (``FakeRunner.calls``)."""
+    runner = FakeRunner(max_seqs + 1)
+    sched = ContinuousScheduler(
+        runner,  # type: ignore[arg-type]
+        TokenTable(FakeTokenizer()),
+        max_num_seqs=max_seqs,
+        max_num_batched_tokens=4096,
+        observer=None,
+        prefill_chunk=7,
+    )
+    return sched, runner
+
+
+def busy_with(sched: ContinuousScheduler, key: str, streams: int) -> StepOutputs:
+    """``streams`` long requests of ``key``, stepped until all of them decode."""
+    out: StepOutputs = []
+    for index in range(streams):
+        sched.add(state(0, 0.01 * index, [3, 4], max_tokens=60, key=key), out)
+    while len(sched.decoding) < streams:
+        sched.step(out)
+    return out
+
+
+def test_a_newcomer_keys_request_is_prefilled_in_a_step_of_its_own() -> None:
+    """Key a decodes 16 rows (at least max_num_seqs // 8 of 32); key b, holding nothing,
+    sends a request: the next step prefills b's prompt alone and a's rows sit it out, the
+    step after decodes all 17 (with b's second request, as b now holds a slot). A
+    request of a's own, or b beside a key holding fewer
+    slots than that, joins the decode rows' step as before."""
+    sched, runner = recording(32)
+    out = busy_with(sched, "a", 16)
+    late, second = (state(0, 1.0, [5, 6, t], max_tokens=4, key="b") for t in (7, 8))
+    sched.add(late, out)
+    sched.add(second, out)
+    sched.step(out)
+    rows, chunks = runner.calls[-1]
+    assert rows == 0 and [c.tokens for c in chunks] == [(5, 6, 7)]  # one request a key
+    assert late in [choice.request for choice in sched.decoding]
+    sched.step(out)
+    rows, chunks = runner.calls[-1]
+    assert rows == 17 and [c.tokens for c in chunks] == [(5, 6, 8)]
+    for key, streams in (("a", 16), ("b", 3)):
+        mixed, mixed_runner = recording(32)
+        out = busy_with(mixed, "a", streams)
+        mixed.add(state(0, 1.0, [5, 6, 7], max_tokens=4, key=key), out)
+        mixed.step(out)
+        rows, chunks = mixed_runner.calls[-1]
+        assert rows == streams and [c.tokens for c in chunks] == [(5, 6, 7)]
+
+
+def test_decode_rows_advance_at_least_every_other_step_under_newcomers() -> None:
+    """Two new keys' requests every step: the steps alternate, newcomer step and decode
+    step (which admits the requests that came meanwhile), and a's streams lose no
+    token."""
+    sched, runner = recording(32)
+    out = busy_with(sched, "a", 8)
+    first = len(runner.calls)
+    lengths = [choice.length for choice in sched.decoding]
+    for index in range(8):
+        for key in (f"n{index}", f"m{index}"):
+            sched.add(state(0, 2.0 + index, [9, 9], max_tokens=1, key=key), out)
+        sched.step(out)
+    calls = runner.calls[first:]
+    assert [rows == 0 for rows, _ in calls] == [True, False] * 4
+    for rows, chunks in calls:
+        if rows == 0:
+            assert [c.tokens for c in chunks] == [(9, 9), (9, 9)]
+    assert [choice.length for choice in sched.decoding[:8]] == [n + 4 for n in lengths]

@@ -23,6 +23,16 @@ memcpy. Its blocks are still stored for the requests after it. A request with
 or aborted choices leave at once; the last decoding choice moves into the hole (one slot
 copy), nothing is recomputed. ``sequential`` is this same loop admitting one request at a
 time.
+
+A newcomer step: while one key holds at least ``max(2, max_num_seqs // 8)`` decoding slots
+and the waiting queue's next request belongs to a key that holds none, the step prefills
+only such newcomers (one request per key, at most ``prefill_chunk`` tokens in all) and the
+decoding choices sit it out. Mixed into the busy key's decode rows, a short question's
+first token would wait for a whole batched decode step, so one key's streams would set
+every other key's time to first token (``docs/benchmarks/fairness``). At most every
+other step is a newcomer step, so the decoding choices still advance at least every
+second step, each pause at most one bounded prefill chunk; with one key, or keys that
+hold few slots each, there are none.
 """
 
 from __future__ import annotations
@@ -96,6 +106,7 @@ class ContinuousScheduler:
         self.prefill_slot: dict[int, int] = {}  # id(state) -> its cache slot
         self.decoding: list[Choice] = []
         self._in_step: list[RequestState] = []  # the requests the current step computes
+        self._newcomers_last = False  # the last step was a newcomer step (module doc)
 
     # ------------------------------------------------------------------ policy API
 
@@ -127,9 +138,11 @@ class ContinuousScheduler:
 
     def step(self, out: StepOutputs) -> None:
         began = time.perf_counter()
-        decode = list(self.decoding)
+        newcomers = self._newcomer_step()
+        self._newcomers_last = newcomers
+        decode = [] if newcomers else list(self.decoding)
         self._in_step = [c.request for c in decode]
-        chunks, owners, finishing = self._plan_prefill(out)
+        chunks, owners, finishing = self._plan_prefill(out, newcomers=newcomers)
         if not decode and not chunks:
             return
         logits = self._runner.forward(
@@ -237,24 +250,40 @@ class ContinuousScheduler:
                 last_rows[id(state)] = row - 1
         return last_rows
 
+    def _newcomer_step(self) -> bool:
+        """Whether this step is a newcomer step (see the module docstring)."""
+        if self._newcomers_last or not self.decoding or not self.waiting:
+            return False
+        head = self.waiting.peek()
+        holding = self._holding()
+        if holding.get(head.request.tenant.name, 0):
+            return False
+        crowd = max(2, self._max_seqs // 8)
+        return max(holding.values()) >= crowd and self._can_admit(head, holding)
+
     def _plan_prefill(
-        self, out: StepOutputs
+        self, out: StepOutputs, *, newcomers: bool = False
     ) -> tuple[list[PrefillChunk], list[RequestState], list[RequestState]]:
         """The step's prefill chunks, the request each belongs to, and the requests whose
-        prefill they finish."""
-        budget = self._budget - len(self.decoding)
-        if self.decoding:
-            budget = min(budget, self._chunk)
+        prefill they finish; in a newcomer step only requests of keys that hold no slot."""
+        if newcomers:
+            budget = min(self._budget, self._chunk)
+        else:
+            budget = self._budget - len(self.decoding)
+            if self.decoding:
+                budget = min(budget, self._chunk)
         chunks: list[PrefillChunk] = []
         owners: list[RequestState] = []
         finishing: list[RequestState] = []
-        for state in self.prefilling:
+        for state in [] if newcomers else self.prefilling:
             if budget <= 0:
                 break
             budget -= self._add_chunk(state, budget, chunks, finishing)
             owners.append(state)
         holding = self._holding()
         while self.waiting and budget > 0 and self._can_admit(self.waiting.peek(), holding):
+            if newcomers and holding.get(self.waiting.peek().request.tenant.name, 0):
+                break
             state = self.waiting.popleft()
             name = state.request.tenant.name
             holding[name] = holding.get(name, 0) + state.n
