@@ -24,15 +24,15 @@ or aborted choices leave at once; the last decoding choice moves into the hole (
 copy), nothing is recomputed. ``sequential`` is this same loop admitting one request at a
 time.
 
-A newcomer step: while one key holds at least ``max(2, max_num_seqs // 8)`` decoding slots
-and the waiting queue's next request belongs to a key that holds none, the step prefills
-only such newcomers (one request per key, at most ``prefill_chunk`` tokens in all) and the
-decoding choices sit it out. Mixed into the busy key's decode rows, a short question's
-first token would wait for a whole batched decode step, so one key's streams would set
-every other key's time to first token (``docs/benchmarks/fairness``). At most every
-other step is a newcomer step, so the decoding choices still advance at least every
-second step, each pause at most one bounded prefill chunk; with one key, or keys that
-hold few slots each, there are none.
+A newcomer step: while one key holds at least ``max(2, max_num_seqs // 8)`` slots
+(decoding or prefilling) and the waiting queue's next request belongs to a key that
+holds none, the step prefills only such newcomers (one request per key, at most
+``prefill_chunk`` tokens in all) and the decoding choices sit it out. Mixed into the
+busy key's decode rows, a short question's first token would wait for a whole batched
+decode step, so one key's streams would set every other key's time to first token
+(``docs/benchmarks/fairness``). At most every other step is a newcomer step, so the
+decoding choices still advance at least every second step, each pause at most one
+bounded prefill chunk; with one key, or keys that hold few slots each, there are none.
 """
 
 from __future__ import annotations
