@@ -312,6 +312,13 @@ class HFModelConfig(ModelBase):
     prefix_caching: bool = Field(
         True, description="continuous: reuse the KV of shared block-aligned prompt prefixes."
     )
+    newcomer_steps: bool = Field(
+        True,
+        description="continuous: while one client key holds at least max(2, max_num_seqs "
+        "// 8) slots, a request of a key that holds none is prefilled in a step of its own "
+        "and the decoding rows sit it out (at most every other step; docs/frontdoor.md, "
+        "Newcomer steps); false: its prompt joins the decode rows' step.",
+    )
     close_json_by_budget: bool = Field(
         True,
         description="A JSON value or forced tool call always closes within max_tokens: near "

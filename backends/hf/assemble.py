@@ -121,6 +121,7 @@ def assemble(
         max_num_batched_tokens=config.max_num_batched_tokens,
         observer=observer,
         one_at_a_time=config.scheduling == "sequential",
+        newcomer_steps=config.newcomer_steps,
         prefix_cache=prefix,
         adapter_place=place,
     )

@@ -90,12 +90,11 @@ async def test_staggered_concurrent_greedy_equals_alone(
     assert max(size for size, _, _ in observer.steps[before:]) >= 8  # really batched
 
 
-async def test_a_newcomer_key_beside_another_keys_streams_equals_alone(
+async def _a_busy_then_b(
     backend: HFBackend, alone: list[str], observer: RecordingObserver
-) -> None:
-    """Key a's eight streams decode; key b's request, from a key holding no slot, is
-    prefilled in a step of its own (a newcomer step: one row, between steps of eight
-    and nine), and every answer still equals the same prompt alone."""
+) -> list[int]:
+    """Key a's eight streams, then key b's request while they decode; checks every
+    answer against its prompt alone and returns the steps' batch sizes."""
 
     def keyed(prompt: str, key: str) -> GenerationRequest:
         return dataclasses.replace(completion(prompt, TOKENS), tenant=Tenant(key))
@@ -111,8 +110,31 @@ async def test_a_newcomer_key_beside_another_keys_streams_equals_alone(
         await asyncio.sleep(0.005)
     b_side = await run(PROMPTS[8], "b")
     assert [*(await asyncio.gather(*a_side)), b_side] == alone[:9]
-    sizes = [size for size, _, _ in observer.steps[before:]]
-    assert any(sizes[i - 1 : i + 2] == [8, 1, 9] for i in range(1, len(sizes) - 1)), sizes
+    return [size for size, _, _ in observer.steps[before:]]
+
+
+def _newcomer_step_between(sizes: list[int]) -> bool:
+    """A step of one row (b's prompt) between a's eight rows and the nine after it."""
+    return any(sizes[i - 1 : i + 2] == [8, 1, 9] for i in range(1, len(sizes) - 1))
+
+
+async def test_a_newcomer_key_beside_another_keys_streams_equals_alone(
+    backend: HFBackend, alone: list[str], observer: RecordingObserver
+) -> None:
+    """Key a's eight streams decode; key b's request, from a key holding no slot, is
+    prefilled in a step of its own (a newcomer step: one row, between steps of eight
+    and nine), and every answer still equals the same prompt alone. With
+    ``newcomer_steps: false`` b's prompt joins a's rows' step (nine rows at once)."""
+    sizes = await _a_busy_then_b(backend, alone, observer)
+    assert _newcomer_step_between(sizes), sizes
+    off_observer = RecordingObserver()
+    off = HFBackend(config(max_num_seqs=24, newcomer_steps=False), off_observer)
+    await off.start()
+    try:
+        sizes = await _a_busy_then_b(off, alone, off_observer)
+    finally:
+        await off.stop()
+    assert not _newcomer_step_between(sizes) and 9 in sizes, sizes
 
 
 async def test_one_of_eight_disconnects(

@@ -213,7 +213,7 @@ def test_a_slot_is_held_back_for_high_priority_while_it_is_about() -> None:
     assert high in [choice.request for choice in held.decoding]
 
 
-def recording(max_seqs: int) -> tuple[ContinuousScheduler, FakeRunner]:
+def recording(max_seqs: int, newcomer_steps: bool = True) -> tuple[ContinuousScheduler, FakeRunner]:
     """A scheduler over a fake runner that keeps its calls (``FakeRunner.calls``)."""
     runner = FakeRunner(max_seqs + 1)
     sched = ContinuousScheduler(
@@ -222,6 +222,7 @@ def recording(max_seqs: int) -> tuple[ContinuousScheduler, FakeRunner]:
         max_num_seqs=max_seqs,
         max_num_batched_tokens=4096,
         observer=None,
+        newcomer_steps=newcomer_steps,
         prefill_chunk=7,
     )
     return sched, runner
@@ -241,8 +242,8 @@ def test_a_newcomer_keys_request_is_prefilled_in_a_step_of_its_own() -> None:
     """Key a decodes 16 rows (at least max_num_seqs // 8 of 32); key b, holding nothing,
     sends a request: the next step prefills b's prompt alone and a's rows sit it out, the
     step after decodes all 17 (with b's second request, as b now holds a slot). A
-    request of a's own, or b beside a key holding fewer
-    slots than that, joins the decode rows' step as before."""
+    request of a's own, b beside a key holding fewer slots than that, or b with
+    ``newcomer_steps`` off, joins the decode rows' step as before."""
     sched, runner = recording(32)
     out = busy_with(sched, "a", 16)
     late, second = (state(0, 1.0, [5, 6, t], max_tokens=4, key="b") for t in (7, 8))
@@ -255,8 +256,8 @@ def test_a_newcomer_keys_request_is_prefilled_in_a_step_of_its_own() -> None:
     sched.step(out)
     rows, chunks = runner.calls[-1]
     assert rows == 17 and [c.tokens for c in chunks] == [(5, 6, 8)]
-    for key, streams in (("a", 16), ("b", 3)):
-        mixed, mixed_runner = recording(32)
+    for key, streams, on in (("a", 16, True), ("b", 3, True), ("b", 16, False)):
+        mixed, mixed_runner = recording(32, newcomer_steps=on)
         out = busy_with(mixed, "a", streams)
         mixed.add(state(0, 1.0, [5, 6, 7], max_tokens=4, key=key), out)
         mixed.step(out)

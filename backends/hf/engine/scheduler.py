@@ -33,6 +33,7 @@ decode step, so one key's streams would set every other key's time to first toke
 (``docs/benchmarks/fairness``). At most every other step is a newcomer step, so the
 decoding choices still advance at least every second step, each pause at most one
 bounded prefill chunk; with one key, or keys that hold few slots each, there are none.
+``newcomer_steps: false`` (the model's config) turns them off.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class ContinuousScheduler:
         max_num_batched_tokens: int,
         observer: WorkerObserver | None,
         one_at_a_time: bool = False,
+        newcomer_steps: bool = True,
         prefill_chunk: int = PREFILL_CHUNK,
         prefix_cache: PrefixCache | None = None,
         adapter_place: Callable[[str], tuple[int, int]] | None = None,
@@ -99,6 +101,7 @@ class ContinuousScheduler:
         self._budget = max_num_batched_tokens
         self._observer = observer
         self._one_at_a_time = one_at_a_time
+        self._newcomer_steps = newcomer_steps
         self._chunk = prefill_chunk
         self._prefix = prefix_cache
         self.waiting = WaitingQueue()
@@ -252,7 +255,9 @@ class ContinuousScheduler:
 
     def _newcomer_step(self) -> bool:
         """Whether this step is a newcomer step (see the module docstring)."""
-        if self._newcomers_last or not self.decoding or not self.waiting:
+        if not self._newcomer_steps or self._newcomers_last:
+            return False
+        if not self.decoding or not self.waiting:
             return False
         head = self.waiting.peek()
         holding = self._holding()
