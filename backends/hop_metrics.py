@@ -55,6 +55,10 @@ class WorkerObserver(Protocol):
     def on_step_error(self) -> None:
         """A step raised and failed its requests; the engine goes on."""
 
+    def on_newcomer_step(self) -> None:
+        """A step ran only the prompts of keys that held no slot, the decoding rows sat
+        it out (``backends.hf.engine.scheduler``)."""
+
     def on_prefix_cache(self, queried_tokens: int, hit_tokens: int) -> None:
         """One admitted prompt: its length and how many tokens the prefix cache supplied."""
         ...
@@ -114,6 +118,13 @@ class BackendMetrics:
         self.worker_step_errors = Counter(
             "llmso_worker_step_errors_total",
             "Engine steps that raised (their requests failed; the engine went on).",
+            worker,
+            registry=registry,
+        )
+        self.worker_newcomer_steps = Counter(
+            "llmso_worker_newcomer_steps_total",
+            "Steps that prefilled only the requests of keys holding no slot, the decoding "
+            "rows sitting them out (hf newcomer steps).",
             worker,
             registry=registry,
         )
@@ -193,6 +204,7 @@ class PrometheusWorkerObserver:
         self._aborted = metrics.worker_aborted.labels(model)
         self._preempted = metrics.worker_preempted.labels(model)
         self._step_errors = metrics.worker_step_errors.labels(model)
+        self._newcomer_steps = metrics.worker_newcomer_steps.labels(model)
         self._prefix_queried = metrics.worker_prefix_queried.labels(model)
         self._prefix_hit = metrics.worker_prefix_hit.labels(model)
         self._prefix_ratio = metrics.worker_prefix_ratio.labels(model)
@@ -217,6 +229,9 @@ class PrometheusWorkerObserver:
 
     def on_step_error(self) -> None:
         self._step_errors.inc()
+
+    def on_newcomer_step(self) -> None:
+        self._newcomer_steps.inc()
 
     def on_prefix_cache(self, queried_tokens: int, hit_tokens: int) -> None:
         self._prefix_queried.inc(queried_tokens)

@@ -72,7 +72,15 @@ ASKS = frozenset({"embed", "score", "tokenize", "detokenize"})
 """Backend methods a worker answers with one value: ``Embedder``, ``Scorer`` and
 ``TextTokenizer`` calls; each request and result pickles as it is (one per call)."""
 OBSERVER_METHODS = frozenset(
-    {"on_step", "on_load", "on_abort", "on_preempt", "on_prefix_cache", "on_step_error"}
+    {
+        "on_step",
+        "on_load",
+        "on_abort",
+        "on_preempt",
+        "on_prefix_cache",
+        "on_step_error",
+        "on_newcomer_step",
+    }
 )
 
 Message = tuple[Any, ...]

@@ -145,6 +145,9 @@ class RelayObserver:
     def on_preempt(self) -> None:
         self._outbox.put_threadsafe((p.OBSERVE, "on_preempt", ()))
 
+    def on_newcomer_step(self) -> None:
+        self._outbox.put_threadsafe((p.OBSERVE, "on_newcomer_step", ()))
+
     def on_step_error(self) -> None:
         self._outbox.put_threadsafe((p.OBSERVE, "on_step_error", ()))
 

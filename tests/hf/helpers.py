@@ -93,6 +93,7 @@ class RecordingObserver:
     loads: list[tuple[int, int, float]] = field(default_factory=list)
     aborts: int = 0
     preempts: int = 0
+    newcomer_steps: int = 0
     step_errors: int = 0
     prefix: list[tuple[int, int]] = field(default_factory=list)
 
@@ -111,6 +112,10 @@ class RecordingObserver:
     def on_preempt(self) -> None:
         with self.lock:
             self.preempts += 1
+
+    def on_newcomer_step(self) -> None:
+        with self.lock:
+            self.newcomer_steps += 1
 
     def on_step_error(self) -> None:
         with self.lock:

@@ -125,8 +125,10 @@ async def test_a_newcomer_key_beside_another_keys_streams_equals_alone(
     prefilled in a step of its own (a newcomer step: one row, between steps of eight
     and nine), and every answer still equals the same prompt alone. With
     ``newcomer_steps: false`` b's prompt joins a's rows' step (nine rows at once)."""
+    newcomer_steps = observer.newcomer_steps
     sizes = await _a_busy_then_b(backend, alone, observer)
     assert _newcomer_step_between(sizes), sizes
+    assert observer.newcomer_steps == newcomer_steps + 1  # llmso_worker_newcomer_steps_total
     off_observer = RecordingObserver()
     off = HFBackend(config(max_num_seqs=24, newcomer_steps=False), off_observer)
     await off.start()
@@ -135,6 +137,7 @@ async def test_a_newcomer_key_beside_another_keys_streams_equals_alone(
     finally:
         await off.stop()
     assert not _newcomer_step_between(sizes) and 9 in sizes, sizes
+    assert off_observer.newcomer_steps == 0
 
 
 async def test_one_of_eight_disconnects(

@@ -165,3 +165,27 @@ def test_unknown_event_kinds_are_rejected() -> None:
         p.decode_event((99,))
     with pytest.raises(TypeError):
         p.encode_event("text")  # type: ignore[arg-type]
+
+
+def test_every_observer_call_crosses_to_the_gateway() -> None:
+    """A worker's engine reports through ``RelayObserver``: each ``WorkerObserver``
+    method is forwarded as an OBSERVE item the gateway accepts (``OBSERVER_METHODS``),
+    so no worker metric is lost behind process isolation."""
+    from backends.hop_metrics import WorkerObserver
+    from backends.process.worker import RelayObserver
+
+    class Outbox:
+        def __init__(self) -> None:
+            self.items: list[tuple[object, ...]] = []
+
+        def put_threadsafe(self, item: tuple[object, ...]) -> None:
+            self.items.append(item)
+
+    methods = {name for name in vars(WorkerObserver) if name.startswith("on_")}
+    assert methods == p.OBSERVER_METHODS
+    outbox = Outbox()
+    relay = RelayObserver(outbox)  # type: ignore[arg-type]
+    args = {"on_step": (2, 3, 0.01), "on_load": (1, 0, 0.5), "on_prefix_cache": (10, 8)}
+    for name in sorted(methods):
+        getattr(relay, name)(*args.get(name, ()))
+    assert outbox.items == [(p.OBSERVE, name, args.get(name, ())) for name in sorted(methods)]

@@ -183,6 +183,8 @@ class ContinuousScheduler:
         self._compact()
         if self._observer is not None:
             self._observer.on_step(batch, num_tokens, time.perf_counter() - began)
+            if newcomers:
+                self._observer.on_newcomer_step()
         self.report_load()
 
     def fail_step(self) -> list[RequestState]:
