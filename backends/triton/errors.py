@@ -34,9 +34,18 @@ def status_of(error: BackendError) -> str:
     return "error"
 
 
+def _unsent(exc: grpc.aio.AioRpcError) -> bool:
+    """gRPC Python reports a message it could not send on a connection that broke under
+    it (a server killed a moment ago) as INTERNAL, "Internal error from Core", its debug
+    string naming the failed send batch (grpc/grpc#36066), not as UNAVAILABLE: the
+    request never reached a server, so another replica may take it."""
+    debug = exc.debug_error_string() or ""
+    return exc.code() == grpc.StatusCode.INTERNAL and "SendMessageOperation" in debug
+
+
 def map_rpc_error(exc: grpc.aio.AioRpcError, url: str) -> BackendError:
     code = exc.code()
-    if code == grpc.StatusCode.UNAVAILABLE:
+    if code == grpc.StatusCode.UNAVAILABLE or _unsent(exc):
         return UpstreamUnavailable(
             f"Triton at {url} is unavailable: {exc.details()}", retry_after=RETRY_AFTER
         )

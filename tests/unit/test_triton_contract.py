@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
@@ -32,7 +33,7 @@ from backends.base import (
 from backends.hop_metrics import BackendMetrics
 from backends.triton import contract
 from backends.triton.backend import TritonBackend
-from backends.triton.errors import map_stream_error
+from backends.triton.errors import map_rpc_error, map_stream_error, retryable
 from config.schema import TritonModelConfig
 
 # What Triton reports for the vLLM backend's auto-completed config (src/model.py).
@@ -187,6 +188,26 @@ def test_stream_errors_map_to_typed_errors() -> None:
     assert isinstance(map_stream_error("llm queue is full", "llm"), Overloaded)
     assert isinstance(map_stream_error("UNAVAILABLE: shutting down", "llm"), UpstreamUnavailable)
     assert isinstance(map_stream_error("llm: boom", "llm"), UpstreamBadResponse)
+
+
+def test_a_request_grpc_could_not_send_may_go_to_another_replica() -> None:
+    """A server killed under an open connection: gRPC Python reports the failed send as
+    INTERNAL "Internal error from Core" (seen in tests/e2e/test_triton_replicas.py's kill
+    drill); that is an unreachable replica (retryable), while any other INTERNAL stays a
+    bad response."""
+
+    def rpc_error(code: grpc.StatusCode, details: str, debug: str) -> grpc.aio.AioRpcError:
+        return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details, debug)
+
+    unsent = rpc_error(
+        grpc.StatusCode.INTERNAL,
+        "Internal error from Core",
+        'Failed "execute_batch": (<grpc._cython.cygrpc.SendMessageOperation object>,)',
+    )
+    assert retryable(map_rpc_error(unsent, "h:1"))
+    other = rpc_error(grpc.StatusCode.INTERNAL, "model crashed", "")
+    assert not retryable(map_rpc_error(other, "h:1"))
+    assert retryable(map_rpc_error(rpc_error(grpc.StatusCode.UNAVAILABLE, "gone", ""), "h:1"))
 
 
 # ---------------------------------------------------------------- backend with a fake client
