@@ -99,13 +99,20 @@ def _state(prompt: list[int], max_tokens: int, n: int = 1) -> RequestState:
     return state
 
 
-def _scheduler(max_seqs: int, budget: int) -> ContinuousScheduler:
+def _scheduler(
+    max_seqs: int,
+    budget: int,
+    *,
+    runner: FakeRunner | None = None,
+    newcomer_steps: bool = True,
+) -> ContinuousScheduler:
     return ContinuousScheduler(
-        FakeRunner(max_seqs + 1),  # type: ignore[arg-type]
+        runner or FakeRunner(max_seqs + 1),  # type: ignore[arg-type]
         TokenTable(FakeTokenizer()),
         max_num_seqs=max_seqs,
         max_num_batched_tokens=budget,
         observer=None,
+        newcomer_steps=newcomer_steps,
         prefill_chunk=7,
     )
 

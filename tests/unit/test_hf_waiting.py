@@ -8,12 +8,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from backends.base import Tenant
-from backends.hf.engine.detokenizer import TokenTable
 from backends.hf.engine.outputs import StepOutputs
 from backends.hf.engine.scheduler import ContinuousScheduler
 from backends.hf.engine.sequence import RequestState
 from backends.hf.engine.waiting import AGING, WaitingQueue, shed_limit
-from tests.unit.test_hf_scheduler import FakeRunner, FakeTokenizer, _scheduler, _state
+from tests.unit.test_hf_scheduler import FakeRunner, _scheduler, _state
 
 
 def state(
@@ -216,16 +215,7 @@ def test_a_slot_is_held_back_for_high_priority_while_it_is_about() -> None:
 def recording(max_seqs: int, newcomer_steps: bool = True) -> tuple[ContinuousScheduler, FakeRunner]:
     """A scheduler over a fake runner that keeps its calls (``FakeRunner.calls``)."""
     runner = FakeRunner(max_seqs + 1)
-    sched = ContinuousScheduler(
-        runner,  # type: ignore[arg-type]
-        TokenTable(FakeTokenizer()),
-        max_num_seqs=max_seqs,
-        max_num_batched_tokens=4096,
-        observer=None,
-        newcomer_steps=newcomer_steps,
-        prefill_chunk=7,
-    )
-    return sched, runner
+    return _scheduler(max_seqs, 4096, runner=runner, newcomer_steps=newcomer_steps), runner
 
 
 def busy_with(sched: ContinuousScheduler, key: str, streams: int) -> StepOutputs:

@@ -141,11 +141,12 @@ class ContinuousScheduler:
 
     def step(self, out: StepOutputs) -> None:
         began = time.perf_counter()
-        newcomers = self._newcomer_step()
+        holding = self._holding()
+        newcomers = self._newcomer_step(holding)
         self._newcomers_last = newcomers
         decode = [] if newcomers else list(self.decoding)
         self._in_step = [c.request for c in decode]
-        chunks, owners, finishing = self._plan_prefill(out, newcomers=newcomers)
+        chunks, owners, finishing = self._plan_prefill(out, holding, newcomers=newcomers)
         if not decode and not chunks:
             return
         logits = self._runner.forward(
@@ -255,24 +256,25 @@ class ContinuousScheduler:
                 last_rows[id(state)] = row - 1
         return last_rows
 
-    def _newcomer_step(self) -> bool:
-        """Whether this step is a newcomer step (see the module docstring)."""
+    def _newcomer_step(self, holding: dict[str, int]) -> bool:
+        """Whether this step is a newcomer step (see the module docstring); ``holding``:
+        the slots each key holds (``_holding``)."""
         if not self._newcomer_steps or self._newcomers_last:
             return False
         if not self.decoding or not self.waiting:
             return False
         head = self.waiting.peek()
-        holding = self._holding()
         if holding.get(head.request.tenant.name, 0):
             return False
         crowd = max(2, self._max_seqs // 8)
         return max(holding.values()) >= crowd and self._can_admit(head, holding)
 
     def _plan_prefill(
-        self, out: StepOutputs, *, newcomers: bool = False
+        self, out: StepOutputs, holding: dict[str, int], *, newcomers: bool = False
     ) -> tuple[list[PrefillChunk], list[RequestState], list[RequestState]]:
         """The step's prefill chunks, the request each belongs to, and the requests whose
-        prefill they finish; in a newcomer step only requests of keys that hold no slot."""
+        prefill they finish; in a newcomer step only requests of keys that hold no slot.
+        ``holding`` (``_holding``) is updated as requests are admitted."""
         if newcomers:
             budget = min(self._budget, self._chunk)
         else:
@@ -287,7 +289,6 @@ class ContinuousScheduler:
                 break
             budget -= self._add_chunk(state, budget, chunks, finishing)
             owners.append(state)
-        holding = self._holding()
         while self.waiting and budget > 0 and self._can_admit(self.waiting.peek(), holding):
             if newcomers and holding.get(self.waiting.peek().request.tenant.name, 0):
                 break
