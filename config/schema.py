@@ -264,14 +264,16 @@ class HFModelConfig(ModelBase):
     )
     device: str = Field("auto", description="'auto', 'cpu', 'cuda' or 'cuda:N'.")
     chat_template: str | None = Field(None, min_length=1, description=_CHAT_TEMPLATE)
-    quantization: Literal["none", "int8", "int4", "gguf"] = Field(
+    quantization: Literal["none", "int8", "int4", "gguf", "w4a8"] = Field(
         "none",
         description="continuous, on CPU: weight-only quantized projections (activations stay "
         "in `dtype`): int8 per channel, int4 in groups of `quantization_group_size`, or "
-        "gguf: per projection the width nearest the GGUF file's own (docs/hf.md).",
+        "gguf: per projection the width nearest the GGUF file's own; or w4a8: 4-bit "
+        "weights times activations rounded to int8 at each projection, in groups of 32 "
+        "(llama.cpp's Q4_1 x Q8_1; changes the numbers more than int4, docs/hf.md).",
     )
     quantization_group_size: Literal[32, 64, 128] = Field(
-        32, description="int4: inputs sharing one scale and zero."
+        32, description="int4: inputs sharing one scale and zero (w4a8: always 32)."
     )
     adapters: tuple[AdapterConfig, ...] = Field(
         (),
@@ -370,6 +372,11 @@ class HFModelConfig(ModelBase):
             raise ValueError(
                 f"model {self.name!r}: quantization {self.quantization!r} needs "
                 "scheduling: continuous and task: generate"
+            )
+        if self.quantization == "w4a8" and self.quantization_group_size != 32:
+            raise ValueError(
+                f"model {self.name!r}: quantization 'w4a8' works in groups of 32, not "
+                f"quantization_group_size {self.quantization_group_size}"
             )
         return self
 

@@ -14,12 +14,12 @@
 #                         llama.cpp (native build) on Q8_0 and Q4_1 GGUFs made from them
 #   make bench-quant-steps  in process, Llama-3.2-1B-shaped: decode step at 1/4/16/64 rows and
 #                         prefill of 128/512 tokens, bf16 vs int4 (where a quantized step's time goes)
-#   make bench-quant      weight-only int8/int4/gguf vs bf16 on SmolLM2 and Gemma 3 270M:
+#   make bench-quant      int8/int4/gguf (weight-only) and w4a8 vs bf16 on SmolLM2 and Gemma 3 270M:
 #                         greedy agreement, log-likelihood gap, decode step times
 #   make bench-quant-serve  SmolLM2 served by hf bf16/int8/int4/gguf vs llama.cpp (native
 #                         build, same Q4_1 GGUF) vs vLLM-CPU at c = 1/4/16, with bandwidth
 #   make bench-c1         one user chatting (bench/studies/chat_c1.py): streamed chat, 6 short
-#                         prompts, 64 tokens, ignore_eos, rounds alternating: hf int4 / bf16 vs
+#                         prompts, 64 tokens, ignore_eos, rounds alternating: hf int4 / w4a8 / bf16 vs
 #                         llama.cpp's own llama-server (`make llama-server`) on the packaged
 #                         Q4_1 GGUF with 1 and 16 slots, and on a Q4_0 GGUF made from the model,
 #                         and hf bf16 vs vLLM-CPU compiled and eager on the bf16 folder

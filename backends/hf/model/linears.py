@@ -1,11 +1,15 @@
-"""The packed runner's projections: dense, or weight-only quantized (int8, int4).
+"""The packed runner's projections: dense, weight-only quantized (int8, int4), or integer
+dot products (``w4a8``).
 
 A decode step at small batch reads every weight once and computes little, so its time is
 the bytes it reads. Weight-only quantization cuts those bytes (bf16 -> int8 halves them,
 int4 quarters them) while activations stay in the model's dtype. The kernels are
 PyTorch's own CPU weight-only ones (``_weight_int8pack_mm``: int8 per output channel;
 ``_weight_int4pack_mm_for_cpu``: int4 in groups along the input, a scale and a zero per
-group), the ones torchao calls; none is written here.
+group), the ones torchao calls; none is written here. ``w4a8`` (a setting of its own,
+since it changes the numbers) runs in our C kernel (``csrc/int_dot.c``, ``IntDot``): 4-
+or 8-bit weights on GGUF's grids times activations rounded per call to 8- or 16-bit
+integers.
 
 Quantization is round-to-nearest from the loaded weights: int8 symmetric per output
 channel (scale = max|w| / 127); int4 asymmetric per group (``w ~= (q - 8) * scale + zero``
@@ -25,6 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from backends.hf.loading.quantization import Scheme
+from backends.hf.model.glue import Glue, IntDotCall
+from backends.hf.model.glue import load as load_glue
 from backends.hf.model.row_blocks import invariant_width
 
 _PACK_BATCH_HINT = 16  # oneDNN picks its blocking for about this many rows
@@ -188,6 +194,129 @@ class Int4:
         return out if self.bias is None else out + self.bias
 
 
+INT_DOT_GROUP = 32  # inputs per weight scale and per activation scale (GGUF's block)
+_TILE = 16  # outputs per tile of the integer-dot kernel: one vector of results
+INT_DOT_SCHEMES: dict[Scheme, tuple[int, bool]] = {  # weight bits, 16-bit activations
+    "w4a8": (4, False),
+    "w4a16": (4, True),
+    "w8a16": (8, True),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class IntDot:
+    """Integer weights times integer activations (``csrc/int_dot.c`` says how and why).
+
+    Weights, per output and group of 32 inputs, with fp16 scales: 4 bits ``w ~= q * s + m``
+    (q in 0..15 spanning the group's min..max, GGUF Q4_1's grid), or 8 bits ``w ~= q * s``
+    (q in -127..127, Q8_0's); ``packed`` in the kernel's tile layout. Each call rounds its
+    activations per row and group (``x ~= d * a``): to int8 (a in -127..127, Q8_1's
+    grid), or with ``wide`` to 16 bits (finer than bf16 for any value above 1/128 of its
+    group's largest). The dot products are exact integers, so a row's result does not
+    depend on the other rows of its call. Runs on bf16 or fp32 activations, CPU."""
+
+    packed: torch.Tensor
+    in_features: int
+    out_features: int
+    bias: torch.Tensor | None  # fp32
+    bits: int
+    wide: bool
+    kernel: Glue
+    call: IntDotCall  # the kernel bound to ``packed`` and ``bias``
+    nbytes: int
+
+    @classmethod
+    def of(cls, weight: torch.Tensor, bias: torch.Tensor | None, bits: int, wide: bool) -> IntDot:
+        out_features, in_features = weight.shape
+        if in_features % INT_DOT_GROUP or out_features % _TILE:
+            raise QuantizationError(
+                f"integer-dot weights need the input width ({in_features}) to be a multiple "
+                f"of {INT_DOT_GROUP} and the output width ({out_features}) of {_TILE}"
+            )
+        if weight.dtype not in (torch.bfloat16, torch.float32):
+            raise QuantizationError(
+                f"integer-dot weights run bf16 or fp32 activations, not {weight.dtype}"
+            )
+        kernel = load_glue()
+        if isinstance(kernel, str):
+            raise QuantizationError(f"integer-dot weights need the C kernels, which are {kernel}")
+        packed = pack_int4(weight) if bits == 4 else pack_int8(weight)
+        fp32_bias = None if bias is None else bias.detach().float().contiguous()
+        call = kernel.int_dot(packed, in_features, out_features, fp32_bias, bits=bits, wide=wide)
+        size = packed.numel()
+        return cls(packed, in_features, out_features, fp32_bias, bits, wide, kernel, call, size)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and x.stride(1) == 1:  # the runner's case: no reshapes
+            return self.call(x)
+        rows = x.reshape(-1, self.in_features)
+        out = self.call(rows if rows.stride(-1) == 1 else rows.contiguous())
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def int4_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(q, s, m)`` of ``weight`` ``[out, in]`` on the 4-bit grid: q uint8
+    ``[out, in / 32, 32]``, s and m fp16 ``[out, in / 32]``; q rounds to nearest against the
+    fp16 s and m it is stored with (a group of equal weights: s = 0, q = 0)."""
+    grouped = _groups(weight)
+    low, high = grouped.amin(dim=-1), grouped.amax(dim=-1)
+    s, m = ((high - low) / 15).to(torch.float16), low.to(torch.float16)
+    step, low16 = s.float(), m.float()
+    q = torch.round((grouped - low16[..., None]) / _nonzero(step)[..., None]).clamp(0, 15)
+    q = torch.where(step[..., None] > 0, q, torch.zeros_like(q))
+    return q.to(torch.uint8), s, m
+
+
+def int8_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q, s)`` of ``weight`` on the 8-bit grid: q int8 ``[out, in / 32, 32]`` in
+    -127..127, s fp16 ``[out, in / 32]`` (q rounds against the fp16 s)."""
+    grouped = _groups(weight)
+    s = (grouped.abs().amax(dim=-1) / 127).to(torch.float16)
+    q = torch.round(grouped / _nonzero(s.float())[..., None]).clamp(-127, 127)
+    return q.to(torch.int8), s
+
+
+def pack_int4(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` on the 4-bit grid in the kernel's layout: per tile of 16 outputs and
+    group of 32 inputs, 4 x 64 bytes of nibbles (byte 4j + e of chunk u: q[j][4u + e] low,
+    q[j][4u + 16 + e] high), then s[16], then m[16]."""
+    q, s, m = int4_grid(weight)
+    tiles, groups = s.shape[0] // _TILE, s.shape[1]
+    by_tile = q.reshape(tiles, _TILE, groups, INT_DOT_GROUP).transpose(1, 2)  # t g j i
+    low = by_tile[..., :16].reshape(tiles, groups, _TILE, 4, 4)
+    high = by_tile[..., 16:].reshape(tiles, groups, _TILE, 4, 4)
+    nibbles = (low | (high << 4)).permute(0, 1, 3, 2, 4).reshape(tiles, groups, 256)
+    return torch.cat((nibbles, _per_tile(s), _per_tile(m)), dim=-1).contiguous()
+
+
+def pack_int8(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` on the 8-bit grid in the kernel's layout: per tile of 16 outputs and
+    group of 32 inputs, 8 x 64 bytes (byte 4j + e of step t: q[j][4t + e] + 128), then
+    s[16]."""
+    q, s = int8_grid(weight)
+    tiles, groups = s.shape[0] // _TILE, s.shape[1]
+    shifted = (q.to(torch.int16) + 128).to(torch.uint8)
+    by_tile = shifted.reshape(tiles, _TILE, groups, 8, 4).permute(0, 2, 3, 1, 4)  # t g step j e
+    return torch.cat((by_tile.reshape(tiles, groups, 512), _per_tile(s)), dim=-1).contiguous()
+
+
+def _groups(weight: torch.Tensor) -> torch.Tensor:
+    out_features, in_features = weight.shape
+    return weight.detach().float().reshape(out_features, in_features // INT_DOT_GROUP, -1)
+
+
+def _nonzero(scale: torch.Tensor) -> torch.Tensor:
+    return torch.where(scale > 0, scale, torch.ones_like(scale))
+
+
+def _per_tile(values: torch.Tensor) -> torch.Tensor:
+    """fp16 ``[out, groups]`` as the bytes of each tile's group: ``[tiles, groups, 32]``."""
+    out_features, groups = values.shape
+    tiles = out_features // _TILE
+    ordered = values.reshape(tiles, _TILE, groups).transpose(1, 2).contiguous()
+    return ordered.view(torch.uint8).reshape(tiles, groups, 2 * _TILE)
+
+
 def make_linear(
     weight: torch.Tensor, bias: torch.Tensor | None, scheme: Scheme, group: int = 32
 ) -> Linear:
@@ -200,6 +329,9 @@ def make_linear(
         )
     if scheme == "int8":
         return Int8.of(weight, bias)
+    if scheme in INT_DOT_SCHEMES:
+        bits, wide = INT_DOT_SCHEMES[scheme]
+        return IntDot.of(weight, bias, bits, wide)
     return Int4.of(weight, bias, group)
 
 

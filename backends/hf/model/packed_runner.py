@@ -142,14 +142,15 @@ class DecoderRunner:
         self.embed_scale = None if scale is None else scale.to(self.dtype)
         self.norm = self._norm_weight(inner.norm)
         self.quantization = quantization
-        # The LM head stays as loaded whatever the quantization: with it at int8 too,
+        # The LM head stays as loaded under int8 / int4 / gguf: with it at int8 too,
         # SmolLM2's greedy first token agreed with bf16 on 95 % of 200 prompts, and no
         # step got faster: on Gemma 3 270M (262k vocabulary) an int8 head read 167 MB a
         # step less yet one row took 19.9 ms against 17.4, sixteen 78 against 45 ms
         # (docs/hf.md, Quantized weights). Dense, it is prepacked: at
         # 1-16 decode rows the vocabulary projection measured 3.6/5.3 ms unpacked vs
-        # 2.4/3.2 ms packed on the AMD box.
-        self.lm_head = make_linear(model.lm_head.weight.detach(), None, "none")
+        # 2.4/3.2 ms packed on the AMD box. w4a8 takes it at 8-bit weights
+        # (``quantization.W4A8`` says why).
+        self.lm_head = make_linear(model.lm_head.weight.detach(), None, quantization.head)
         self.max_context = max_context
         self.cos: dict[str | None, torch.Tensor] = {}
         self.sin_signed: dict[str | None, torch.Tensor] = {}

@@ -13,6 +13,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "bf16.h"
+
 #if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
 #define GLUE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
@@ -20,21 +22,6 @@
 #endif
 
 #define LANES 16
-
-static inline float from_bf16(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-static inline uint16_t to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  if (f != f) return 0x7FC0;
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
 
 /* Sum of squares in LANES fixed accumulators, folded pairwise: the same order for any
  * vector width the compiler picks. */

@@ -1,0 +1,290 @@
+/* Projections with integer weights and integer activations: exact integer dot products
+ * (backends/hf/model/linears.py's IntDot packs the weights and calls this).
+ *
+ * Weights, per output and group of 32 inputs, with fp16 scales:
+ *   4 bits: w = q * s + m, q in 0..15 (GGUF's Q4_1 grid);
+ *   8 bits: w = q * s, q in -127..127 (GGUF's Q8_0 grid), stored as q + 128.
+ * Each call rounds its activations per row and group of 32 to integers, x ~= d * a:
+ *   8 bits: a in -127..127, d = max|x| / 127 (GGUF's Q8_1);
+ *   16 bits ("wide"): a = 256 hi + lo with hi, lo signed bytes, |a| <= 32639 (so that hi
+ *   fits), finer than bf16 for any value above 1/128 of its group's largest.
+ * Then, with A_g = sum_i a_i and X_g = sum_i x_i (as given),
+ *   4 bits: y = sum_g (s_g d_g) * sum_i q_i a_i + m_g * X_g
+ *   8 bits: y = sum_g (s_g d_g) * (sum_i (q_i + 128) a_i - 128 A_g)
+ * The inner sums are exact int32 (VPDPBUSD multiplies unsigned by signed bytes; wide
+ * activations take one per byte, 256 * hi-sum + lo-sum). Only the outer sum rounds, in
+ * the same order for every row whatever the number of rows or threads, so a sequence's
+ * bits never depend on its batch.
+ *
+ * Layout, per tile of 16 outputs and group g (a tile's groups one after another, so a
+ * tile is one sequential stream); a step is one VPDPBUSD, lane j summing 4 inputs of
+ * output j against the row's 4 activations broadcast:
+ *   4 bits (320 bytes): 4 x 64 bytes of nibbles, then s[16], then m[16]. Byte 4j + e of
+ *     chunk u holds q[j][4u + e] (low nibble, step u) and q[j][4u + 16 + e] (high, step
+ *     u + 4).
+ *   8 bits (544 bytes): 8 x 64 bytes, byte 4j + e of step t holding q[j][4t + e] + 128;
+ *     then s[16].
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16.h"
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#define GROUP 32
+#define TILE 16
+#define ROWS 4 /* rows sharing one load of a tile's group */
+#define NARROW_MAX 127.0f
+#define WIDE_MAX 32639.0f /* (32639 + 128) >> 8 = 127: the high byte fits */
+
+static int64_t tile_bytes(int bits) { return bits == 4 ? 320 : 544; }
+
+/* Rows of activations as integers: a[k] (wide: the high bytes, lo[k] the low ones), per
+ * group d, X, and the integer sums of a and lo (for 8-bit weights' offset). */
+typedef struct {
+  int8_t *a, *lo;
+  float *d, *xs;
+  int32_t *sum, *sum_lo;
+} Acts;
+
+static void quantize_row(const void* x, int f32, int64_t k, Acts out) {
+  const float top = out.lo ? WIDE_MAX : NARROW_MAX;
+  for (int64_t g = 0; g < k / GROUP; ++g) {
+    float v[GROUP], amax = 0.0f, sum = 0.0f;
+    for (int i = 0; i < GROUP; ++i) {
+      const int64_t at = g * GROUP + i;
+      v[i] = f32 ? ((const float*)x)[at] : from_bf16(((const uint16_t*)x)[at]);
+      amax = fmaxf(amax, fabsf(v[i]));
+      sum += v[i];
+    }
+    const float inv = amax > 0.0f ? top / amax : 0.0f;
+    int32_t sum_a = 0, sum_lo = 0;
+    for (int i = 0; i < GROUP; ++i) {
+      const int32_t a = (int32_t)nearbyintf(fminf(fmaxf(v[i] * inv, -top), top));
+      if (out.lo) {
+        const int32_t hi = (a + 128) >> 8; /* arithmetic shift: floor */
+        out.a[g * GROUP + i] = (int8_t)hi;
+        out.lo[g * GROUP + i] = (int8_t)(a - 256 * hi);
+        sum_a += hi;
+        sum_lo += a - 256 * hi;
+      } else {
+        out.a[g * GROUP + i] = (int8_t)a;
+        sum_a += a;
+      }
+    }
+    out.d[g] = amax / top;
+    out.xs[g] = sum;
+    out.sum[g] = sum_a;
+    out.sum_lo[g] = sum_lo;
+  }
+}
+
+static Acts acts_at(Acts all, int64_t row, int64_t k) {
+  const int64_t groups = k / GROUP;
+  Acts one = {all.a + row * k,        all.lo ? all.lo + row * k : NULL,
+              all.d + row * groups,   all.xs + row * groups,
+              all.sum + row * groups, all.sum_lo + row * groups};
+  return one;
+}
+
+#if defined(__x86_64__)
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
+#define ALWAYS_INLINE __attribute__((always_inline)) static inline
+
+/* sum over 8 steps of w[step] x row's activation bytes (as 4-byte groups) */
+VNNI ALWAYS_INLINE __m512i dot8(const __m512i* w, const int8_t* bytes) {
+  const int32_t* quads = (const int32_t*)bytes;
+  __m512i dot = _mm512_setzero_si512();
+  for (int step = 0; step < 8; ++step)
+    dot = _mm512_dpbusd_epi32(dot, w[step], _mm512_set1_epi32(quads[step]));
+  return dot;
+}
+
+/* Rows 0..R-1 of `acts` times one tile: 16 outputs each, as floats. */
+VNNI ALWAYS_INLINE void tile_rows_vnni(const int R, const int BITS, const int WIDE,
+                                       const uint8_t* tile, int64_t groups, Acts acts,
+                                       int64_t k, float* out /* [R][16] */) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  __m512 acc[ROWS];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* p = tile + g * tile_bytes(BITS);
+    __m512i w[8];
+    __m512 m = _mm512_setzero_ps();
+    if (BITS == 4) {
+      for (int u = 0; u < 4; ++u) {
+        const __m512i v = _mm512_loadu_si512(p + 64 * u);
+        w[u] = _mm512_and_si512(v, low);
+        w[u + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      }
+      m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p + 288)));
+    } else {
+      for (int t = 0; t < 8; ++t) w[t] = _mm512_loadu_si512(p + 64 * t);
+    }
+    const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p + 32 * BITS * 2)));
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = r * groups + g;
+      __m512i dot = dot8(w, acts.a + r * k + g * GROUP);
+      if (BITS == 8) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(128 * acts.sum[at]));
+      if (WIDE) {
+        __m512i dot_lo = dot8(w, acts.lo + r * k + g * GROUP);
+        if (BITS == 8)
+          dot_lo = _mm512_sub_epi32(dot_lo, _mm512_set1_epi32(128 * acts.sum_lo[at]));
+        dot = _mm512_add_epi32(_mm512_slli_epi32(dot, 8), dot_lo);
+      }
+      const __m512 sd = _mm512_mul_ps(s, _mm512_set1_ps(acts.d[at]));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sd, acc[r]);
+      if (BITS == 4) acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(acts.xs[at]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * TILE, acc[r]);
+}
+
+#define ROWS_CASES(BITS, WIDE, base)                                              \
+  case base + 1: tile_rows_vnni(1, BITS, WIDE, tile, groups, acts, k, out); break; \
+  case base + 2: tile_rows_vnni(2, BITS, WIDE, tile, groups, acts, k, out); break; \
+  case base + 3: tile_rows_vnni(3, BITS, WIDE, tile, groups, acts, k, out); break; \
+  case base + 4: tile_rows_vnni(4, BITS, WIDE, tile, groups, acts, k, out); break;
+
+VNNI static void tile_vnni(int R, int bits, const uint8_t* tile, int64_t groups, Acts acts,
+                           int64_t k, float* out) {
+  switch (R + 4 * (acts.lo != NULL) + 8 * (bits == 8)) {
+    ROWS_CASES(4, 0, 0)
+    ROWS_CASES(4, 1, 4)
+    ROWS_CASES(8, 0, 8)
+    ROWS_CASES(8, 1, 12)
+    default: break;
+  }
+}
+#endif
+
+static float half_to_f32(uint16_t h) {
+  const uint32_t exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+  float f;
+  if (exp == 0) {
+    f = ldexpf((float)man, -24);
+  } else if (exp == 31) {
+    f = man ? NAN : INFINITY;
+  } else {
+    const uint32_t u = ((exp + 112) << 23) | (man << 13);
+    memcpy(&f, &u, sizeof f);
+  }
+  return h >> 15 ? -f : f;
+}
+
+/* Weight q (as the kernel multiplies it: 0..15, or q + 128) of output j, input i of a
+ * group's tile bytes. */
+static int32_t weight_at(const uint8_t* p, int bits, int j, int i) {
+  if (bits == 8) return p[64 * (i / 4) + 4 * j + i % 4];
+  const uint8_t b = p[64 * ((i % 16) / 4) + 4 * j + i % 4];
+  return i < 16 ? (b & 0x0F) : (b >> 4);
+}
+
+/* The same sums without vector instructions, in the same order per (row, output): the
+ * two paths give the same bits (tests/hf/test_hf_int_dot.py). */
+static void tile_portable(int R, int bits, const uint8_t* tile, int64_t groups, Acts acts,
+                          int64_t k, float* out) {
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < TILE; ++j) {
+      float acc = 0.0f;
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* p = tile + g * tile_bytes(bits);
+        const int64_t at = r * groups + g;
+        int32_t dot = 0, dot_lo = 0;
+        for (int i = 0; i < GROUP; ++i) {
+          const int32_t q = weight_at(p, bits, j, i);
+          dot += q * acts.a[r * k + g * GROUP + i];
+          if (acts.lo) dot_lo += q * acts.lo[r * k + g * GROUP + i];
+        }
+        if (bits == 8) {
+          dot -= 128 * acts.sum[at];
+          dot_lo -= 128 * acts.sum_lo[at];
+        }
+        if (acts.lo) dot = dot * 256 + dot_lo;
+        uint16_t sh;
+        memcpy(&sh, p + 32 * bits * 2 + 2 * j, 2);
+        acc = fmaf((float)dot, half_to_f32(sh) * acts.d[at], acc);
+        if (bits == 4) {
+          uint16_t mh;
+          memcpy(&mh, p + 288 + 2 * j, 2);
+          acc = fmaf(half_to_f32(mh), acts.xs[at], acc);
+        }
+      }
+      out[r * TILE + j] = acc;
+    }
+}
+
+typedef void (*TileFn)(int, int, const uint8_t*, int64_t, Acts, int64_t, float*);
+
+/* 2 with AVX512-VNNI (and F16C, FMA), 0 otherwise (the portable loop then). */
+int llmso_int_dot_isa(void) {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c") &&
+      __builtin_cpu_supports("fma"))
+    return 2;
+#endif
+  return 0;
+}
+
+/* y[rows, n] = x[rows, k] (row stride x_stride; bf16, or fp32 when f32) by the packed
+ * weight [n / 16 tiles][k / 32 groups][tile bytes] of `bits` (4 or 8), plus bias (fp32
+ * [n] or NULL); y in x's dtype, contiguous. wide: 16-bit activations, else 8. k: a
+ * multiple of 32; n of 16. isa: llmso_int_dot_isa()'s answer, or 0 for the portable
+ * loop. Threads: the calling thread's OpenMP team (PyTorch's intra-op count). Returns 0,
+ * or -1 when out of memory (y untouched then). */
+int llmso_int_dot_linear(const void* x, int64_t rows, int64_t x_stride, int f32,
+                         const uint8_t* packed, int64_t k, int64_t n, const float* bias,
+                         void* y, int bits, int wide, int isa) {
+  const int64_t groups = k / GROUP, tiles = n / TILE;
+  const size_t planes = wide ? 2 : 1, per_group = (size_t)(rows * groups);
+  int8_t* bytes = malloc(planes * (size_t)(rows * k) + per_group * 16);
+  if (bytes == NULL) return -1;
+  /* rows * k is a multiple of 32, so what follows the bytes is aligned */
+  float* d = (float*)(bytes + planes * (size_t)(rows * k));
+  int32_t* sums = (int32_t*)(d + 2 * per_group);
+  const Acts all = {bytes, wide ? bytes + rows * k : NULL, d, d + per_group, sums,
+                    sums + per_group};
+  const size_t elem = f32 ? 4 : 2;
+  TileFn fn = tile_portable;
+#if defined(__x86_64__)
+  if (isa == 2) fn = tile_vnni;
+#endif
+  /* A few rows are rounded before the team starts: a barrier costs more than they do. */
+  const int serial = rows <= ROWS;
+  for (int64_t r = 0; serial && r < rows; ++r)
+    quantize_row((const char*)x + r * x_stride * (int64_t)elem, f32, k, acts_at(all, r, k));
+#pragma omp parallel
+  {
+    if (!serial) {
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < rows; ++r)
+        quantize_row((const char*)x + r * x_stride * (int64_t)elem, f32, k, acts_at(all, r, k));
+    }
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tiles; ++t) {
+      float out[ROWS * TILE];
+      for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
+        const int R = rows - r0 < ROWS ? (int)(rows - r0) : ROWS;
+        fn(R, bits, packed + t * groups * tile_bytes(bits), groups, acts_at(all, r0, k), k,
+           out);
+        for (int r = 0; r < R; ++r)
+          for (int j = 0; j < TILE; ++j) {
+            const int64_t o = t * TILE + j;
+            const float v = out[r * TILE + j] + (bias ? bias[o] : 0.0f);
+            if (f32)
+              ((float*)y)[(r0 + r) * n + o] = v;
+            else
+              ((uint16_t*)y)[(r0 + r) * n + o] = to_bf16(v);
+          }
+      }
+    }
+  }
+  free(bytes);
+  return 0;
+}
