@@ -37,7 +37,7 @@
 
 #define GROUP 32
 #define TILE 16
-#define ROWS 4 /* rows sharing one load of a tile's group */
+#define ROWS 4 /* rows sharing one load of a tile's group (8 measured slower) */
 #define NARROW_MAX 127.0f
 #define WIDE_MAX 32639.0f /* (32639 + 128) >> 8 = 127: the high byte fits */
 
@@ -98,10 +98,14 @@ static Acts acts_at(Acts all, int64_t row, int64_t k) {
 /* sum over 8 steps of w[step] x row's activation bytes (as 4-byte groups) */
 VNNI ALWAYS_INLINE __m512i dot8(const __m512i* w, const int8_t* bytes) {
   const int32_t* quads = (const int32_t*)bytes;
-  __m512i dot = _mm512_setzero_si512();
-  for (int step = 0; step < 8; ++step)
-    dot = _mm512_dpbusd_epi32(dot, w[step], _mm512_set1_epi32(quads[step]));
-  return dot;
+  /* two chains (a VPDPBUSD waits on the one before it in its chain): 10-15 % faster at
+   * 4-16 rows than one; the sum is exact either way */
+  __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
+  for (int step = 0; step < 8; step += 2) {
+    even = _mm512_dpbusd_epi32(even, w[step], _mm512_set1_epi32(quads[step]));
+    odd = _mm512_dpbusd_epi32(odd, w[step + 1], _mm512_set1_epi32(quads[step + 1]));
+  }
+  return _mm512_add_epi32(even, odd);
 }
 
 /* Rows 0..R-1 of `acts` times one tile: 16 outputs each, as floats. */
