@@ -1,10 +1,11 @@
 """Which projections the packed runner quantizes, and how: the model's ``quantization:``
 read at load into a ``QuantPlan`` (``quant_plan``).
 
-``int8`` / ``int4`` / ``w4a8``: every layer projection at that width; ``gguf``: each projection at
+``int8`` / ``int4``: every layer projection at that width; ``gguf``: each projection at
 the width nearest to what the GGUF file stores it in, read from the file's tensor types:
 4-bit and smaller types take int4 (the file's own group of 32), 5- to 8-bit types int8,
-float types stay dense; the LM head stays as loaded either way (``DecoderRunner``). A fused
+float types stay dense; the LM head stays as loaded either way (``DecoderRunner``).
+``w4a8``: a plan of its own (``W4A8``), its LM head included. A fused
 projection (Q, K and V; gate and up) takes the widest of its parts. The weights
 themselves come from the loaded model (transformers dequantizes the GGUF at load) and
 are quantized again on our grid: a Q4_0 block and our int4 group cover the same 32
@@ -100,9 +101,9 @@ W4A8 = QuantPlan(
     # with Q, K and V alone left at int4 it agreed as int4 does, 96.5 %).
     by_part={"qkv": "w4a16"},
     # The LM head at 8-bit weights (Q8_0's grid, what the packaged Q4_1 GGUF stores it
-    # in) with 16-bit activations: its bf16 weights were a third of the bytes a 1-row
-    # step reads and ~3.5 ms of it (1.2 ms alone: the rest is the cache it evicts); at 8
-    # bits it agrees as bf16 does (emulated: 96.5 % either way), at 4 bits it did not (78 %).
+    # in) with 16-bit activations: in bf16 it was 56 of the 122 MB a 1-row step read,
+    # and the step took 3.5-4 ms less without it (1.2 ms when timed alone). 8-bit
+    # weights agreed as bf16 did (emulated, 96.5 % either way); 4-bit ones did not (78 %).
     head="w8a16",
     described="w4a8: 4-bit weights (Q4_1's grid) in groups of 32 x activations rounded "
     "to int8 (Q, K and V: to 16 bits); LM head 8-bit weights (Q8_0's grid) x 16-bit "
