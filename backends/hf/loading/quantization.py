@@ -41,7 +41,7 @@ _GGUF_PARTS = {
 }
 _INT4_TYPES = {"Q4_0", "Q4_1", "Q4_K", "Q3_K", "Q2_K", "IQ4_NL", "IQ4_XS"}
 _INT8_TYPES = {"Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q8_1", "Q8_K"}
-_WIDTH: dict[Scheme, int] = {"int4": 0, "w4a8": 0, "w4a16": 0, "int8": 1, "w8a16": 1, "none": 2}
+_WIDTH: dict[Scheme, int] = {"int4": 0, "int8": 1, "none": 2}  # what ``_nearest`` gives
 
 
 @dataclass(frozen=True, slots=True)

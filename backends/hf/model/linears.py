@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from backends.hf.loading.quantization import Scheme
-from backends.hf.model.glue import Glue, IntDotCall
+from backends.hf.model.glue import IntDotCall
 from backends.hf.model.glue import load as load_glue
 from backends.hf.model.row_blocks import invariant_width
 
@@ -221,7 +221,6 @@ class IntDot:
     bias: torch.Tensor | None  # fp32
     bits: int
     wide: bool
-    kernel: Glue
     call: IntDotCall  # the kernel bound to ``packed`` and ``bias``
     nbytes: int
 
@@ -244,7 +243,7 @@ class IntDot:
         fp32_bias = None if bias is None else bias.detach().float().contiguous()
         call = kernel.int_dot(packed, in_features, out_features, fp32_bias, bits=bits, wide=wide)
         size = packed.numel()
-        return cls(packed, in_features, out_features, fp32_bias, bits, wide, kernel, call, size)
+        return cls(packed, in_features, out_features, fp32_bias, bits, wide, call, size)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2 and x.stride(1) == 1:  # the runner's case: no reshapes
