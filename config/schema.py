@@ -346,8 +346,8 @@ class HFModelConfig(ModelBase):
         False,
         description="continuous: a sequence's decode gets the same bits alone and in any "
         "batch (greedy output does not depend on what else runs): bf16 on CPU decodes its "
-        "attention with the C glue's per-row kernel (slower than SDPA at long spans); fp32 "
-        "already is. Refused where neither applies.",
+        "attention with the C glue's per-row kernel only (without this setting it is one of "
+        "the kernels timed at load); fp32 already is. Refused where neither applies.",
     )
     task: Literal["generate", "embed", "score"] = Field(
         "generate",

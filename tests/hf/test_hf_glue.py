@@ -77,6 +77,48 @@ def test_norm_rounds_as_the_fp32_upcast_norm(kernels: glue.Glue, hidden: int) ->
     assert torch.equal(normed, kernels.rms_norm(x + residual, weight, EPS))
 
 
+def _attention_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Row d's attention over keys bounds[d] of slot d, in float64."""
+    rows, heads, hd = q.shape
+    group = heads // k.shape[1]
+    out = torch.empty(rows, heads, hd, dtype=torch.float64)
+    for d in range(rows):
+        first, last = (int(b) for b in bounds[d])
+        keys = k[d, :, first : last + 1].double().repeat_interleave(group, dim=0)
+        values = v[d, :, first : last + 1].double().repeat_interleave(group, dim=0)
+        scores = torch.einsum("hd,hkd->hk", q[d].double() * scale, keys).softmax(-1)
+        out[d] = torch.einsum("hk,hkd->hd", scores, values)
+    return out.reshape(rows, heads * hd)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "hd"), [(9, 3, 64), (14, 2, 64), (8, 8, 128)])
+def test_decode_attention_is_the_attention_and_ignores_the_batch(
+    kernels: glue.Glue, heads: int, kv_heads: int, hd: int
+) -> None:
+    """Spans of every length around the 16-key blocks, windows that start past 0, and a
+    batch big enough to split over threads: each row as computed alone, bit for bit, and
+    within bf16 rounding of float64 attention (the scalar loops too)."""
+    gen = torch.Generator().manual_seed(3)
+    spans = [(0, 0), (0, 14), (3, 18), (0, 16), (40, 600), (0, 899), (5, 71)]
+    rows = len(spans)
+    shape = (rows + 1, kv_heads, 960, hd)  # a spare slot, as the cache has
+    k = torch.randn(shape, generator=gen).to(torch.bfloat16)
+    v = torch.randn(shape, generator=gen).to(torch.bfloat16)
+    q = torch.randn(rows, heads, hd, generator=gen).to(torch.bfloat16)
+    bounds = torch.tensor(spans, dtype=torch.long)
+    scale = hd**-0.5
+    together = kernels.decode_attention(q, k, v, bounds, scale)
+    want = _attention_reference(q, k, v, bounds, scale)
+    assert float((together.double() - want).abs().max()) < 2e-2
+    portable = kernels.decode_attention(q, k, v, bounds, scale, portable=True)
+    assert float((portable.double() - want).abs().max()) < 2e-2
+    for d in range(rows):
+        alone = kernels.decode_attention(q[d : d + 1], k[d:], v[d:], bounds[d : d + 1], scale)
+        assert torch.equal(alone, together[d : d + 1]), d
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:  # transformers' formula
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -1,6 +1,7 @@
 """The packed runner's element-wise glue as one C call each: RMSNorm, residual add +
-RMSNorm, RoPE and SiLU(gate) * up, for bf16 on CPU (``csrc/glue.c``); and the w4a8
-integer-dot projection kernel (``csrc/int_dot.c``: 4- or 8-bit weights times activations
+RMSNorm, RoPE and SiLU(gate) * up, and its decode attention (one row's keys in place, in
+one fixed order), for bf16 on CPU (``csrc/glue.c``); and the w4a8 integer-dot projection
+kernel (``csrc/int_dot.c``: 4- or 8-bit weights times activations
 rounded to 8- or 16-bit integers; used by ``linears.IntDot``).
 
 Why: at one to sixteen decode rows each framework op of a SmolLM2 step costs microseconds
@@ -11,7 +12,9 @@ the framework ops they replace (RoPE and the residual add bitwise), except in tw
 details before the final bf16 rounding: the norm's sum of squares runs in another fixed
 order than PyTorch's, and SiLU's exponential is a polynomial of its own. Each row is
 computed alone, so a sequence's bits do not depend on the batch it is in. One thread per
-call: at a 512-token prefill the glue still costs less than the ops it replaces on two.
+call (at a 512-token prefill the glue still costs less than the ops it replaces on two),
+but for the integer dots and, from 4,096 keys a call, the attention, which split their
+work over the calling thread's OpenMP team.
 
 Built by ``make install`` (``python -m backends.hf.model.glue --build``) into the
 environment (``<sys.prefix>/lib/llmso``), under a name that hashes the source and flags,
@@ -61,11 +64,11 @@ _SIGNATURES = {
     "llmso_add_rms_norm": (_P, _P, _P, _P, _P, _I, _I, _F),
     "llmso_rope": (_P, _I, _I, _I, _I, _P, _P, _P, _I),
     "llmso_silu_mul": (_P, _P, _I, _I),
-    "llmso_decode_attention": (_P, _P, _P, _I, _I, _I, _P, _I, _I, _I, _I, _F, _P, _P),
+    "llmso_decode_attention": (_P, _P, _P, _I, _I, _I, _P, _I, _I, _I, _I, _F, _P, _C),
     "llmso_int_dot_linear": (_P, _I, _I, _C, _P, _I, _I, _P, _P, _C, _C, _C),
     "llmso_int_dot_isa": (),
 }
-_RETURNS_INT = {"llmso_int_dot_linear", "llmso_int_dot_isa"}
+_RETURNS_INT = {"llmso_int_dot_linear", "llmso_int_dot_isa", "llmso_decode_attention"}
 
 
 def library_path() -> Path:
@@ -183,36 +186,40 @@ class Glue:
         v: torch.Tensor,
         bounds: torch.Tensor,
         scale: float,
+        *,
+        portable: bool = False,
     ) -> torch.Tensor:
         """Row ``d``'s query (``q [D, heads, hd]``) over positions ``bounds[d, 0]`` to
-        ``bounds[d, 1]`` of slot ``d`` of one layer's cache (``k``/``v`` views
-        ``[D, kv_heads, span, hd]`` with contiguous features); ``[D, heads * hd]``."""
+        ``bounds[d, 1]`` (int64, contiguous) of slot ``d`` of one layer's cache (``k``/``v``
+        ``[slots, kv_heads, positions, hd]``, views or the whole cache: only the bounded
+        positions of the first ``D`` slots are read; features contiguous, equal strides);
+        ``[D, heads * hd]``. ``portable`` forces the scalar loops where the AVX512 path
+        would run (tests)."""
         rows, heads, hd = q.shape
-        kv_heads = k.shape[1]
         if k.stride(3) != 1 or v.stride() != k.stride():
             raise ValueError("the cache views need contiguous features and equal strides")
-        q = q.contiguous()
-        bounds = bounds.contiguous()
-        span = int(k.shape[2])
-        group = heads // kv_heads
-        scratch = torch.empty(heads * hd + group * (hd + span), dtype=torch.float32)
+        if not q.is_contiguous():
+            q = q.contiguous()
         out = torch.empty((rows, heads * hd), dtype=q.dtype)
-        self.lib.llmso_decode_attention(
+        slot_stride, head_stride, pos_stride, _ = k.stride()
+        failed = self.lib.llmso_decode_attention(
             q.data_ptr(),
             k.data_ptr(),
             v.data_ptr(),
-            k.stride(0),
-            k.stride(1),
-            k.stride(2),
+            slot_stride,
+            head_stride,
+            pos_stride,
             bounds.data_ptr(),
             rows,
             heads,
-            kv_heads,
+            k.shape[1],
             hd,
             scale,
-            scratch.data_ptr(),
             out.data_ptr(),
+            int(portable),
         )
+        if failed:
+            raise MemoryError(f"decode_attention: no memory for {rows} rows' scores")
         return out
 
     @functools.cached_property

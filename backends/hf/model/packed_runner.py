@@ -133,7 +133,8 @@ class DecoderRunner:
         # The C glue covers Llama's norm in bf16 on CPU (Gemma's offset norm rounds
         # differently and keeps the framework ops).
         fits = self.dtype == torch.bfloat16 and self.device.type == "cpu"
-        self.glue = glue if fits and not self.family.offset_norms else None
+        usable = glue if fits else None  # its decode attention serves every family
+        self.glue = None if self.family.offset_norms else usable
         self._norm, self._head_norm = self._norms()
         self.scale = self.family.scale
         self.vocab_size = int(config.vocab_size)
@@ -177,7 +178,8 @@ class DecoderRunner:
             softcap=self.family.attn_softcap,
             compile_attention=compile_attention,
             step_threads=step_threads,
-            invariant=self._invariant(glue if fits else None) if batch_invariant else None,
+            glue=self._invariant(usable) if batch_invariant else usable,
+            invariant=batch_invariant and self.upcast,
         )
         self.cache = self.attention.cache
         self.lora = lora

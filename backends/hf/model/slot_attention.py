@@ -8,9 +8,10 @@ Gemma 2/3 window some or all layers; a key ``k`` is seen from ``q`` when
 ``q - window < k <= q``, transformers' sliding-window rule). ``layer`` stores a layer's
 new keys and values and runs one batched kernel over the decode rows (grouped-query
 heads folded into the matmul, no key repetition) and one SDPA call per prefill chunk.
-Which decode kernel runs is timed per machine at construction (``decode_attention.py``),
-unless batch invariance is asked for: then the C glue's per-row kernel, whose bits for a
-row do not depend on the other rows or on how far their spans reach.
+Which decode kernel runs is timed per machine at construction (``decode_attention.py``,
+and the C glue's per-row kernel where the glue runs), unless batch invariance is asked
+for: then the glue's kernel alone, whose bits for a row do not depend on the other rows
+or on how far their spans reach.
 
 Owner: the engine thread (through its runner). Not thread-safe.
 """
@@ -109,7 +110,8 @@ class SlotAttention:
         softcap: float | None = None,
         compile_attention: bool = False,
         step_threads: StepThreads | None = None,
-        invariant: Glue | None = None,
+        glue: Glue | None = None,
+        invariant: bool = False,
     ) -> None:
         self.heads = heads
         self.kv_heads = kv_heads
@@ -121,13 +123,22 @@ class SlotAttention:
         self.windows = sorted(windows, key=lambda w: -1 if w is None else w)
         self.scale = head_dim**-0.5  # only for timing the kernels at load
         self._kernels: dict[str, Attend] = {"sdpa": decode_sdpa, "matmul": decode_matmul}
+        # The glue's kernel (bf16 on CPU) reads the whole cache in place: no views per call.
+        self._glue = glue
         if softcap is not None:
             self._kernels = {"matmul": functools.partial(decode_matmul, softcap=softcap)}
-        elif invariant is not None:
+        elif invariant:
             # Batch invariance asked for: the one kernel whose row bits ignore the batch.
-            self._kernels = {"invariant": invariant.decode_attention}
-        elif compile_attention and self.upcast and device.type == "cpu":
-            self._kernels["compiled"] = compiled_reduce()
+            if glue is None:
+                raise ValueError("batch invariance needs the C glue's decode attention")
+            self._kernels = {"invariant": glue.decode_attention}
+        else:
+            if glue is not None:
+                # One row over a chat's keys: 6.7 us here against SDPA's 25 (AMX Xeon,
+                # 160 keys, SmolLM2's heads); the timing below decides per machine.
+                self._kernels["invariant"] = glue.decode_attention
+            if compile_attention and self.upcast and device.type == "cpu":
+                self._kernels["compiled"] = compiled_reduce()
         self.decode_timings: dict[str, dict[str, float]] = {}  # shape -> kernel -> seconds
         self.step_threads = step_threads  # None: the caller's thread count for every step
         self.decode_impl, self.decode_impl_long = self._pick_decode_attention()
@@ -208,15 +219,21 @@ class SlotAttention:
         v_cache.view(-1, hd).index_copy_(0, step.write_idx, v.reshape(rows, hd))
         if step.num_decode:
             d, span = step.num_decode, step.span_len
-            # q contiguous (a small copy; one row stays a strided view): the layouts the
-            # compiled kernel is warmed for
-            decoded = self._kernels[step.attend](
-                q[:d].contiguous(),
-                k_cache[:d, :, :span],
-                v_cache[:d, :, :span],
-                step.bias[window],
-                scale,
-            )
+            if step.attend == "invariant" and self._glue is not None:
+                # the whole cache: the kernel reads each row's bounded keys in place
+                decoded = self._glue.decode_attention(
+                    q[:d], k_cache, v_cache, step.bias[window], scale
+                )
+            else:
+                # q contiguous (a small copy; one row stays a strided view): the layouts
+                # the compiled kernel is warmed for
+                decoded = self._kernels[step.attend](
+                    q[:d].contiguous(),
+                    k_cache[:d, :, :span],
+                    v_cache[:d, :, :span],
+                    step.bias[window],
+                    scale,
+                )
             if not step.spans:
                 return decoded
             parts = [decoded]

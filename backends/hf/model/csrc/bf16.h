@@ -21,4 +21,18 @@ static inline uint16_t to_bf16(float f) {
   return (uint16_t)(u >> 16);
 }
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+/* 16 floats rounded as to_bf16 rounds, each in the low half of its 32-bit lane */
+__attribute__((target("avx512f"))) static inline __m512i round_bf16x16(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i h = _mm512_srli_epi32(
+      _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd)), 16);
+  return _mm512_mask_mov_epi32(h, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q),
+                               _mm512_set1_epi32(0x7FC0));
+}
+#endif
+
 #endif

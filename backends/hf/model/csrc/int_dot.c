@@ -51,16 +51,25 @@ typedef struct {
   int32_t *sum, *sum_lo;
 } Acts;
 
+/* X_g, in the order of quantize_row_vnni's vector halvings: i + 16, then i + 8, 4, 2, 1. */
+static float group_sum(const float* v) {
+  float s[16];
+  for (int i = 0; i < 16; ++i) s[i] = v[i] + v[i + 16];
+  for (int w = 8; w >= 1; w /= 2)
+    for (int i = 0; i < w; ++i) s[i] = s[i] + s[i + w];
+  return s[0];
+}
+
 static void quantize_row(const void* x, int f32, int64_t k, Acts out) {
   const float top = out.lo ? WIDE_MAX : NARROW_MAX;
   for (int64_t g = 0; g < k / GROUP; ++g) {
-    float v[GROUP], amax = 0.0f, sum = 0.0f;
+    float v[GROUP], amax = 0.0f;
     for (int i = 0; i < GROUP; ++i) {
       const int64_t at = g * GROUP + i;
       v[i] = f32 ? ((const float*)x)[at] : from_bf16(((const uint16_t*)x)[at]);
       amax = fmaxf(amax, fabsf(v[i]));
-      sum += v[i];
     }
+    const float sum = group_sum(v);
     const float inv = amax > 0.0f ? top / amax : 0.0f;
     int32_t sum_a = 0, sum_lo = 0;
     for (int i = 0; i < GROUP; ++i) {
@@ -91,16 +100,93 @@ static Acts acts_at(Acts all, int64_t row, int64_t k) {
   return one;
 }
 
+typedef void (*RoundFn)(const void*, int, int64_t, Acts);
+
 /* Row r of x (row stride x_stride, in elements) rounded into its place in `all`. */
-static void round_row(const void* x, int64_t x_stride, int f32, int64_t k, Acts all,
-                      int64_t r) {
+static void round_row(RoundFn round, const void* x, int64_t x_stride, int f32, int64_t k,
+                      Acts all, int64_t r) {
   const int64_t elem = f32 ? 4 : 2;
-  quantize_row((const char*)x + r * x_stride * elem, f32, k, acts_at(all, r, k));
+  round((const char*)x + r * x_stride * elem, f32, k, acts_at(all, r, k));
 }
+
+/* One row's outputs of a tile, plus bias, in the output dtype. */
+static void store_portable(const float* out, const float* bias, int f32, void* y) {
+  for (int j = 0; j < TILE; ++j) {
+    const float v = out[j] + (bias ? bias[j] : 0.0f);
+    if (f32)
+      ((float*)y)[j] = v;
+    else
+      ((uint16_t*)y)[j] = to_bf16(v);
+  }
+}
+
+typedef void (*StoreFn)(const float*, const float*, int, void*);
 
 #if defined(__x86_64__)
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
 #define ALWAYS_INLINE __attribute__((always_inline)) static inline
+
+/* quantize_row with vectors, the same values: a 512-row prefill's rounding was most of a
+ * call's time as scalar code. */
+VNNI static void quantize_row_vnni(const void* x, int f32, int64_t k, Acts out) {
+  const __m512 top = _mm512_set1_ps(out.lo ? WIDE_MAX : NARROW_MAX);
+  const __m512 bottom = _mm512_sub_ps(_mm512_setzero_ps(), top);
+  for (int64_t g = 0; g < k / GROUP; ++g) {
+    __m512 v[2];
+    for (int h = 0; h < 2; ++h) {
+      const int64_t at = g * GROUP + 16 * h;
+      v[h] = f32 ? _mm512_loadu_ps((const float*)x + at)
+                 : _mm512_castsi512_ps(_mm512_slli_epi32(
+                       _mm512_cvtepu16_epi32(
+                           _mm256_loadu_si256((const __m256i*)((const uint16_t*)x + at))),
+                       16));
+    }
+    const float amax =
+        _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
+    const __m512 s16 = _mm512_add_ps(v[0], v[1]);
+    const __m256 s8 = _mm256_add_ps(
+        _mm512_castps512_ps256(s16),
+        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s16), 1)));
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    const float sum = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+    const float inv = amax > 0.0f ? _mm512_cvtss_f32(top) / amax : 0.0f;
+    __m512i sum_a = _mm512_setzero_si512(), sum_lo = _mm512_setzero_si512();
+    for (int h = 0; h < 2; ++h) {
+      const __m512 scaled = _mm512_min_ps(
+          _mm512_max_ps(_mm512_mul_ps(v[h], _mm512_set1_ps(inv)), bottom), top);
+      const __m512i a = _mm512_cvtps_epi32(
+          _mm512_roundscale_ps(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      const int64_t at = g * GROUP + 16 * h;
+      if (out.lo) {
+        const __m512i hi = _mm512_srai_epi32(_mm512_add_epi32(a, _mm512_set1_epi32(128)), 8);
+        const __m512i lo = _mm512_sub_epi32(a, _mm512_slli_epi32(hi, 8));
+        _mm_storeu_si128((__m128i*)(out.a + at), _mm512_cvtepi32_epi8(hi));
+        _mm_storeu_si128((__m128i*)(out.lo + at), _mm512_cvtepi32_epi8(lo));
+        sum_a = _mm512_add_epi32(sum_a, hi);
+        sum_lo = _mm512_add_epi32(sum_lo, lo);
+      } else {
+        _mm_storeu_si128((__m128i*)(out.a + at), _mm512_cvtepi32_epi8(a));
+        sum_a = _mm512_add_epi32(sum_a, a);
+      }
+    }
+    out.d[g] = amax / _mm512_cvtss_f32(top);
+    out.xs[g] = sum;
+    out.sum[g] = _mm512_reduce_add_epi32(sum_a);
+    out.sum_lo[g] = _mm512_reduce_add_epi32(sum_lo);
+  }
+}
+
+/* store_portable with vectors, the same values. */
+VNNI static void store_vnni(const float* out, const float* bias, int f32, void* y) {
+  const __m512 v = _mm512_add_ps(_mm512_loadu_ps(out),
+                                 bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps());
+  if (f32) {
+    _mm512_storeu_ps(y, v);
+    return;
+  }
+  _mm256_storeu_si256((__m256i*)y, _mm512_cvtepi32_epi16(round_bf16x16(v)));
+}
 
 /* sum over 8 steps of w[step] x row's activation bytes (as 4-byte groups) */
 VNNI ALWAYS_INLINE __m512i dot8(const __m512i* w, const int8_t* bytes) {
@@ -171,6 +257,7 @@ VNNI static void tile_vnni(int R, int bits, const uint8_t* tile, int64_t groups,
     default: break;
   }
 }
+
 #endif
 
 static float half_to_f32(uint16_t h) {
@@ -253,6 +340,16 @@ int llmso_int_dot_linear(const void* x, int64_t rows, int64_t x_stride, int f32,
                          const uint8_t* packed, int64_t k, int64_t n, const float* bias,
                          void* y, int bits, int wide, int isa) {
   const int64_t groups = k / GROUP, tiles = n / TILE;
+  TileFn fn = tile_portable;
+  RoundFn round = quantize_row;
+  StoreFn store = store_portable;
+#if defined(__x86_64__)
+  if (isa >= 2) {
+    fn = tile_vnni;
+    round = quantize_row_vnni;
+    store = store_vnni;
+  }
+#endif
   const size_t planes = wide ? 2 : 1, per_group = (size_t)(rows * groups);
   int8_t* bytes = malloc(planes * (size_t)(rows * k) + per_group * 16);
   if (bytes == NULL) return -1;
@@ -261,19 +358,15 @@ int llmso_int_dot_linear(const void* x, int64_t rows, int64_t x_stride, int f32,
   int32_t* sums = (int32_t*)(d + 2 * per_group);
   const Acts all = {bytes, wide ? bytes + rows * k : NULL, d, d + per_group, sums,
                     sums + per_group};
-  TileFn fn = tile_portable;
-#if defined(__x86_64__)
-  if (isa == 2) fn = tile_vnni;
-#endif
   /* A few rows are rounded before the team starts, which saves the barrier after them:
    * at one row 0.5-1.4 us a call of ~3-12 (measured on SmolLM2's shapes). */
   const int serial = rows <= ROWS;
-  for (int64_t r = 0; serial && r < rows; ++r) round_row(x, x_stride, f32, k, all, r);
+  for (int64_t r = 0; serial && r < rows; ++r) round_row(round, x, x_stride, f32, k, all, r);
 #pragma omp parallel
   {
     if (!serial) {
 #pragma omp for schedule(static)
-      for (int64_t r = 0; r < rows; ++r) round_row(x, x_stride, f32, k, all, r);
+      for (int64_t r = 0; r < rows; ++r) round_row(round, x, x_stride, f32, k, all, r);
     }
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tiles; ++t) {
@@ -282,15 +375,10 @@ int llmso_int_dot_linear(const void* x, int64_t rows, int64_t x_stride, int f32,
         const int R = rows - r0 < ROWS ? (int)(rows - r0) : ROWS;
         fn(R, bits, packed + t * groups * tile_bytes(bits), groups, acts_at(all, r0, k), k,
            out);
+        const int64_t elem = f32 ? 4 : 2;
         for (int r = 0; r < R; ++r)
-          for (int j = 0; j < TILE; ++j) {
-            const int64_t o = t * TILE + j;
-            const float v = out[r * TILE + j] + (bias ? bias[o] : 0.0f);
-            if (f32)
-              ((float*)y)[(r0 + r) * n + o] = v;
-            else
-              ((uint16_t*)y)[(r0 + r) * n + o] = to_bf16(v);
-          }
+          store(out + r * TILE, bias ? bias + t * TILE : NULL, f32,
+                (char*)y + ((r0 + r) * n + t * TILE) * elem);
       }
     }
   }
