@@ -160,7 +160,7 @@ HF, VLLM, VLLM_COMPILED = "llmso-hf-continuous", "vllm-cpu", "vllm-cpu-compiled"
 # The README's benchmark summary, by row label.
 README_FIGURES: dict[str, Figure] = {
     "hf / vLLM-CPU compiled (its default), output tok/s, SmolLM2-135M, c = 1 / 4 / 16 / 64 "
-    "(Intel Xeon, quiet)": Figure(
+    "(Intel Xeon)": Figure(
         (MODELS,), lambda: _tok_ratios(MODELS, HF, VLLM_COMPILED, (1, 4, 16, 64))
     ),
     "hf / vLLM-CPU eager, output tok/s, same run": Figure(

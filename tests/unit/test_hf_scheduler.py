@@ -201,3 +201,21 @@ def test_aborts_free_slots_and_leave_others_intact() -> None:
     texts = _texts(out, states)
     assert [t for i, t in enumerate(texts) if i != 2] == [a for i, a in enumerate(alone) if i != 2]
     assert len(texts[2][0]) < len(alone[2][0])
+
+
+def test_a_burst_into_an_idle_engine_starts_after_one_chunk() -> None:
+    """Three prompts arriving together: the first step prefills one chunk's worth
+    (``prefill_chunk``, 7 here), not the whole budget, so the first prompt's token comes
+    after that chunk; a prompt alone still takes the budget in one step."""
+    runner = FakeRunner(4)
+    sched = _scheduler(3, 64, runner=runner)
+    burst = [_state([5, 6, 7, 8, 9], 2) for _ in range(3)]
+    out = _run(sched, {0: burst})
+    (decoding, first), *_ = runner.calls
+    assert decoding == 0 and sum(len(c.tokens) for c in first) == 7
+    assert first[0].want_logits and len(first[0].tokens) == 5  # the first prompt finished
+    assert all(len(texts[0]) > 0 for texts in _texts(out, burst))
+    runner = FakeRunner(2)
+    alone = _state(list(range(3, 23)), 2)
+    _run(_scheduler(1, 64, runner=runner), {0: [alone]})
+    assert [len(c.tokens) for c in runner.calls[0][1]] == [20]
