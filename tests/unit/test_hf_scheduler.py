@@ -105,6 +105,7 @@ def _scheduler(
     *,
     runner: FakeRunner | None = None,
     newcomer_steps: bool = True,
+    prefill_chunk: int = 7,
 ) -> ContinuousScheduler:
     return ContinuousScheduler(
         runner or FakeRunner(max_seqs + 1),  # type: ignore[arg-type]
@@ -113,7 +114,7 @@ def _scheduler(
         max_num_batched_tokens=budget,
         observer=None,
         newcomer_steps=newcomer_steps,
-        prefill_chunk=7,
+        prefill_chunk=prefill_chunk,
     )
 
 

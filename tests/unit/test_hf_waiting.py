@@ -130,9 +130,10 @@ def test_low_priority_is_shed_first() -> None:
 def test_continuous_scheduler_admits_another_keys_request_before_the_burst() -> None:
     """Key a keeps 16 of 16 slots busy and 16 more waiting; key b's request arrives and
     takes the first slot that frees, before a's 17th. With one key (first come, first
-    served) it would wait for all sixteen."""
+    served) it would wait for all sixteen. (A chunk as large as the budget: the burst
+    is admitted in one step, which is not what this test is about.)"""
     for b_key, slot_of_b in (("b", 0), ("a", 16)):
-        sched = _scheduler(16, 4096)
+        sched = _scheduler(16, 4096, prefill_chunk=4096)
         out: StepOutputs = []
         burst = [state(0, 0.01 * i, [3, 4], max_tokens=4 + i, key="a") for i in range(32)]
         for item in burst:
@@ -153,7 +154,7 @@ def test_continuous_scheduler_admits_another_keys_request_before_the_burst() -> 
 def test_the_key_holding_most_slots_leaves_one_free_while_another_key_is_about() -> None:
     """Key b was seen a moment ago; key a's burst then takes 7 of 8 slots, not 8, so b's
     next request starts at once instead of waiting for one of a's long answers."""
-    sched = _scheduler(8, 4096)
+    sched = _scheduler(8, 4096, prefill_chunk=4096)
     out: StepOutputs = []
     first_b = state(0, 0.0, [5, 6], max_tokens=1, key="b")
     sched.add(first_b, out)
@@ -168,7 +169,7 @@ def test_the_key_holding_most_slots_leaves_one_free_while_another_key_is_about()
     sched.add(late, out)
     sched.step(out)
     assert late in [choice.request for choice in sched.decoding]
-    one_key = _scheduler(8, 4096)  # a alone: every slot is a's
+    one_key = _scheduler(8, 4096, prefill_chunk=4096)  # a alone: every slot is a's
     for index in range(16):
         one_key.add(state(0, 1.0 + 0.01 * index, [3, 4], max_tokens=40, key="a"), out)
     one_key.step(out)
