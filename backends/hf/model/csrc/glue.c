@@ -210,6 +210,18 @@ static void decode_attention_portable(const uint16_t* q, const uint16_t* k, cons
   }
 }
 
+/* The longest row's span of `bounds` (first, last per row), and all rows' spans summed. */
+static int64_t longest_span(const int64_t* bounds, int64_t rows, int64_t* total) {
+  int64_t longest = 0;
+  *total = 0;
+  for (int64_t d = 0; d < rows; ++d) {
+    const int64_t span = bounds[2 * d + 1] - bounds[2 * d] + 1;
+    longest = span > longest ? span : longest;
+    *total += span;
+  }
+  return longest;
+}
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
@@ -387,21 +399,18 @@ AVX512 static int decode_attention_avx512(const uint16_t* q, const uint16_t* k,
                                           int64_t kv_heads, int64_t hd, float scale,
                                           uint16_t* out) {
   const int64_t group = heads / kv_heads, pairs = rows * kv_heads;
-  int64_t longest = 0, keys = 0;
-  for (int64_t d = 0; d < rows; ++d) {
-    const int64_t span = bounds[2 * d + 1] - bounds[2 * d] + 1;
-    longest = span > longest ? span : longest;
-    keys += span * kv_heads;
-  }
+  int64_t keys;
+  const int64_t longest = longest_span(bounds, rows, &keys);
+  keys *= kv_heads;
   float* scores = malloc((size_t)(pairs * group * longest) * sizeof(float));
   if (scores == NULL) return -1;
 #pragma omp parallel for schedule(static) if (keys >= THREADED_KEYS)
   for (int64_t pair = 0; pair < pairs; ++pair) {
     const int64_t d = pair / kv_heads, h = pair % kv_heads;
-    attend_head_avx512(hd, q + (d * heads + h * group) * hd, scale, group,
-                  k + d * slot_stride + h * head_stride, v + d * slot_stride + h * head_stride,
-                  pos_stride, bounds[2 * d], bounds[2 * d + 1], scores + pair * group * longest,
-                  out + (d * heads + h * group) * hd);
+    const int64_t base = d * slot_stride + h * head_stride;
+    attend_head_avx512(hd, q + (d * heads + h * group) * hd, scale, group, k + base, v + base,
+                       pos_stride, bounds[2 * d], bounds[2 * d + 1],
+                       scores + pair * group * longest, out + (d * heads + h * group) * hd);
   }
   free(scores);
   return 0;
@@ -429,11 +438,8 @@ int llmso_decode_attention(const uint16_t* q, const uint16_t* k, const uint16_t*
                                    heads, kv_heads, hd, scale, out);
 #endif
   (void)portable;
-  int64_t longest = 0;
-  for (int64_t d = 0; d < rows; ++d) {
-    const int64_t span = bounds[2 * d + 1] - bounds[2 * d] + 1;
-    longest = span > longest ? span : longest;
-  }
+  int64_t keys;
+  const int64_t longest = longest_span(bounds, rows, &keys);
   const int64_t group = heads / kv_heads;
   float* scratch = malloc((size_t)(heads * hd + group * (hd + longest)) * sizeof(float));
   if (scratch == NULL) return -1;
