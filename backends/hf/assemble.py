@@ -124,6 +124,7 @@ def assemble(
         newcomer_steps=config.newcomer_steps,
         prefix_cache=prefix,
         adapter_place=place,
+        fixed_prefill=runner.fixed_prefill if isinstance(runner, DecoderRunner) else None,
     )
     loaded = dataclasses.replace(loaded, memory_bytes=memory)
     return EngineParts(loaded, grammars, continuous, runner.path, runner, adapters, reasoning)

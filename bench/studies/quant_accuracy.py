@@ -104,7 +104,13 @@ def greedy(runner: DecoderRunner, prompts: list[list[int]]) -> list[list[int]]:
     for start in range(0, len(prompts), BATCH):
         group = prompts[start : start + BATCH]
         chunks = [
-            PrefillChunk(slot=i, tokens=tuple(p), start=0, want_logits=True)
+            PrefillChunk(
+                slot=i,
+                tokens=tuple(p),
+                start=0,
+                want_logits=True,
+                fixed=runner.fixed_prefill(len(p)),
+            )
             for i, p in enumerate(group)
         ]
         logits = runner.forward([], [], chunks)

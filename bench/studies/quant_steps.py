@@ -37,9 +37,14 @@ from config.schema import HFModelConfig
 
 
 def prefill_ms(runner: DecoderRunner, tokens: int, slot: int) -> float:
-    """Best of three: one prefill chunk of ``tokens`` tokens into ``slot``."""
+    """Best of three: one prefill chunk of ``tokens`` tokens into ``slot`` (a whole
+    prompt: in fixed-size calls where the runner takes it so)."""
     chunk = PrefillChunk(
-        slot=slot, tokens=tuple(range(200, 200 + tokens)), start=0, want_logits=True
+        slot=slot,
+        tokens=tuple(range(200, 200 + tokens)),
+        start=0,
+        want_logits=True,
+        fixed=runner.fixed_prefill(tokens),  # as the engine's scheduler asks
     )
     samples = []
     for _ in range(3):

@@ -1,16 +1,19 @@
 """What batch invariance costs on an AMX CPU: the packed runner's step three ways.
 
     python -m bench.studies.row_blocks [--out docs/benchmarks/row_blocks] [--rounds 3]
-        [--rows 1,4,16,32,64] [--prefill 32,256] [--threads 2]
+        [--rows 1,4,16,32,64] [--prefill 32,100,256,512] [--threads 2]
 
 SmolLM2-135M-Instruct in bf16, loaded in a fresh process per mode and round (the modes
 rotate from round to round, so all see the same neighbours), its decode step at 1/4/16/32/64
 rows (median of 20, ``bench.studies.quant_accuracy.step_times``) and one prefill chunk of
-32 and 256 tokens (best of three):
+32, 100, 256 and 512 tokens (best of three):
 
-- ``row-blocks``: as shipped: each bf16 projection splits an input wider than its probed
-  invariant width into calls of that many rows (``backends/hf/model/row_blocks.py``:
-  32 on AMX, no split elsewhere);
+- ``row-blocks``: as shipped: each bf16 projection splits decode rows wider than its
+  probed invariant width into calls of that many rows (``backends/hf/model/row_blocks.py``:
+  32 on AMX, no split elsewhere), and a prompt of ``FIXED_PROMPT_TOKENS`` or more into
+  calls of its probed fixed sizes (128, 256, 512 on AMX), the last one padded;
+- ``32-row prefill``: the same, with every prompt split like decode rows (as shipped
+  before the fixed-size calls);
 - ``whole``: every projection in one call (not batch-invariant on AMX);
 - ``capped``: one call, with oneDNN capped below AMX (``ONEDNN_MAX_CPU_ISA=
   AVX512_CORE_BF16``), what ``llmso serve`` set before the row blocks.
@@ -32,7 +35,7 @@ from typing import Any
 
 from bench.machine import study_footer, study_meta, write_study
 
-MODES = ("row-blocks", "whole", "capped")
+MODES = ("row-blocks", "32-row prefill", "whole", "capped")
 CAP = {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}
 
 
@@ -41,7 +44,7 @@ def _one(mode: str, rows: list[int], prefill: list[int], threads: int) -> dict[s
     import torch
 
     from backends.hf.loading.loader import load
-    from backends.hf.model import linears
+    from backends.hf.model import linears, row_blocks
     from backends.hf.model.packed_runner import DecoderRunner
     from bench.studies.quant_accuracy import step_times
     from bench.studies.quant_steps import prefill_ms
@@ -49,9 +52,10 @@ def _one(mode: str, rows: list[int], prefill: list[int], threads: int) -> dict[s
     from config.schema import HFModelConfig
 
     torch.set_num_threads(threads)
-    if mode != "row-blocks":
-        linears._ROW_BLOCKS.clear()
-        setattr(linears, "_row_block", lambda weight, stored, prepacked: None)  # noqa: B010
+    if mode == "32-row prefill":
+        setattr(row_blocks, "FIXED_WIDTHS", ())  # noqa: B010
+    elif mode != "row-blocks":
+        setattr(linears, "_row_blocks", lambda weight, stored, prepacked: (None, ()))  # noqa: B010
     config = HFModelConfig(
         name="m", backend="hf", source=DEFAULT_SOURCE, dtype="bfloat16", device="cpu"
     )
@@ -59,7 +63,9 @@ def _one(mode: str, rows: list[int], prefill: list[int], threads: int) -> dict[s
     slots = max(rows) + 1
     with torch.inference_mode():
         runner = DecoderRunner(loaded.model, max_slots=slots, max_context=max(prefill) + 128)
-        blocks = sorted({str(layer.qkv.row_block) for layer in runner.layers})  # type: ignore[attr-defined]
+        blocks = sorted(
+            {f"{layer.qkv.row_block} / {layer.qkv.prefill_sizes}" for layer in runner.layers}  # type: ignore[attr-defined]
+        )
         decode = step_times(runner, tuple(rows))
         chunks = {str(n): prefill_ms(runner, n, slots - 1) for n in prefill}
     return {"decode_ms": decode, "prefill_ms": chunks, "row_block": blocks}
@@ -88,7 +94,7 @@ def markdown(record: dict[str, Any]) -> str:
         "",
         "Median ms over rounds (in brackets: over `row-blocks`' median).",
         "",
-        "| mode | row block | " + " | ".join(head) + " |",
+        "| mode | rows per call (decode / prompt) | " + " | ".join(head) + " |",
         "|---|---|" + "---|" * len(head),
     ]
     for mode in MODES:
@@ -108,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/row_blocks"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rows", default="1,4,16,32,64")
-    parser.add_argument("--prefill", default="32,256")
+    parser.add_argument("--prefill", default="32,100,256,512")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -1,32 +1,41 @@
-"""bf16 on CPU: every projection of the packed runner gives each row what it gives that
-row alone, however many rows share its call, on whatever CPU runs this (on AMX CPUs
-through calls of at most 32 rows, ``backends/hf/model/row_blocks.py``)."""
+"""bf16 on CPU: every projection of the packed runner gives each decode row what it gives
+that row alone, however many rows share its call, on whatever CPU runs this (on AMX CPUs
+through calls of at most 32 rows, ``backends/hf/model/row_blocks.py``), and each prefill
+row of a long prompt the same whatever else shares its step (fixed-size calls)."""
 
 from __future__ import annotations
 
 import torch
 
 from backends.hf.loading.loader import load
-from backends.hf.model.linears import Dense
+from backends.hf.model.linears import Dense, Linear
 from backends.hf.model.packed_runner import DecoderRunner
-from backends.hf.model.row_blocks import invariant_width
+from backends.hf.model.row_blocks import fixed_widths, invariant_width
+from backends.hf.model.slot_attention import PrefillChunk
 from tests.hf.helpers import config
 
 
-def test_each_projection_rounds_a_row_as_it_would_alone() -> None:
+def _runner() -> tuple[DecoderRunner, list[tuple[Linear, int]]]:
+    """SmolLM2 in bf16 on 2 threads, and its first layer's projections with their input
+    widths."""
     torch.set_num_threads(2)
     loaded = load(config(dtype="bfloat16"))
+    runner = DecoderRunner(loaded.model, max_slots=6, max_context=512)
+    layer = runner.layers[0]
+    hidden = loaded.model.config.hidden_size
+    return runner, [
+        (layer.qkv, hidden),
+        (layer.o, hidden),  # SmolLM2: 9 heads x 64 = the hidden size
+        (layer.gate_up, hidden),
+        (layer.down, loaded.model.config.intermediate_size),
+    ]
+
+
+def test_each_projection_rounds_a_row_as_it_would_alone() -> None:
     with torch.inference_mode():
-        runner = DecoderRunner(loaded.model, max_slots=4, max_context=512)
-        layer = runner.layers[0]
-        hidden = loaded.model.config.hidden_size
-        projections = [
-            (layer.qkv, hidden),
-            (layer.o, hidden),  # SmolLM2: 9 heads x 64 = the hidden size
-            (layer.gate_up, hidden),
-            (layer.down, loaded.model.config.intermediate_size),
-            (runner.lm_head, hidden),  # probed on its first 8,192 rows: all 49,152 here
-        ]
+        runner, projections = _runner()
+        # the LM head: probed on its first 8,192 rows, all 49,152 here
+        projections.append((runner.lm_head, projections[0][1]))
         generator = torch.Generator().manual_seed(3)
         for projection, in_features in projections:
             assert isinstance(projection, Dense)
@@ -39,7 +48,9 @@ def test_the_probe_finds_the_widest_call_that_keeps_rows_alone() -> None:
     weight = torch.randn(64, 32, dtype=torch.bfloat16)
 
     def exact(x: torch.Tensor) -> torch.Tensor:
-        return (x.float() @ weight.float().T).to(torch.bfloat16)
+        # float64: bf16 products summed exactly in any order (an fp32 GEMM's sums
+        # can follow its row count)
+        return (x.double() @ weight.double().T).to(torch.bfloat16)
 
     def wide_calls_round_otherwise(x: torch.Tensor) -> torch.Tensor:
         out = exact(x)  # as a kernel that switches past 8 rows would
@@ -47,3 +58,64 @@ def test_the_probe_finds_the_widest_call_that_keeps_rows_alone() -> None:
 
     assert invariant_width(exact, 32) is None
     assert invariant_width(wide_calls_round_otherwise, 32) == 8
+
+
+def test_prefill_rows_round_the_same_whatever_shares_their_calls() -> None:
+    with torch.inference_mode():
+        _, projections = _runner()
+        generator = torch.Generator().manual_seed(5)
+        for projection, in_features in projections:
+            assert isinstance(projection, Dense)
+            x = torch.randn(300, in_features, generator=generator, dtype=torch.bfloat16)
+            other = torch.randn(9, in_features, generator=generator, dtype=torch.bfloat16)
+            alone = torch.cat([projection(x[row : row + 1]) for row in range(3)])
+            packed = projection(x, fixed_from=3)
+            assert torch.equal(packed[:3], alone)  # the decode rows, as alone
+            moved = projection(torch.cat((other, x[3:])), fixed_from=5)
+            assert torch.equal(moved[9:], packed[3:]), projection.prefill_sizes
+
+
+def test_a_long_prompt_gives_the_same_logits_whatever_shares_its_step() -> None:
+    generator = torch.Generator().manual_seed(7)
+    prompt = tuple(torch.randint(100, 40_000, (150,), generator=generator).tolist())
+    short = tuple(torch.randint(100, 40_000, (20,), generator=generator).tolist())
+    other = tuple(torch.randint(100, 40_000, (90,), generator=generator).tolist())
+    with torch.inference_mode():
+        runner, _ = _runner()
+        fixed = runner.fixed_prefill(len(prompt))
+        assert not runner.fixed_prefill(len(short))
+
+        def chunk(slot: int, tokens: tuple[int, ...], long: bool) -> PrefillChunk:
+            return PrefillChunk(slot=slot, tokens=tokens, start=0, want_logits=True, fixed=long)
+
+        alone = runner.forward([], [], [chunk(0, prompt, fixed)])
+        keys = runner.cache.k[:, 0, :, : len(prompt)].clone()
+        batched = runner.forward(
+            [11, 12],
+            [30, 40],
+            [chunk(2, other, fixed), chunk(3, prompt, fixed), chunk(4, short, False)],
+        )
+        assert torch.equal(batched[3], alone[0])  # decode rows, then the chunks in order
+        assert torch.equal(runner.cache.k[:, 3, :, : len(prompt)], keys)
+        short_alone = runner.forward([], [], [chunk(5, short, False)])
+        assert torch.equal(batched[4], short_alone[0])
+
+
+def test_the_fixed_width_probe_wants_rows_independent_of_their_place() -> None:
+    weight = torch.randn(64, 32, dtype=torch.bfloat16)
+
+    def exact(x: torch.Tensor) -> torch.Tensor:
+        return (x.double() @ weight.double().T).to(torch.bfloat16)
+
+    def first_row_otherwise(x: torch.Tensor) -> torch.Tensor:
+        out = exact(x)
+        out[0] += 1  # as a kernel whose first row in a call rounds apart
+        return out
+
+    def wide_calls_otherwise(x: torch.Tensor) -> torch.Tensor:
+        out = exact(x)
+        return out + 1 if x.shape[0] > 256 else out
+
+    assert fixed_widths(exact, 32) == (128, 256, 512)
+    assert fixed_widths(wide_calls_otherwise, 32) == (128, 256)
+    assert fixed_widths(first_row_otherwise, 32) == ()

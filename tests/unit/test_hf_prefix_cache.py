@@ -42,6 +42,19 @@ def test_hit_copies_exactly_the_cached_positions() -> None:
     assert (prefix.stats.queried, prefix.stats.hit) == (11, 8)
 
 
+def test_prompts_in_fixed_size_calls_and_adapters_keep_their_own_blocks() -> None:
+    cache = slot_cache()
+    prefix = PrefixCache(cache, max_tokens=64, block_size=BS)
+    prompt = list(range(100, 111))
+    prefix.insert(prompt, slot=0, fixed=True)  # rounded in other calls than rows alone
+    assert prefix.restore(prompt, slot=2) == 0
+    assert prefix.restore(prompt, slot=2, adapter=0, fixed=True) == 0
+    assert prefix.restore(prompt, slot=2, fixed=True) == 8
+    prefix.insert(prompt, slot=1, adapter=0)
+    assert prefix.restore(prompt, slot=2, adapter=0) == 8
+    assert prefix.cached_blocks == 4
+
+
 def test_the_last_prompt_token_is_always_computed() -> None:
     cache = slot_cache()
     prefix = PrefixCache(cache, max_tokens=64, block_size=BS)

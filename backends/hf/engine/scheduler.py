@@ -92,8 +92,12 @@ class ContinuousScheduler:
         prefill_chunk: int = PREFILL_CHUNK,
         prefix_cache: PrefixCache | None = None,
         adapter_place: Callable[[str], tuple[int, int]] | None = None,
+        fixed_prefill: Callable[[int], bool] | None = None,
     ) -> None:
         self._runner = runner
+        # Whether a prompt of so many tokens is prefilled in fixed-size calls
+        # (``DecoderRunner.fixed_prefill``); None: no prompt is.
+        self._fixed_prefill = fixed_prefill
         # An adapter's slot and load key in the runner's current bank, read at admission:
         # a pinned adapter (see AdapterPool) keeps its slot across bank swaps.
         self._adapter_place = adapter_place
@@ -317,7 +321,10 @@ class ContinuousScheduler:
             return
         if state.request.prompt_logprobs is None:
             state.prefilled = state.cached = self._prefix.restore(
-                state.prompt_ids, self.prefill_slot[id(state)], state.adapter_key
+                state.prompt_ids,
+                self.prefill_slot[id(state)],
+                state.adapter_key,
+                fixed=self._fixed(state),
             )
         if self._observer is not None:
             self._observer.on_prefix_cache(len(state.prompt_ids), state.prefilled)
@@ -361,6 +368,7 @@ class ContinuousScheduler:
                 want_logits=done,
                 score=score,
                 adapter=state.adapter,
+                fixed=self._fixed(state),
             )
         )
         state.prefilled += take
@@ -368,6 +376,11 @@ class ContinuousScheduler:
         if done:
             finishing.append(state)
         return take
+
+    def _fixed(self, state: RequestState) -> bool:
+        """Whether ``state``'s prompt is prefilled in fixed-size calls (the same for all
+        its chunks and its prefix-cache blocks)."""
+        return self._fixed_prefill is not None and self._fixed_prefill(len(state.prompt_ids))
 
     def _occupied(self) -> dict[int, RequestState]:
         return {
@@ -388,7 +401,9 @@ class ContinuousScheduler:
         is free again unless the caller moves the keys on."""
         source = self.prefill_slot.pop(id(state))
         if self._prefix is not None:
-            self._prefix.insert(state.prompt_ids, source, state.adapter_key)
+            self._prefix.insert(
+                state.prompt_ids, source, state.adapter_key, fixed=self._fixed(state)
+            )
         return source
 
     def _end_unsampled(self, state: RequestState, out: StepOutputs) -> None:

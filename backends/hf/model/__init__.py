@@ -6,9 +6,10 @@
   transformers modules over the same slot cache, checked exact at load or refused;
 - ``families``: the decoder families the packed runner computes exactly, and the
   switches that tell them apart;
-- ``linears``: the packed runner's projections (dense, int8, int4);
+- ``linears``: the packed runner's projections (dense, int8, int4, integer dots);
 - ``row_blocks``: how many rows one bf16 GEMM may take with every row as it is alone
-  (32 on AMX CPUs), probed per weight shape;
+  (32 on AMX CPUs), and the fixed call sizes a long prompt's rows take, probed per
+  weight shape;
 - ``norms``: RMSNorm with the fewest ops the machine allows;
 - ``slot_attention``: attention over the slot cache for one packed step (both runners);
 - ``decode_attention``: its decode kernels (sdpa, matmul, compiled), picked per machine;

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from backends.hf.loading.quantization import Scheme
 from backends.hf.model.glue import IntDotCall
 from backends.hf.model.glue import load as load_glue
-from backends.hf.model.row_blocks import invariant_width
+from backends.hf.model.row_blocks import fixed_widths, invariant_width
 
 _PACK_BATCH_HINT = 16  # oneDNN picks its blocking for about this many rows
 
@@ -48,7 +48,13 @@ class Linear(Protocol):
         """Bytes the kernel reads per call: the weight (and scales), not the activations."""
         ...
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+    def __call__(self, x: torch.Tensor, *, fixed_from: int | None = None) -> torch.Tensor:
+        """``x`` as packed rows: those before ``fixed_from`` (decode rows, short
+        prompts) each rounded as it would be alone; from it on (long prompts,
+        ``PrefillChunk.fixed``) each rounded the same whatever else shares the step
+        (None: every row as alone). Only bf16 dense projections on AMX CPUs compute the
+        two kinds differently (``row_blocks``)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,13 +64,18 @@ class Dense:
     on an AMD EPYC: identical outputs, 0.5x (1 row) to 0.96x (300 rows) of ``F.linear``'s
     time. A bf16 CPU projection takes at most ``row_block`` rows per GEMM (``None``: any),
     the most with which every row rounds as it would alone (``row_blocks``: 32 on AMX
-    CPUs, any elsewhere)."""
+    CPUs, any elsewhere). Where it is capped, the rows of a long prompt run in calls of
+    the sizes in ``prefill_sizes`` (128, 256, 512 rows on AMX, as the probe finds them):
+    each rounds the same in any of them, and one such call costs far less than four
+    capped ones. The widest size that the rows fill goes first; the last call is padded
+    to the narrowest size that holds its rows."""
 
     weight: torch.Tensor
     bias: torch.Tensor | None
     prepacked: bool
     nbytes: int
     row_block: int | None = None
+    prefill_sizes: tuple[int, ...] = ()  # none: a prompt's rows split like decode rows
 
     @classmethod
     def of(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> Dense:
@@ -72,21 +83,42 @@ class Dense:
         size = weight.numel() * weight.element_size()
         prepacked = _can_prepack(weight)
         stored = _pack(weight) if prepacked else weight
-        block = None
+        block: int | None = None
+        sizes: tuple[int, ...] = ()
         if weight.device.type == "cpu" and weight.dtype == torch.bfloat16:
-            block = _row_block(weight, stored, prepacked)
-        return cls(stored, bias, prepacked, size, block)
+            block, sizes = _row_blocks(weight, stored, prepacked)
+        return cls(stored, bias, prepacked, size, block, sizes)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, *, fixed_from: int | None = None) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        if self.row_block is None or rows.shape[0] <= self.row_block:
+        total = rows.shape[0]
+        split = total if fixed_from is None or not self.prefill_sizes else fixed_from
+        if self.row_block is None or (split == total and total <= self.row_block):
             return _dense(x, self.weight, self.bias, self.prepacked)
-        block = self.row_block
         parts = [
-            _dense(rows[start : start + block], self.weight, self.bias, self.prepacked)
-            for start in range(0, rows.shape[0], block)
+            self._call(rows[start : min(start + self.row_block, split)])
+            for start in range(0, split, self.row_block)
         ]
+        start = split
+        while start < total:
+            size = _call_size(self.prefill_sizes, total - start)
+            part = rows[start : start + size]
+            short = size - part.shape[0]
+            if short:  # zero rows fill the call; their results are dropped
+                part = torch.cat((part, part.new_zeros(short, part.shape[1])))
+            parts.append(self._call(part)[: size - short])
+            start += size
         return torch.cat(parts).reshape(*x.shape[:-1], -1)
+
+    def _call(self, rows: torch.Tensor) -> torch.Tensor:
+        return _dense(rows, self.weight, self.bias, self.prepacked)
+
+
+def _call_size(sizes: tuple[int, ...], rows: int) -> int:
+    """Of ``sizes`` (ascending), the widest that ``rows`` fill, else the narrowest that
+    holds them."""
+    filled = [size for size in sizes if size <= rows]
+    return filled[-1] if filled else next(size for size in sizes if size >= rows)
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:
@@ -103,8 +135,8 @@ def _dense(
     return F.linear(x, weight, bias)
 
 
-_ROW_BLOCKS: dict[tuple[int, int, bool], int | None] = {}
-"""Memo of :func:`_row_block` per weight shape: a pure function of the CPU and the shape
+_ROW_BLOCKS: dict[tuple[int, int, bool], tuple[int | None, tuple[int, ...]]] = {}
+"""Memo of :func:`_row_blocks` per weight shape: a pure function of the CPU and the shape
 (the kernel oneDNN picks depends on the shape, not the values), so a race only computes
 it twice; a model has a handful of shapes, and the memo stops growing at 256."""
 
@@ -114,9 +146,12 @@ row does not depend on how many outputs it has (checked on SmolLM2's 49,152-row 
 ``tests/hf/test_hf_row_blocks.py``), and a 150k-row head probed whole takes seconds."""
 
 
-def _row_block(weight: torch.Tensor, stored: torch.Tensor, prepacked: bool) -> int | None:
-    """``invariant_width`` of this bf16 CPU projection (``stored``: ``weight`` as the
-    projection keeps it), probed once per shape (~0.1 s)."""
+def _row_blocks(
+    weight: torch.Tensor, stored: torch.Tensor, prepacked: bool
+) -> tuple[int | None, tuple[int, ...]]:
+    """``invariant_width`` and, where that is capped, ``fixed_widths`` of this bf16 CPU
+    projection (``stored``: ``weight`` as the projection keeps it), probed once per shape
+    (~0.1 s)."""
     key = (int(weight.shape[0]), int(weight.shape[1]), prepacked)
     if key in _ROW_BLOCKS:
         return _ROW_BLOCKS[key]
@@ -124,10 +159,15 @@ def _row_block(weight: torch.Tensor, stored: torch.Tensor, prepacked: bool) -> i
     if key[0] > _PROBE_OUT_FEATURES:  # only a wide one is probed on a packed slice
         probe = weight[:_PROBE_OUT_FEATURES].contiguous()
         packed = _pack(probe) if prepacked else probe
-    width = invariant_width(lambda x: _dense(x, packed, None, prepacked), key[1])
+
+    def call(x: torch.Tensor) -> torch.Tensor:
+        return _dense(x, packed, None, prepacked)
+
+    width = invariant_width(call, key[1])
+    widths = (width, () if width is None else fixed_widths(call, key[1]))
     if len(_ROW_BLOCKS) < 256:
-        _ROW_BLOCKS[key] = width
-    return width
+        _ROW_BLOCKS[key] = widths
+    return widths
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +187,7 @@ class Int8:
         scales = scales.to(weight.dtype)
         return cls(q, scales, bias, q.numel() + scales.numel() * scales.element_size())
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, *, fixed_from: int | None = None) -> torch.Tensor:
         out: torch.Tensor = torch.ops.aten._weight_int8pack_mm(
             x.reshape(-1, x.shape[-1]), self.weight, self.scales
         )
@@ -186,7 +226,7 @@ class Int4:
         size = packed.numel() * packed.element_size() + pairs.numel() * pairs.element_size()
         return cls(packed, pairs, group, out_features, bias, size)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, *, fixed_from: int | None = None) -> torch.Tensor:
         out: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(
             x.reshape(-1, x.shape[-1]), self.packed, self.group, self.scales_and_zeros
         )
@@ -245,7 +285,7 @@ class IntDot:
         size = packed.numel()
         return cls(packed, in_features, out_features, fp32_bias, bits, wide, call, size)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, *, fixed_from: int | None = None) -> torch.Tensor:
         if x.dim() == 2 and x.stride(1) == 1:  # the runner's case: no reshapes
             return self.call(x)
         rows = x.reshape(-1, self.in_features)

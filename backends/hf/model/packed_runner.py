@@ -29,12 +29,18 @@ from backends.hf.adapters.bank import LoraBank, LoraStep
 from backends.hf.loading.quantization import NONE, QuantPlan
 from backends.hf.model.families import Family, Unsupported, family_of
 from backends.hf.model.glue import Glue, GlueNorm
-from backends.hf.model.linears import Linear, make_linear
+from backends.hf.model.linears import Dense, Linear, make_linear
 from backends.hf.model.norms import OffsetRMSNorm, RMSNorm, offset_weight
 from backends.hf.model.slot_attention import PrefillChunk, SlotAttention, SlotStep
 from backends.hf.model.step_threads import StepThreads
 
 Norm = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+FIXED_PROMPT_TOKENS = 64
+"""Prompts from this long on are prefilled in fixed-size calls where the projections have
+them (``row_blocks``; 128 rows and up on AMX). On SmolLM2 a 100-token prefill took 45.5
+ms that way against 60.2 ms in 32-row calls (docs/benchmarks/row_blocks); padded to 128
+rows, a 32-token one took 45 ms against 28 (a probe on the same box)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +50,7 @@ class _Step:
     slots: SlotStep
     cos: dict[str | None, torch.Tensor]
     sin: dict[str | None, torch.Tensor]
+    fixed_from: int  # rows from here on take fixed-size calls (``Linear``)
     lora: LoraStep | None = None
 
 
@@ -182,6 +189,11 @@ class DecoderRunner:
             invariant=batch_invariant and self.upcast,
         )
         self.cache = self.attention.cache
+        self.fixed_calls = any(
+            isinstance(linear, Dense) and bool(linear.prefill_sizes)
+            for layer in self.layers
+            for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)
+        )
         self.lora = lora
         self.step_threads = step_threads  # None: the caller's thread count for every step
         self.path = f"packed runner ({self.family.model_type})"
@@ -263,6 +275,12 @@ class DecoderRunner:
         plan = self.quantization
         return make_linear(weight.detach(), bias, plan.scheme(index, part), plan.group)
 
+    def fixed_prefill(self, prompt_tokens: int) -> bool:
+        """Whether a prompt of ``prompt_tokens`` tokens is prefilled in the projections'
+        fixed-size calls (``PrefillChunk.fixed``): where some projection has them, from
+        ``FIXED_PROMPT_TOKENS`` on; a shorter prompt fills less than half a call."""
+        return self.fixed_calls and prompt_tokens >= FIXED_PROMPT_TOKENS
+
     @property
     def weight_bytes(self) -> int:
         """Bytes of projection weights one step reads (the LM head included)."""
@@ -299,16 +317,20 @@ class DecoderRunner:
         slot is ``decode_adapters[i]`` (-1 or None: the base model), a chunk's its own."""
         if self.step_threads is not None:
             self.step_threads.apply(len(decode_tokens) + sum(len(c.tokens) for c in prefills))
-        packed = self.attention.pack(decode_tokens, decode_positions, prefills)
+        # Chunks whose rows take fixed-size calls go last, so that each projection sees
+        # one boundary (``_Step.fixed_from``); the logits come back in the caller's order.
+        ordered = sorted(prefills, key=lambda chunk: chunk.fixed)
+        packed = self.attention.pack(decode_tokens, decode_positions, ordered)
         step = _Step(
             slots=packed.step,
             cos={kind: table[packed.positions][:, None, :] for kind, table in self.cos.items()},
             sin={
                 kind: table[packed.positions][:, None, :] for kind, table in self.sin_signed.items()
             },
-            lora=self._lora_step(decode_adapters, len(decode_tokens), prefills),
+            fixed_from=len(decode_tokens) + sum(len(c.tokens) for c in ordered if not c.fixed),
+            lora=self._lora_step(decode_adapters, len(decode_tokens), ordered),
         )
-        logit_rows = packed.logit_rows
+        logit_rows = _caller_order(packed.logit_rows, len(decode_tokens), ordered, prefills)
         x = F.embedding(packed.ids, self.embed)
         if self.embed_scale is not None:
             x = x * self.embed_scale
@@ -343,9 +365,9 @@ class DecoderRunner:
 
     def _layer(self, index: int, layer: _Layer, x: torch.Tensor, step: _Step) -> torch.Tensor:
         hd, heads, kvh, n = self.head_dim, self.heads, self.kv_heads, step.slots.n
-        lora = step.lora
+        lora, rows = step.lora, step.fixed_from
         h = self._norm(x, layer.ln_in)
-        qkv = layer.qkv(h)
+        qkv = layer.qkv(h, fixed_from=rows)
         if lora is not None:
             lora.add(index, "qkv", h, qkv)
         qk = qkv[:, : (heads + kvh) * hd].view(n, heads + kvh, hd)
@@ -366,7 +388,7 @@ class DecoderRunner:
             window=layer.window,
             scale=self.scale,
         )
-        out = layer.o(attn)
+        out = layer.o(attn, fixed_from=rows)
         if lora is not None:
             lora.add(index, "o", attn, out)
         if layer.ln_attn_out is not None:
@@ -376,7 +398,7 @@ class DecoderRunner:
         else:
             x = x + out
             h = self._norm(x, layer.ln_mlp_in)
-        gate_up = layer.gate_up(h)
+        gate_up = layer.gate_up(h, fixed_from=rows)
         if lora is not None:
             lora.add(index, "gate_up", h, gate_up)
         if self.glue is not None and self.act is F.silu:
@@ -384,9 +406,30 @@ class DecoderRunner:
         else:
             gate, up = gate_up.chunk(2, dim=-1)
             inner = self.act(gate) * up
-        out = layer.down(inner)
+        out = layer.down(inner, fixed_from=rows)
         if lora is not None:
             lora.add(index, "down", inner, out)
         if layer.ln_mlp_out is not None:
             out = self._norm(out, layer.ln_mlp_out)
         return x + out
+
+
+def _caller_order(
+    logit_rows: list[int],
+    decode_rows: int,
+    ordered: list[PrefillChunk],
+    prefills: list[PrefillChunk],
+) -> list[int]:
+    """``logit_rows`` of a step packed with ``ordered`` chunks, rearranged for the
+    caller's ``prefills`` order (the same chunks)."""
+    if all(a is b for a, b in zip(ordered, prefills, strict=True)):
+        return logit_rows
+    per_chunk: dict[int, list[int]] = {}
+    at = decode_rows
+    for chunk in ordered:
+        per_chunk[id(chunk)] = logit_rows[at : at + chunk.logit_rows]
+        at += chunk.logit_rows
+    rows = logit_rows[:decode_rows]
+    for chunk in prefills:
+        rows += per_chunk[id(chunk)]
+    return rows

@@ -32,16 +32,15 @@ import torch
 from backends.hf.model.kv_cache import SlotKVCache
 
 BLOCK_SIZE = 16
-_ROOT = -1
-"""The parent of a first block of the base model's prompts; a LoRA adapter's first blocks
-hang off their own root (``_root``): the same tokens give other keys and values under
-another adapter."""
 
 
-def _root(adapter: int) -> int:
-    """The root parent for prompts served with the adapter load keyed ``adapter`` (-1:
-    none; see ``LoraBank.keys``)."""
-    return _ROOT if adapter < 0 else -2 - adapter
+def _root(adapter: int, fixed: bool) -> int:
+    """The parent of a prompt's first block (-1: the base model's, in calls as rows
+    alone). A LoRA adapter's prompts, and prompts prefilled in fixed-size calls
+    (``PrefillChunk.fixed``), hang off roots of their own: the same tokens give other
+    keys and values under another adapter, and round otherwise in the other calls.
+    ``adapter``: the adapter load's key (-1: none; see ``LoraBank.keys``)."""
+    return -1 - 2 * (max(adapter, -1) + 1) - int(fixed)
 
 
 @dataclass(eq=False, slots=True)
@@ -103,11 +102,13 @@ class PrefixCache:
             return 0
         return 2 * self._k.numel() * self._k.element_size()
 
-    def restore(self, prompt_ids: list[int], slot: int, adapter: int = -1) -> int:
+    def restore(
+        self, prompt_ids: list[int], slot: int, adapter: int = -1, *, fixed: bool = False
+    ) -> int:
         """Copy the longest cached prefix of ``prompt_ids`` into ``slot``; returns how many
         positions (a multiple of ``block_size``, fewer than ``len(prompt_ids)``) are
         now in the slot and need no prefill."""
-        chain = self._match(prompt_ids, limit=len(prompt_ids) - 1, adapter=adapter)
+        chain = self._match(prompt_ids, limit=len(prompt_ids) - 1, root=_root(adapter, fixed))
         self.stats.queried += len(prompt_ids)
         if not chain:
             return 0
@@ -125,13 +126,16 @@ class PrefixCache:
         self._touch(chain)
         return matched
 
-    def insert(self, prompt_ids: list[int], slot: int, adapter: int = -1) -> None:
+    def insert(
+        self, prompt_ids: list[int], slot: int, adapter: int = -1, *, fixed: bool = False
+    ) -> None:
         """Store every full block of ``prompt_ids`` not cached yet; ``slot`` holds the
         prompt's keys at positions ``0..len-1``."""
         bs = self.block_size
         total = len(prompt_ids) // bs
-        chain = self._match(prompt_ids, limit=len(prompt_ids), adapter=adapter)
-        parent = chain[-1].index if chain else _root(adapter)
+        root = _root(adapter, fixed)
+        chain = self._match(prompt_ids, limit=len(prompt_ids), root=root)
+        parent = chain[-1].index if chain else root
         new: list[_Block] = []
         for number in range(len(chain), total):
             index = self._allocate(protect={b.index for b in (*chain, *new)})
@@ -151,10 +155,10 @@ class PrefixCache:
 
     # ------------------------------------------------------------------ internals
 
-    def _match(self, prompt_ids: list[int], *, limit: int, adapter: int = -1) -> list[_Block]:
+    def _match(self, prompt_ids: list[int], *, limit: int, root: int) -> list[_Block]:
         bs = self.block_size
         chain: list[_Block] = []
-        parent = _root(adapter)
+        parent = root
         for number in range(limit // bs):
             block = self._blocks.get((parent, tuple(prompt_ids[number * bs : (number + 1) * bs])))
             if block is None:

@@ -15,7 +15,17 @@ So each weight shape is probed once (``linears.Dense`` does, with the first weig
 that shape, at most 8,192 of its rows): the widest call (all rows, else 32, 16, ...
 rows) whose every row equals that row computed alone, over call sizes from that width
 down to 2. The projection then splits larger inputs into calls of that many rows. Where
-the probe finds the whole input invariant (no AMX), it splits nothing. Stateless.
+the probe finds the whole input invariant (no AMX), it splits nothing.
+
+Prefill rows need less: a prompt's tokens are prefilled the same way alone and in a
+batch, so they need not round as one row alone does, only the same whatever shares their
+call. oneDNN's AMX kernel for a call of a fixed size is such a kernel: a row's result
+does not depend on where it sits in the call or on the other rows (its choices depend on
+the size, and past ~500 rows they change again). So the same probe also finds the
+widest fixed size (128, else 64 rows) at which that holds, and which of twice and four
+times that size give those rows the same results again; prefill rows run in calls of
+those sizes only, the widest that fits first, the last call padded to the narrowest that
+holds its rows. Stateless.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import torch
 
 PROBE_ROWS = 40  # more than the widest width tried, so a full call is wider than it
 _WIDTHS = (32, 16, 8, 4, 2)
+FIXED_WIDTHS = (128, 64)  # call sizes tried for prefill rows, widest first
 
 
 def _calls_match_alone(
@@ -54,3 +65,38 @@ def invariant_width(call: Callable[[torch.Tensor], torch.Tensor], in_features: i
         if _calls_match_alone(call, x, width, alone):
             return width
     return 1
+
+
+def _rows_kept(
+    call: Callable[[torch.Tensor], torch.Tensor],
+    x: torch.Tensor,
+    reference: torch.Tensor,
+    size: int,
+    generator: torch.Generator,
+) -> bool:
+    """``x`` (``reference``: ``call(x)``) placed at a few offsets among other rows in calls
+    of ``size`` rows: each of its rows as in ``reference``."""
+    width = x.shape[0]
+    for offset in sorted({0, 1, 5, 17, size // 2, size - width} & set(range(size - width + 1))):
+        others = torch.randn(size - width, x.shape[1], generator=generator, dtype=x.dtype)
+        placed = torch.cat((others[:offset], x, others[offset:]))
+        if not torch.equal(call(placed)[offset : offset + width], reference):
+            return False
+    return True
+
+
+def fixed_widths(call: Callable[[torch.Tensor], torch.Tensor], in_features: int) -> tuple[int, ...]:
+    """The call sizes at which each row gives the same result wherever it sits, whatever
+    the other rows hold, and whichever of these sizes the call has: the widest base of
+    ``FIXED_WIDTHS`` that keeps rows in place, with twice and four times it where those
+    agree (ascending; empty: no base does)."""
+    generator = torch.Generator().manual_seed(1)
+    for base in FIXED_WIDTHS:
+        x = torch.randn(base, in_features, generator=generator, dtype=torch.bfloat16)
+        reference = call(x)
+        part = x[base // 4 : base // 2]  # a quarter of the rows, moved about in the call
+        if not _rows_kept(call, part, reference[base // 4 : base // 2], base, generator):
+            continue
+        wider = (n * base for n in (2, 4))
+        return (base, *(n for n in wider if _rows_kept(call, x, reference, n, generator)))
+    return ()

@@ -55,6 +55,9 @@ class PrefillChunk:
     score: bool = False
     adapter: int = -1
     """The LoRA adapter slot its tokens run with (``LoraBank``); -1: the base model."""
+    fixed: bool = False
+    """Its rows take the projections' fixed-size calls (``DecoderRunner.fixed_prefill``:
+    the same for every chunk of a prompt); False: each rounds as a row alone."""
 
     @property
     def logit_rows(self) -> int:
