@@ -65,10 +65,10 @@ class Dense:
     time. A bf16 CPU projection takes at most ``row_block`` rows per GEMM (``None``: any),
     the most with which every row rounds as it would alone (``row_blocks``: 32 on AMX
     CPUs, any elsewhere). Where it is capped, the rows of a long prompt run in calls of
-    the sizes in ``prefill_sizes`` (128, 256, 512 rows on AMX, as the probe finds them):
-    each rounds the same in any of them, and one such call costs far less than four
-    capped ones. The widest size that the rows fill goes first; the last call is padded
-    to the narrowest size that holds its rows."""
+    the sizes in ``prefill_sizes`` (multiples of 64 up to 512 rows on AMX, as the
+    probe finds them): each rounds the same in any of them, and one such call costs far
+    less than four capped ones. Rows that the widest size does not hold go in calls of
+    it; the rest in one call of the narrowest that holds them, padded."""
 
     weight: torch.Tensor
     bias: torch.Tensor | None
@@ -115,10 +115,8 @@ class Dense:
 
 
 def _call_size(sizes: tuple[int, ...], rows: int) -> int:
-    """Of ``sizes`` (ascending), the widest that ``rows`` fill, else the narrowest that
-    holds them."""
-    filled = [size for size in sizes if size <= rows]
-    return filled[-1] if filled else next(size for size in sizes if size >= rows)
+    """Of ``sizes`` (ascending), the narrowest that holds ``rows``, else the widest."""
+    return next((size for size in sizes if size >= rows), sizes[-1])
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:

@@ -21,11 +21,12 @@ Prefill rows need less: a prompt's tokens are prefilled the same way alone and i
 batch, so they need not round as one row alone does, only the same whatever shares their
 call. oneDNN's AMX kernel for a call of a fixed size is such a kernel: a row's result
 does not depend on where it sits in the call or on the other rows (its choices depend on
-the size, and past ~500 rows they change again). So the same probe also finds the
-widest fixed size (128, else 64 rows) at which that holds, and which of twice and four
-times that size give those rows the same results again; prefill rows run in calls of
-those sizes only, the widest that fits first, the last call padded to the narrowest that
-holds its rows. Stateless.
+the size). So the same probe also finds the
+widest fixed size (128, else 64 rows) at which that holds, and which other multiples of
+64 rows up to 512 give those rows the same results again (on SmolLM2's shapes most do;
+past ~500 rows oneDNN changes its blocking and some do not). A prompt's rows then run
+in calls of those sizes only: one call of the narrowest that holds them, else calls of
+the widest, the last call padded with zero rows. Stateless.
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ from collections.abc import Callable
 
 import torch
 
-PROBE_ROWS = 40  # more than the widest width tried, so a full call is wider than it
+PROBE_ROWS = 128  # far wider than the widest width tried: see invariant_width
 _WIDTHS = (32, 16, 8, 4, 2)
-FIXED_WIDTHS = (128, 64)  # call sizes tried for prefill rows, widest first
+FIXED_WIDTHS = (128, 64)  # base call sizes tried for a prompt's rows, widest first
+MAX_FIXED_WIDTH = 512  # the widest call tried beside the base (the scheduler's chunk)
+FIXED_PROBE_ROWS = 256  # rows compared per size and place (1 to 5 in 100 show a change)
 
 
 def _calls_match_alone(
@@ -55,7 +58,11 @@ def _calls_match_alone(
 
 
 def invariant_width(call: Callable[[torch.Tensor], torch.Tensor], in_features: int) -> int | None:
-    """The most rows one ``call`` may take with every row as it is alone; ``None``: any."""
+    """The most rows one ``call`` may take with every row as it is alone; ``None``: any.
+
+    Over ``PROBE_ROWS`` rows: where a wide call rounds otherwise, only a few rows in a
+    hundred show it (on SmolLM2's 576 x 576 shape 1 to 3 of 48-100 rows), so 40 rows
+    once passed a random weight of that shape as invariant."""
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(PROBE_ROWS, in_features, generator=generator, dtype=torch.bfloat16)
     alone = torch.cat([call(x[row : row + 1]) for row in range(PROBE_ROWS)])
@@ -67,36 +74,39 @@ def invariant_width(call: Callable[[torch.Tensor], torch.Tensor], in_features: i
     return 1
 
 
-def _rows_kept(
+def _in_calls(
     call: Callable[[torch.Tensor], torch.Tensor],
     x: torch.Tensor,
-    reference: torch.Tensor,
     size: int,
+    offset: int,
     generator: torch.Generator,
-) -> bool:
-    """``x`` (``reference``: ``call(x)``) placed at a few offsets among other rows in calls
-    of ``size`` rows: each of its rows as in ``reference``."""
-    width = x.shape[0]
-    for offset in sorted({0, 1, 5, 17, size // 2, size - width} & set(range(size - width + 1))):
-        others = torch.randn(size - width, x.shape[1], generator=generator, dtype=x.dtype)
-        placed = torch.cat((others[:offset], x, others[offset:]))
-        if not torch.equal(call(placed)[offset : offset + width], reference):
-            return False
-    return True
+) -> torch.Tensor:
+    """``call`` of ``x``'s rows placed ``offset`` rows into a run of other rows, the run
+    cut into calls of ``size`` rows."""
+    total = -(-(offset + x.shape[0]) // size) * size
+    others = torch.randn(total - x.shape[0], x.shape[1], generator=generator, dtype=x.dtype)
+    run = torch.cat((others[:offset], x, others[offset:]))
+    out = torch.cat([call(run[start : start + size]) for start in range(0, total, size)])
+    return out[offset : offset + x.shape[0]]
 
 
 def fixed_widths(call: Callable[[torch.Tensor], torch.Tensor], in_features: int) -> tuple[int, ...]:
     """The call sizes at which each row gives the same result wherever it sits, whatever
     the other rows hold, and whichever of these sizes the call has: the widest base of
-    ``FIXED_WIDTHS`` that keeps rows in place, with twice and four times it where those
-    agree (ascending; empty: no base does)."""
+    ``FIXED_WIDTHS`` that keeps ``FIXED_PROBE_ROWS`` rows as they are when moved about
+    its calls, with every multiple of 64 up to ``MAX_FIXED_WIDTH`` whose calls give the
+    same rows again (ascending; empty: no base does)."""
     generator = torch.Generator().manual_seed(1)
+    x = torch.randn(FIXED_PROBE_ROWS, in_features, generator=generator, dtype=torch.bfloat16)
     for base in FIXED_WIDTHS:
-        x = torch.randn(base, in_features, generator=generator, dtype=torch.bfloat16)
-        reference = call(x)
-        part = x[base // 4 : base // 2]  # a quarter of the rows, moved about in the call
-        if not _rows_kept(call, part, reference[base // 4 : base // 2], base, generator):
+        reference = _in_calls(call, x, base, 0, generator)
+        moved = (_in_calls(call, x, base, offset, generator) for offset in (1, 17, base // 2))
+        if not all(torch.equal(rows, reference) for rows in moved):
             continue
-        wider = (n * base for n in (2, 4))
-        return (base, *(n for n in wider if _rows_kept(call, x, reference, n, generator)))
+        sizes = [base]
+        for size in range(64, MAX_FIXED_WIDTH + 1, 64):
+            placed = (_in_calls(call, x, size, offset, generator) for offset in (5, size // 2))
+            if size != base and all(torch.equal(rows, reference) for rows in placed):
+                sizes.append(size)
+        return tuple(sorted(sizes))
     return ()
