@@ -133,10 +133,14 @@ def _dense(
     return F.linear(x, weight, bias)
 
 
-_ROW_BLOCKS: dict[tuple[int, int, bool], tuple[int | None, tuple[int, ...]]] = {}
-"""Memo of :func:`_row_blocks` per weight shape: a pure function of the CPU and the shape
-(the kernel oneDNN picks depends on the shape, not the values), so a race only computes
-it twice; a model has a handful of shapes, and the memo stops growing at 256."""
+_ROW_BLOCKS: dict[tuple[int, int, bool, int], tuple[int | None, tuple[int, ...]]] = {}
+"""Memo of :func:`_row_blocks` per weight shape and thread count: a pure function of the
+CPU, the shape and the calling thread's team size (the kernel oneDNN picks depends on
+the shape, not the values, and how it splits a call over threads moves some sums: on the
+AMX Xeon a 512-row call of SmolLM2's qkv rounds otherwise on two threads than on one),
+so a race only computes it twice; a model has a handful of shapes, and the memo stops
+growing at 256. The engine steps on the thread count it loads with (a long prompt's
+steps are never the one-thread small steps of ``adaptive_threads``)."""
 
 _PROBE_OUT_FEATURES = 8192
 """A wider weight is probed on its first 8,192 rows: how a GEMM groups and sums an input
@@ -150,7 +154,7 @@ def _row_blocks(
     """``invariant_width`` and, where that is capped, ``fixed_widths`` of this bf16 CPU
     projection (``stored``: ``weight`` as the projection keeps it), probed once per shape
     (~0.1 s)."""
-    key = (int(weight.shape[0]), int(weight.shape[1]), prepacked)
+    key = (int(weight.shape[0]), int(weight.shape[1]), prepacked, torch.get_num_threads())
     if key in _ROW_BLOCKS:
         return _ROW_BLOCKS[key]
     packed = stored

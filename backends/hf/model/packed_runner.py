@@ -38,8 +38,8 @@ Norm = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 FIXED_PROMPT_TOKENS = 64
 """Prompts from this long on are prefilled in fixed-size calls where the projections have
-them (``row_blocks``; 128 rows and up on AMX). On SmolLM2 a 100-token prefill took 45.5
-ms that way against 60.2 ms in 32-row calls (docs/benchmarks/row_blocks); padded to 128
+them (``row_blocks``; 64 to 512 rows on AMX). On SmolLM2 a 100-token prefill took 47.6
+ms that way against 63.6 ms in 32-row calls (docs/benchmarks/row_blocks); padded to 128
 rows, a 32-token one took 45 ms against 28 (a probe on the same box)."""
 
 
