@@ -16,8 +16,9 @@
 #                         prefill of 128/512 tokens, bf16 vs int4 (where a quantized step's time goes)
 #   make bench-quant      int8/int4/gguf (weight-only) and w4a8 vs bf16 on SmolLM2 and Gemma 3 270M:
 #                         greedy agreement, log-likelihood gap, decode step times
-#   make bench-quant-serve  SmolLM2 served by hf bf16/int8/int4/gguf vs llama.cpp (native
-#                         build, same Q4_1 GGUF) vs vLLM-CPU at c = 1/4/16, with bandwidth
+#   make bench-quant-serve  SmolLM2 served by hf bf16/int8/int4/gguf/w4a8 vs llama.cpp's own
+#                         llama-server (same Q4_1 GGUF, 16 slots) vs vLLM-CPU compiled at
+#                         c = 1/4/16, with bandwidth (BENCH_ARGS="--settings none,w4a8": some)
 #   make bench-c1         one user chatting (bench/studies/chat_c1.py): streamed chat, 6 short
 #                         prompts, 64 tokens, ignore_eos, rounds alternating: hf int4 / w4a8 / bf16 vs
 #                         llama.cpp's own llama-server (`make llama-server`) on the packaged
@@ -83,9 +84,10 @@ bench-quant-steps: setup
 bench-quant: setup
 	$(PY) -m bench.studies.quant_accuracy --out $(BENCH_OUT)/quantization
 
-bench-quant-serve: setup llamacpp-native $(if $(BENCH_NO_VLLM),,vllm)
-	$(PY) -m bench.studies.quant_serve --out $(BENCH_OUT)/quant_serve $(if $(BENCH_NO_VLLM),--no-vllm,) \
-		$(if $(BENCH_QUICK),--quick --concurrency 1$(COMMA)2,)
+bench-quant-serve: setup llama-server $(if $(BENCH_NO_VLLM),,vllm)
+	$(PY) -m bench.studies.quant_serve --out $(BENCH_OUT)/quant_serve --llama-server $(LLAMA_SERVER) \
+		$(if $(BENCH_NO_VLLM),--no-vllm,) $(if $(BENCH_QUICK),--quick --concurrency 1$(COMMA)2,) \
+		$(BENCH_ARGS)
 
 bench-c1: setup llama-server gguf-convert llamacpp $(if $(BENCH_NO_VLLM),,vllm)
 	$(PY) -m bench.studies.chat_c1 --out $(BENCH_OUT)/chat_c1 --llama-server $(LLAMA_SERVER) \

@@ -1,23 +1,25 @@
 """``make bench-quant-serve``: quantized weights served, against llama.cpp and vLLM-CPU.
 
     python -m bench.studies.quant_serve --out docs/benchmarks/quant_serve [--concurrency 1,4,16]
-        [--llamacpp-venv .venv-llamacpp-native] [--no-vllm] [--quick]
+        [--settings none,int8,int4,gguf,w4a8]
+        [--llama-server .engines/llama-server/bin/llama-server]
+        [--no-vllm] [--quick]
 
-The default model (the packaged SmolLM2-135M-Instruct, whose GGUF is Q4_1) served five
-ways over HTTP, the systems alternating level by level as in ``make bench``:
+The default model (the packaged SmolLM2-135M-Instruct, whose GGUF is Q4_1) served over
+HTTP, the systems alternating level by level as in ``make bench``:
 
 - llmso's hf continuous engine (the models suite's config: ``max_num_seqs`` 64, prefix
-  caching off) with ``quantization: none``
-  (bf16), ``int8``, ``int4`` (groups of 32) and ``gguf`` (the GGUF's own Q4_1 layout,
-  mapped to int4 groups of 32);
-- llama.cpp's server (llama-cpp-python) on the same GGUF file, from the venv given (the
-  native build: ``make llamacpp-native``), 2 threads, ``repeat_penalty`` 1.0 and the end
-  tokens banned through ``logit_bias`` so it writes ``max_tokens`` like the others
-  (``ignore_eos``); it runs one request at a time (its server has no batching);
-- vLLM-CPU in bf16, as in ``make bench``.
+  caching off) at each ``quantization`` setting asked: ``none`` (bf16), ``int8``,
+  ``int4`` (groups of 32), ``gguf`` (the GGUF's own Q4_1 layout, mapped to int4 groups
+  of 32) and ``w4a8`` (4-bit weights on Q4_1's grid times 8-bit activations, our C
+  kernel);
+- llama.cpp's own server (``make llama-server``) on the same GGUF file, 16 parallel slots
+  (so c = 4 and 16 batch as the others do), 2 threads, end tokens banned through
+  ``logit_bias`` so it writes ``max_tokens`` like the others (``ignore_eos``);
+- vLLM-CPU in bf16, compiled (its default), as in ``make bench``.
 
 Then ``bandwidth.md``: at c = 1, bytes a decode step reads (projection weights at each
-setting's storage, the tied embedding table as the LM head in bf16, K and V at the mean
+setting's storage, the tied embedding table as the LM head, K and V at the mean
 context) over the inter-token time, beside a read probe run before and after.
 """
 
@@ -31,19 +33,21 @@ import sys
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, cast, get_args
+from unittest import mock
 
 from backends.hf.loading.memory_estimate import kv_bytes_per_token, tensor_bytes
 from backends.hf.loading.model_source import gguf_behind, resolve_source
-from backends.hf.loading.quantization import QuantPlan, from_gguf, uniform
+from backends.hf.loading.quantization import QuantPlan, Scheme, from_gguf, uniform
 from bench.compare import run_compare
 from bench.machine import venv_package_version
 from bench.report import RunRecord
 from bench.spec import CompareSpec, SystemSpec
+from bench.studies.chat_c1 import fresh_connections, llama_server_system
 from bench.studies.read_probe import ReadProbe, probe_read_bandwidth
 from bench.suites import DEFAULT_SOURCE, MODEL_NAME, hf_system, vllm_system
 
-SETTINGS = ("none", "int8", "int4", "gguf")
+SETTINGS = ("none", "int8", "int4", "gguf", "w4a8")
 GROUP = 32
 _PARTS = {
     "qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
@@ -51,6 +55,8 @@ _PARTS = {
     "gate_up": ("mlp.gate_proj", "mlp.up_proj"),
     "down": ("mlp.down_proj",),
 }
+
+
 _END_TOKENS = ("0", "1", "2")
 """SmolLM2's <|endoftext|>, <|im_start|>, <|im_end|>: banned for llama.cpp, which has no
 ``ignore_eos``."""
@@ -96,6 +102,19 @@ def llamacpp_note(venv: Path, threads: int) -> str:
     )
 
 
+LLAMA_SERVER = "llama-server"
+VLLM = "vllm-cpu-compiled"
+
+
+def llama_server_note(binary: Path, threads: int) -> str:
+    """How the llama-server system runs, for a run's notes."""
+    return (
+        f"llama.cpp: its own llama-server ({binary.name}, make llama-server: the source "
+        "llama-cpp-python's release vendors, built for this CPU), on the same GGUF, "
+        f"--threads {threads}, --parallel 16, ignore_eos"
+    )
+
+
 def decode_context(record: RunRecord, records: list[RunRecord]) -> float:
     """Mean context of ``record``'s decode steps: prompt + half the output. Every system
     gets the same prompts; llama.cpp's server streams no usage, so a record without prompt
@@ -113,11 +132,19 @@ def decode_context(record: RunRecord, records: list[RunRecord]) -> float:
     return prompt + summary.output_tokens / summary.ok / 2
 
 
+_BYTES_PER_WEIGHT = {
+    "int8": 1.0,  # its bf16 scale per output row left out: under 0.4 % of the weight
+    "int4": 0.5 + 4 / GROUP,  # a bf16 scale and zero per group
+    "w4a8": 0.5 + 4 / 32,  # fp16 s and m per group of 32 (``linears.pack_int4``)
+    "w4a16": 0.5 + 4 / 32,
+    "w8a16": 1.0 + 2 / 32,  # fp16 s per group of 32 (``linears.pack_int8``)
+}
+
+
 def step_weight_bytes(folder: Path, plan: QuantPlan) -> int:
-    """Bytes of weights one decode step reads at ``plan``: each projection at its
-    scheme's storage (int8: a byte a weight; int4: half a byte + a bf16 scale and zero per
-    group), everything else (the tied embedding as LM head, the norms) in bf16. int8's
-    bf16 scale per output row is left out: under 0.4 % of the weight."""
+    """Bytes of weights one decode step reads at ``plan``: each projection and the LM head
+    at its scheme's storage (``_BYTES_PER_WEIGHT``), everything else (the norms; the tied
+    embedding once, as the LM head where that stays bf16) in bf16."""
     sizes = tensor_bytes(folder, "bfloat16")
     total = sum(sizes.values())
     layers = 1 + max(int(n.split(".")[2]) for n in sizes if n.startswith("model.layers."))
@@ -126,11 +153,11 @@ def step_weight_bytes(folder: Path, plan: QuantPlan) -> int:
             scheme = plan.scheme(layer, part)
             for module in modules:
                 dense = sizes[f"model.layers.{layer}.{module}.weight"]
-                weights = dense // 2
-                if scheme == "int8":
-                    total += weights - dense
-                elif scheme == "int4":
-                    total += weights // 2 + weights * 4 // plan.group - dense
+                if scheme != "none":
+                    total += int(dense // 2 * _BYTES_PER_WEIGHT[scheme]) - dense
+    if plan.head != "none":
+        head = sizes.get("lm_head.weight", sizes["model.embed_tokens.weight"])
+        total += int(head // 2 * _BYTES_PER_WEIGHT[plan.head]) - head
     return total
 
 
@@ -173,13 +200,22 @@ def _markdown(rows: list[dict[str, Any]], probes: tuple[ReadProbe, ...]) -> str:
     lines += [
         "",
         "Weights read per step: projections at each setting's storage, the tied embedding "
-        "table once as the LM head (bf16 in the hf engine, Q4_1/Q6 as the GGUF stores it "
-        "for llama.cpp: its file's tensor bytes), norms; plus K and V at the mean context.",
+        "table once as the LM head (bf16 in the hf engine, 8-bit under w4a8; for "
+        "llama.cpp the GGUF file's bytes: Q8_0 there), norms; plus K and V at the mean "
+        "context.",
         "Probes (float32 sum over 1 GiB, before and after): "
         + ", ".join(f"{p.gb_per_s:.1f} GB/s ({p.threads} threads)" for p in probes),
         "",
     ]
     return "\n".join(lines)
+
+
+def _plan(setting: str, gguf: Path) -> QuantPlan:
+    if setting == "gguf":
+        return from_gguf(gguf)
+    if setting not in get_args(Scheme):
+        raise SystemExit(f"unknown setting {setting!r}")
+    return uniform(cast(Scheme, setting), GROUP)
 
 
 def spec(args: argparse.Namespace, root: Path, folder: Path, gguf: Path) -> CompareSpec:
@@ -196,23 +232,26 @@ def spec(args: argparse.Namespace, root: Path, folder: Path, gguf: Path) -> Comp
             source=DEFAULT_SOURCE,
             quantization=setting,
         )
-        for setting in SETTINGS
+        for setting in args.settings
     ]
-    systems.append(llamacpp_system(Path(args.llamacpp_venv), gguf, threads))
+    systems.append(
+        llama_server_system(Path(args.llama_server), gguf, LLAMA_SERVER, slots=16, threads=threads)
+    )
     if not args.no_vllm:
         systems.append(
             vllm_system(
                 root / ".venv-vllm",
                 str(folder),
-                "vllm-cpu",
+                VLLM,
                 dtype="bfloat16",
                 max_seqs=64,
                 prefix_caching=False,
                 env={"VLLM_CPU_KVCACHE_SPACE": "2"},
+                enforce_eager=False,
             )
         )
     return CompareSpec(
-        title="SmolLM2-135M-Instruct: hf bf16 / int8 / int4 / gguf vs llama.cpp (Q4_1) vs vLLM-CPU",
+        title="SmolLM2-135M-Instruct: hf quantization settings vs llama-server (Q4_1) vs vLLM-CPU",
         model=MODEL_NAME,
         max_tokens=8 if args.quick else 64,
         ignore_eos=True,
@@ -225,10 +264,11 @@ def spec(args: argparse.Namespace, root: Path, folder: Path, gguf: Path) -> Comp
         notes=(
             f"model: {folder} (bf16) and the GGUF it is converted from: {gguf.name}",
             "llmso hf: continuous, max_num_seqs 64, quantization as labelled "
-            f"(int4: groups of {GROUP}; gguf: the file's Q4_1 as int4 groups of 32); "
-            "prefix caching off",
-            llamacpp_note(Path(args.llamacpp_venv), threads),
-            "vLLM-CPU: bf16, --enforce-eager, VLLM_CPU_KVCACHE_SPACE=2, prefix caching off",
+            f"(int4: groups of {GROUP}; gguf: the file's Q4_1 as int4 groups of 32; w4a8: "
+            "4-bit weights x 8-bit activations, LM head 8-bit); prefix caching off",
+            llama_server_note(Path(args.llama_server), threads),
+            "vLLM-CPU: bf16, compiled (its default), VLLM_CPU_KVCACHE_SPACE=2, prefix caching off",
+            "every request on a fresh connection (llama-server closes streamed ones)",
             "systems alternate per concurrency level (order rotates); all stay resident",
         ),
         systems=tuple(systems),
@@ -241,7 +281,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--concurrency", type=lambda t: tuple(int(x) for x in t.split(",")), default=(1, 4, 16)
     )
-    parser.add_argument("--llamacpp-venv", default=".venv-llamacpp-native")
+    parser.add_argument(
+        "--settings", type=lambda t: tuple(t.split(",")), default=SETTINGS, help="hf settings"
+    )
+    parser.add_argument("--llama-server", default=".engines/llama-server/bin/llama-server")
     parser.add_argument("--no-vllm", action="store_true")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
@@ -254,13 +297,13 @@ def main(argv: list[str] | None = None) -> int:
     before = probe_read_bandwidth(None)
     work = Path(tempfile.mkdtemp(prefix="llmso-quant-serve-"))
     meta = {"command": " ".join(["python -m bench.studies.quant_serve", *sys.argv[1:]])}
-    records = asyncio.run(run_compare(spec(args, root, folder, gguf), out, work, meta))
+    with mock.patch("bench.compare.new_session", fresh_connections):
+        records = asyncio.run(run_compare(spec(args, root, folder, gguf), out, work, meta))
     after = probe_read_bandwidth(None)
-    plans = {"none": uniform("none", GROUP), "int8": uniform("int8", GROUP),
-             "int4": uniform("int4", GROUP), "gguf": from_gguf(gguf)}  # fmt: skip
+    plans = {name: _plan(name, gguf) for name in (*args.settings, "none")}
     step_bytes = {f"hf-{name}": step_weight_bytes(folder, plan) for name, plan in plans.items()}
-    step_bytes["vllm-cpu"] = step_bytes["hf-none"]
-    step_bytes["llamacpp"] = gguf.stat().st_size
+    step_bytes[VLLM] = step_bytes["hf-none"]
+    step_bytes[LLAMA_SERVER] = gguf.stat().st_size
     probes = (before, after)
     kv = kv_bytes_per_token(folder, "bfloat16")
     rows = bandwidth_rows(records, step_bytes, kv, max(p.gb_per_s for p in probes))

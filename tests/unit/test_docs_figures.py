@@ -180,8 +180,9 @@ README_FIGURES: dict[str, Figure] = {
     "hf / vLLM-CPU compiled, output tok/s, Llama-3.2-1B shape, c = 1 / 4 / 16 (Intel Xeon)": Figure(
         (LLAMA,), lambda: _tok_ratios(LLAMA, HF, VLLM_COMPILED, (1, 4, 16))
     ),
-    "hf int4 / hf bf16, output tok/s, one stream, SmolLM2-135M": Figure(
-        (SERVE,), lambda: _tok_ratios(SERVE, "hf-int4", "hf-none", (1,))
+    "hf w4a8 / llama.cpp's own llama-server (same Q4_1 GGUF, 16 slots), output tok/s, "
+    "c = 1 / 4 / 16 (Intel Xeon)": Figure(
+        (SERVE,), lambda: _tok_ratios(SERVE, "hf-w4a8", "llama-server", (1, 4, 16))
     ),
     "hf w4a8 / hf int4 over llama.cpp's own llama-server on the same Q4_1 GGUF, one user "
     "chatting (Intel Xeon)": Figure(
@@ -298,8 +299,9 @@ INDEX_FIGURES: dict[str, Figure] = {
     "quant_serve": Figure(
         (SERVE,),
         lambda: [
-            *_tok_ratios(SERVE, "hf-int4", "hf-none", (1,)),
-            *_tok_ratios(SERVE, "hf-int4", "llamacpp", (1,)),
+            *_tok_ratios(SERVE, "hf-w4a8", "llama-server", (1, 16)),
+            *_tok_ratios(SERVE, "hf-w4a8", "hf-none", (1, 16)),
+            *_tok_ratios(SERVE, "hf-none", "vllm-cpu-compiled", (16,)),
         ],
     ),
     "quantization": Figure(
