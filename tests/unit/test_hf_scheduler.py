@@ -9,6 +9,7 @@ the same request run alone.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -106,6 +107,7 @@ def _scheduler(
     runner: FakeRunner | None = None,
     newcomer_steps: bool = True,
     prefill_chunk: int = 7,
+    fixed_prefill: Callable[[int], bool] | None = None,
 ) -> ContinuousScheduler:
     return ContinuousScheduler(
         runner or FakeRunner(max_seqs + 1),  # type: ignore[arg-type]
@@ -115,6 +117,7 @@ def _scheduler(
         observer=None,
         newcomer_steps=newcomer_steps,
         prefill_chunk=prefill_chunk,
+        fixed_prefill=fixed_prefill,
     )
 
 
@@ -202,6 +205,19 @@ def test_aborts_free_slots_and_leave_others_intact() -> None:
     texts = _texts(out, states)
     assert [t for i, t in enumerate(texts) if i != 2] == [a for i, a in enumerate(alone) if i != 2]
     assert len(texts[2][0]) < len(alone[2][0])
+
+
+def test_every_chunk_of_a_long_prompt_asks_for_fixed_size_calls() -> None:
+    """The runner's rule is read from the prompt's length, so a long prompt's chunks
+    (split here by a 7-token chunk) all say so, and a short prompt's none."""
+    runner = FakeRunner(3)
+    long, short = _state(list(range(3, 23)), 2), _state([5, 6, 7], 2)
+    _run(_scheduler(2, 64, runner=runner, fixed_prefill=lambda n: n >= 10), {0: [long, short]})
+    chunks = [chunk for _, step in runner.calls for chunk in step]
+    fixed = [c for c in chunks if c.fixed]
+    assert len(fixed) > 1 and sum(len(c.tokens) for c in fixed) == 20
+    assert {c.tokens[0] for c in chunks if not c.fixed} <= {5, 6, 7}  # the short one's
+    assert sum(len(c.tokens) for c in chunks if not c.fixed) == 3
 
 
 def test_a_burst_into_an_idle_engine_starts_after_one_chunk() -> None:

@@ -21,12 +21,12 @@ Prefill rows need less: a prompt's tokens are prefilled the same way alone and i
 batch, so they need not round as one row alone does, only the same whatever shares their
 call. oneDNN's AMX kernel for a call of a fixed size is such a kernel: a row's result
 does not depend on where it sits in the call or on the other rows (its choices depend on
-the size). So the same probe also finds the
-widest fixed size (128, else 64 rows) at which that holds, and which other multiples of
-64 rows up to 512 give those rows the same results again (on SmolLM2's shapes most do;
-past ~500 rows oneDNN changes its blocking and some do not). A prompt's rows then run
-in calls of those sizes only: one call of the narrowest that holds them, else calls of
-the widest, the last call padded with zero rows. Stateless.
+the size and the thread count). So the same probe also finds the widest fixed size
+(128, else 64 rows) at which that holds, and which other multiples of 64 rows up to 512
+give those rows the same results again (on SmolLM2's shapes most do; which do not
+depends on the shape and the thread count). A prompt's rows then run in calls of those
+sizes only: one call of the narrowest that holds them, else calls of the widest, the
+last call padded with zero rows. Stateless.
 """
 
 from __future__ import annotations
