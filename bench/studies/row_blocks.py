@@ -55,7 +55,7 @@ def _one(mode: str, rows: list[int], prefill: list[int], threads: int) -> dict[s
     if mode == "32-row prefill":
         setattr(row_blocks, "FIXED_WIDTHS", ())  # noqa: B010
     elif mode != "row-blocks":
-        setattr(linears, "_row_blocks", lambda weight, stored, prepacked: (None, ()))  # noqa: B010
+        setattr(linears, "_row_blocks", lambda *probe_args: (None, ()))  # noqa: B010
     config = HFModelConfig(
         name="m", backend="hf", source=DEFAULT_SOURCE, dtype="bfloat16", device="cpu"
     )

@@ -78,7 +78,11 @@ class Dense:
     prefill_sizes: tuple[int, ...] = ()  # none: a prompt's rows split like decode rows
 
     @classmethod
-    def of(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> Dense:
+    def of(
+        cls, weight: torch.Tensor, bias: torch.Tensor | None, *, prompt_rows: bool = False
+    ) -> Dense:
+        """``prompt_rows``: the runner passes a long prompt's rows apart (``fixed_from``),
+        so probe the sizes for them too; otherwise every row is taken as a decode row."""
         weight = weight.contiguous()
         size = weight.numel() * weight.element_size()
         prepacked = _can_prepack(weight)
@@ -86,7 +90,7 @@ class Dense:
         block: int | None = None
         sizes: tuple[int, ...] = ()
         if weight.device.type == "cpu" and weight.dtype == torch.bfloat16:
-            block, sizes = _row_blocks(weight, stored, prepacked)
+            block, sizes = _row_blocks(weight, stored, prepacked, prompt_rows)
         return cls(stored, bias, prepacked, size, block, sizes)
 
     def __call__(self, x: torch.Tensor, *, fixed_from: int | None = None) -> torch.Tensor:
@@ -133,14 +137,14 @@ def _dense(
     return F.linear(x, weight, bias)
 
 
-_ROW_BLOCKS: dict[tuple[int, int, bool, int], tuple[int | None, tuple[int, ...]]] = {}
-"""Memo of :func:`_row_blocks` per weight shape and thread count: a pure function of the
-CPU, the shape and the calling thread's team size (the kernel oneDNN picks depends on
-the shape, not the values, and how it splits a call over threads moves some sums: on the
-AMX Xeon a 512-row call of SmolLM2's qkv rounds otherwise on two threads than on one),
-so a race only computes it twice; a model has a handful of shapes, and the memo stops
-growing at 256. The engine steps on the thread count it loads with (a long prompt's
-steps are never the one-thread small steps of ``adaptive_threads``)."""
+_ROW_BLOCKS: dict[tuple[int, int, bool, int, bool], tuple[int | None, tuple[int, ...]]] = {}
+"""Memo of :func:`_row_blocks` per weight shape, thread count and ``prompt_rows``: a pure
+function of the CPU, the shape and the calling thread's team size (the kernel oneDNN
+picks depends on the shape, not the values, and how it splits a call over threads moves
+some sums: on the AMX Xeon a 512-row call of SmolLM2's qkv rounds otherwise on two
+threads than on one), so a race only computes it twice; a model has a handful of shapes,
+and the memo stops growing at 256. The engine steps on the thread count it loads with
+(a long prompt's steps are never the one-thread small steps of ``adaptive_threads``)."""
 
 _PROBE_OUT_FEATURES = 8192
 """A wider weight is probed on its first 8,192 rows: how a GEMM groups and sums an input
@@ -149,12 +153,14 @@ row does not depend on how many outputs it has (checked on SmolLM2's 49,152-row 
 
 
 def _row_blocks(
-    weight: torch.Tensor, stored: torch.Tensor, prepacked: bool
+    weight: torch.Tensor, stored: torch.Tensor, prepacked: bool, prompt_rows: bool
 ) -> tuple[int | None, tuple[int, ...]]:
-    """``invariant_width`` and, where that is capped, ``fixed_widths`` of this bf16 CPU
-    projection (``stored``: ``weight`` as the projection keeps it), probed once per shape
-    (~0.1 s)."""
-    key = (int(weight.shape[0]), int(weight.shape[1]), prepacked, torch.get_num_threads())
+    """``invariant_width`` and, where that is capped and ``prompt_rows`` asks,
+    ``fixed_widths`` of this bf16 CPU projection (``stored``: ``weight`` as the projection
+    keeps it), probed once per shape (~0.1 s each; the LM head and LoRA matrices, never
+    given a prompt's rows apart, skip the second)."""
+    threads = torch.get_num_threads()
+    key = (int(weight.shape[0]), int(weight.shape[1]), prepacked, threads, prompt_rows)
     if key in _ROW_BLOCKS:
         return _ROW_BLOCKS[key]
     packed = stored
@@ -166,7 +172,7 @@ def _row_blocks(
         return _dense(x, packed, None, prepacked)
 
     width = invariant_width(call, key[1])
-    widths = (width, () if width is None else fixed_widths(call, key[1]))
+    widths = (width, fixed_widths(call, key[1]) if width is not None and prompt_rows else ())
     if len(_ROW_BLOCKS) < 256:
         _ROW_BLOCKS[key] = widths
     return widths
@@ -359,11 +365,17 @@ def _per_tile(values: torch.Tensor) -> torch.Tensor:
 
 
 def make_linear(
-    weight: torch.Tensor, bias: torch.Tensor | None, scheme: Scheme, group: int = 32
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    scheme: Scheme,
+    group: int = 32,
+    *,
+    prompt_rows: bool = False,
 ) -> Linear:
-    """The projection ``weight`` (``[out, in]``) as ``scheme`` asks."""
+    """The projection ``weight`` (``[out, in]``) as ``scheme`` asks; ``prompt_rows``: see
+    ``Dense.of``."""
     if scheme == "none":
-        return Dense.of(weight, bias)
+        return Dense.of(weight, bias, prompt_rows=prompt_rows)
     if weight.device.type != "cpu":
         raise QuantizationError(
             f"{scheme} weights run on CPU only (the model is on {weight.device})"

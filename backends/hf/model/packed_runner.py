@@ -273,7 +273,8 @@ class DecoderRunner:
         self, index: int, part: str, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> Linear:
         plan = self.quantization
-        return make_linear(weight.detach(), bias, plan.scheme(index, part), plan.group)
+        scheme = plan.scheme(index, part)
+        return make_linear(weight.detach(), bias, scheme, plan.group, prompt_rows=True)
 
     def fixed_prefill(self, prompt_tokens: int) -> bool:
         """Whether a prompt of ``prompt_tokens`` tokens is prefilled in the projections'
