@@ -1,7 +1,9 @@
 """The integer-dot projections (``linears.IntDot``, ``csrc/int_dot.c``): what they compute,
-that a row's bits do not depend on its batch or the thread count, and that the vector
-and the portable loops agree bitwise. The engine-level checks (``quantization: w4a8``
-batches and caches as the dense engine does) are in ``test_hf_quantized.py``."""
+that a row's bits do not depend on its batch or the thread count, that the vector
+and the portable loops agree bitwise, and that a long prompt's rows, on the weights
+unpacked to bf16, keep their bits whatever shares their step. The engine-level checks
+(``quantization: w4a8`` batches and caches as the dense engine does) are in
+``test_hf_quantized.py``."""
 
 from __future__ import annotations
 
@@ -9,16 +11,20 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from backends.hf.loading.loader import load
 from backends.hf.loading.quantization import uniform
 from backends.hf.model import glue
 from backends.hf.model.linears import (
     INT_DOT_SCHEMES,
+    UNPACKED_PROMPT_TOKENS,
     IntDot,
     QuantizationError,
     int4_grid,
     int8_grid,
     make_linear,
 )
+from backends.hf.model.packed_runner import DecoderRunner
+from backends.hf.model.slot_attention import PrefillChunk
 from tests.hf.helpers import config
 
 pytestmark = pytest.mark.skipif(
@@ -131,3 +137,73 @@ def test_the_w4a8_setting_and_its_plan() -> None:
     assert config(quantization="w4a8").quantization == "w4a8"
     with pytest.raises(ValidationError, match="groups of 32"):
         config(quantization="w4a8", quantization_group_size=64)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_unpacked_weights_are_the_values_the_kernel_multiplies(bits: int) -> None:
+    torch.manual_seed(3)
+    weight = torch.randn(96, 128) * 0.05
+    weight[5, 32:64] = 0.25  # a group of equal weights: s = 0
+    linear = make_linear(weight.bfloat16(), None, "w4a8" if bits == 4 else "w8a16")
+    assert isinstance(linear, IntDot) and linear.unpacked is not None
+    kernel = glue.load()
+    assert not isinstance(kernel, str)
+    got = kernel.int_dot_weights(linear.packed, 128, 0, 96, bits=bits)
+    if bits == 4:
+        q, s, m = int4_grid(weight.bfloat16())
+        want = q.float() * s.float()[..., None] + m.float()[..., None]
+    else:
+        q8, s8 = int8_grid(weight.bfloat16())
+        want = q8.float() * s8.float()[..., None]
+    assert torch.equal(got, want.reshape(96, 128).bfloat16())
+    portable = kernel.int_dot_weights(linear.packed, 128, 0, 96, bits=bits, isa=0)
+    assert torch.equal(portable, got)
+    assert torch.equal(kernel.int_dot_weights(linear.packed, 128, 32, 48, bits=bits), got[32:80])
+
+
+def test_a_prompts_rows_on_unpacked_weights_keep_their_bits_wherever_they_sit() -> None:
+    torch.manual_seed(4)
+    weight = torch.randn(192, 256, dtype=torch.bfloat16) * 0.05
+    bias = torch.randn(192, dtype=torch.bfloat16)
+    linear = make_linear(weight, bias, "w4a8")
+    assert isinstance(linear, IntDot) and linear.unpacked is not None
+    assert linear.prompt_tokens == UNPACKED_PROMPT_TOKENS
+    x = torch.randn(300, 256, dtype=torch.bfloat16)
+    other = torch.randn(9, 256, dtype=torch.bfloat16)
+    packed = linear(x, fixed_from=3)
+    assert torch.equal(packed[:3], linear(x[:3]))  # rows before: the integer kernel
+    moved = linear(torch.cat((other, x[3:])), fixed_from=5)
+    assert torch.equal(moved[9:], packed[3:])
+    assert torch.equal(linear(x[3:], fixed_from=0), packed[3:])
+    # bf16 activations times the 4-bit weights: closer to the float layer than the kernel
+    exact = x[3:].double() @ _dequantized4(weight).double().T + bias.double()
+    unpacked_error = (packed[3:].double() - exact).norm()
+    assert unpacked_error < (linear(x[3:]).double() - exact).norm() / 2
+
+
+def test_a_long_prompt_at_w4a8_gives_the_same_logits_whatever_shares_its_step() -> None:
+    generator = torch.Generator().manual_seed(8)
+    prompt = tuple(torch.randint(100, 40_000, (200,), generator=generator).tolist())
+    other = tuple(torch.randint(100, 40_000, (250,), generator=generator).tolist())
+    short = tuple(torch.randint(100, 40_000, (100,), generator=generator).tolist())
+    with torch.inference_mode():
+        torch.set_num_threads(2)
+        loaded = load(config(dtype="bfloat16"))
+        runner = DecoderRunner(
+            loaded.model, max_slots=6, max_context=512, quantization=uniform("w4a8", 32)
+        )
+        assert runner.fixed_prefill(len(prompt)) and not runner.fixed_prefill(len(short))
+
+        def chunk(slot: int, tokens: tuple[int, ...]) -> PrefillChunk:
+            fixed = runner.fixed_prefill(len(tokens))
+            return PrefillChunk(slot=slot, tokens=tokens, start=0, want_logits=True, fixed=fixed)
+
+        alone = runner.forward([], [], [chunk(0, prompt)])
+        keys = runner.cache.k[:, 0, :, : len(prompt)].clone()
+        batched = runner.forward(
+            [11, 12], [30, 40], [chunk(2, other), chunk(3, prompt), chunk(4, short)]
+        )
+        assert torch.equal(batched[3], alone[0])  # decode rows, then the chunks in order
+        assert torch.equal(runner.cache.k[:, 3, :, : len(prompt)], keys)
+        short_alone = runner.forward([], [], [chunk(5, short)])
+        assert torch.equal(batched[4], short_alone[0])

@@ -67,6 +67,7 @@ _SIGNATURES = {
     "llmso_decode_attention": (_P, _P, _P, _I, _I, _I, _P, _I, _I, _I, _I, _F, _P, _C),
     "llmso_int_dot_linear": (_P, _I, _I, _C, _P, _I, _I, _P, _P, _C, _C, _C),
     "llmso_int_dot_isa": (),
+    "llmso_int_dot_dequantize": (_P, _I, _I, _I, _C, _P, _C),
 }
 _RETURNS_INT = {"llmso_int_dot_linear", "llmso_int_dot_isa", "llmso_decode_attention"}
 
@@ -252,6 +253,31 @@ class Glue:
             int(wide),
             self.int_dot_isa if isa is None else isa,
         )
+
+    def int_dot_weights(
+        self,
+        packed: torch.Tensor,
+        in_features: int,
+        first: int,
+        count: int,
+        *,
+        bits: int,
+        isa: int | None = None,
+    ) -> torch.Tensor:
+        """Outputs ``[first, first + count)`` of a ``linears.IntDot`` weight of ``bits``
+        as bf16 ``[count, in_features]`` (multiples of 16; ``isa`` 0 forces the
+        portable loop)."""
+        out = torch.empty((count, in_features), dtype=torch.bfloat16)
+        self.lib.llmso_int_dot_dequantize(
+            packed.data_ptr(),
+            in_features,
+            first // 16,
+            count // 16,
+            bits,
+            out.data_ptr(),
+            self.int_dot_isa if isa is None else isa,
+        )
+        return out
 
 
 @dataclass(frozen=True)

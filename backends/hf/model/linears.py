@@ -22,6 +22,8 @@ Owner: built once at load by the runner, read-only afterwards.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -34,6 +36,20 @@ from backends.hf.model.glue import load as load_glue
 from backends.hf.model.row_blocks import fixed_widths, invariant_width
 
 _PACK_BATCH_HINT = 16  # oneDNN picks its blocking for about this many rows
+
+FIXED_PROMPT_TOKENS = 64
+"""Prompts from this long on take a bf16 projection's fixed-size calls, where it has them
+(``row_blocks``; 64 to 512 rows on AMX). On SmolLM2 a 100-token prefill took 47.6 ms that
+way against 63.6 ms in 32-row calls (docs/benchmarks/row_blocks); padded to 128 rows, a
+32-token one took 45 ms against 28 (a probe on the same box)."""
+
+UNPACKED_PROMPT_TOKENS = 128
+"""Prompts from this long on run an integer-dot projection on its weight unpacked to bf16
+(``IntDot``). Unpacking costs the same whatever the rows, so it pays only for enough of
+them: on SmolLM2's four layer shapes (AMX Xeon, two threads, two runs) the integer
+kernel took 0.84-0.86 ms for 64 rows against 1.10-1.11 unpacked, 1.65-1.88 against
+1.32-1.44 for 128, 7.0-8.0 against 2.75-3.18 for 512 (the unpacking alone: 0.26 ms).
+A step unpacks once for all its long prompts' rows."""
 
 
 class QuantizationError(ValueError):
@@ -48,12 +64,19 @@ class Linear(Protocol):
         """Bytes the kernel reads per call: the weight (and scales), not the activations."""
         ...
 
+    @property
+    def prompt_tokens(self) -> int | None:
+        """The shortest prompt whose rows this projection computes its own way when the
+        runner passes them apart (``fixed_from``); None: it computes every row alike."""
+        ...
+
     def __call__(self, x: torch.Tensor, *, fixed_from: int | None = None) -> torch.Tensor:
         """``x`` as packed rows: those before ``fixed_from`` (decode rows, short
         prompts) each rounded as it would be alone; from it on (long prompts,
         ``PrefillChunk.fixed``) each rounded the same whatever else shares the step
-        (None: every row as alone). Only bf16 dense projections on AMX CPUs compute the
-        two kinds differently (``row_blocks``)."""
+        (None: every row as alone). Two kinds compute them otherwise: bf16 dense
+        projections on AMX CPUs (in fixed-size calls, ``row_blocks``) and integer-dot
+        ones with bf16 activations (on weights unpacked to bf16, ``IntDot``)."""
         ...
 
 
@@ -92,6 +115,10 @@ class Dense:
         if weight.device.type == "cpu" and weight.dtype == torch.bfloat16:
             block, sizes = _row_blocks(weight, stored, prepacked, prompt_rows)
         return cls(stored, bias, prepacked, size, block, sizes)
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        return FIXED_PROMPT_TOKENS if self.prefill_sizes else None
 
     def __call__(self, x: torch.Tensor, *, fixed_from: int | None = None) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
@@ -195,6 +222,10 @@ class Int8:
         scales = scales.to(weight.dtype)
         return cls(q, scales, bias, q.numel() + scales.numel() * scales.element_size())
 
+    @property
+    def prompt_tokens(self) -> int | None:
+        return None
+
     def __call__(self, x: torch.Tensor, *, fixed_from: int | None = None) -> torch.Tensor:
         out: torch.Tensor = torch.ops.aten._weight_int8pack_mm(
             x.reshape(-1, x.shape[-1]), self.weight, self.scales
@@ -234,6 +265,10 @@ class Int4:
         size = packed.numel() * packed.element_size() + pairs.numel() * pairs.element_size()
         return cls(packed, pairs, group, out_features, bias, size)
 
+    @property
+    def prompt_tokens(self) -> int | None:
+        return None
+
     def __call__(self, x: torch.Tensor, *, fixed_from: int | None = None) -> torch.Tensor:
         out: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(
             x.reshape(-1, x.shape[-1]), self.packed, self.group, self.scales_and_zeros
@@ -252,6 +287,26 @@ INT_DOT_SCHEMES: dict[Scheme, tuple[int, bool]] = {  # weight bits, 16-bit activ
 
 
 @dataclass(frozen=True, slots=True)
+class Unpacked:
+    """How an integer-dot projection takes a long prompt's rows (bf16 activations): its
+    weight unpacked to bf16 per call (``w = q * s + m``, the values the integer kernel
+    multiplies by, each rounded once to bf16), then oneDNN's bf16 GEMM in the calls
+    ``Dense`` makes for a prompt's rows (``row_block``, ``sizes``: probed on the unpacked
+    weight, as it is called: not reordered). The activations are not rounded to
+    integers here: these rows compute as a bf16 model with the quantized weights would.
+    Each row's result does not depend on the other rows of its call (``row_blocks``)."""
+
+    unpack: Callable[[], torch.Tensor]  # the whole weight, bf16 [out, in]
+    bias: torch.Tensor | None  # bf16
+    row_block: int | None
+    sizes: tuple[int, ...]
+
+    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
+        dense = Dense(self.unpack(), self.bias, False, 0, self.row_block, self.sizes)
+        return dense(rows, fixed_from=0)
+
+
+@dataclass(frozen=True, slots=True)
 class IntDot:
     """Integer weights times integer activations (``csrc/int_dot.c`` says how and why).
 
@@ -261,7 +316,12 @@ class IntDot:
     activations per row and group (``x ~= d * a``): to int8 (a in -127..127, Q8_1's
     grid), or with ``wide`` to 16 bits (finer than bf16 for any value above 1/128 of its
     group's largest). The dot products are exact integers, so a row's result does not
-    depend on the other rows of its call. Runs on bf16 or fp32 activations, CPU."""
+    depend on the other rows of its call. Runs on bf16 or fp32 activations, CPU.
+
+    With bf16 activations the rows of a prompt of ``UNPACKED_PROMPT_TOKENS`` or more take
+    ``unpacked`` instead: the integer kernel's time grows with the rows (it re-reads
+    every weight group per 4 rows), oneDNN's AMX GEMM's far less, and unpacking the
+    weight once per call costs about a 64-row call of the kernel."""
 
     packed: torch.Tensor
     in_features: int
@@ -271,6 +331,7 @@ class IntDot:
     wide: bool
     call: IntDotCall  # the kernel bound to ``packed`` and ``bias``
     nbytes: int
+    unpacked: Unpacked | None = None  # none: a long prompt's rows take the kernel too
 
     @classmethod
     def of(cls, weight: torch.Tensor, bias: torch.Tensor | None, bits: int, wide: bool) -> IntDot:
@@ -290,15 +351,33 @@ class IntDot:
         packed = pack_int4(weight) if bits == 4 else pack_int8(weight)
         fp32_bias = None if bias is None else bias.detach().float().contiguous()
         call = kernel.int_dot(packed, in_features, out_features, fp32_bias, bits=bits, wide=wide)
+        unpacked = None
+        if weight.dtype == torch.bfloat16:
+            unpack = functools.partial(
+                kernel.int_dot_weights, packed, in_features, 0, out_features, bits=bits
+            )
+            whole = unpack()
+            blocks = _row_blocks(whole, whole, False, True)
+            unpacked = Unpacked(unpack, None if bias is None else bias.detach(), *blocks)
         size = packed.numel()
-        return cls(packed, in_features, out_features, fp32_bias, bits, wide, call, size)
+        return cls(packed, in_features, out_features, fp32_bias, bits, wide, call, size, unpacked)
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        return None if self.unpacked is None else UNPACKED_PROMPT_TOKENS
 
     def __call__(self, x: torch.Tensor, *, fixed_from: int | None = None) -> torch.Tensor:
         if x.dim() == 2 and x.stride(1) == 1:  # the runner's case: no reshapes
-            return self.call(x)
+            return self._rows(x, fixed_from)
         rows = x.reshape(-1, self.in_features)
-        out = self.call(rows if rows.stride(-1) == 1 else rows.contiguous())
+        out = self._rows(rows if rows.stride(-1) == 1 else rows.contiguous(), fixed_from)
         return out.reshape(*x.shape[:-1], self.out_features)
+
+    def _rows(self, rows: torch.Tensor, fixed_from: int | None) -> torch.Tensor:
+        if fixed_from is None or self.unpacked is None or fixed_from >= rows.shape[0]:
+            return self.call(rows)
+        prompt = self.unpacked(rows[fixed_from:])
+        return torch.cat((self.call(rows[:fixed_from]), prompt)) if fixed_from else prompt
 
 
 def int4_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -29,18 +29,12 @@ from backends.hf.adapters.bank import LoraBank, LoraStep
 from backends.hf.loading.quantization import NONE, QuantPlan
 from backends.hf.model.families import Family, Unsupported, family_of
 from backends.hf.model.glue import Glue, GlueNorm
-from backends.hf.model.linears import Dense, Linear, make_linear
+from backends.hf.model.linears import Linear, make_linear
 from backends.hf.model.norms import OffsetRMSNorm, RMSNorm, offset_weight
 from backends.hf.model.slot_attention import PrefillChunk, SlotAttention, SlotStep
 from backends.hf.model.step_threads import StepThreads
 
 Norm = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-FIXED_PROMPT_TOKENS = 64
-"""Prompts from this long on are prefilled in fixed-size calls where the projections have
-them (``row_blocks``; 64 to 512 rows on AMX). On SmolLM2 a 100-token prefill took 47.6
-ms that way against 63.6 ms in 32-row calls (docs/benchmarks/row_blocks); padded to 128
-rows, a 32-token one took 45 ms against 28 (a probe on the same box)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,11 +183,15 @@ class DecoderRunner:
             invariant=batch_invariant and self.upcast,
         )
         self.cache = self.attention.cache
-        self.fixed_calls = any(
-            isinstance(linear, Dense) and bool(linear.prefill_sizes)
+        thresholds = [
+            linear.prompt_tokens
             for layer in self.layers
             for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)
-        )
+            if linear.prompt_tokens is not None
+        ]
+        # None: no projection computes a prompt's rows its own way; else the length from
+        # which all of them that do (a mixed plan waits for the longest threshold)
+        self.fixed_tokens = max(thresholds) if thresholds else None
         self.lora = lora
         self.step_threads = step_threads  # None: the caller's thread count for every step
         self.path = f"packed runner ({self.family.model_type})"
@@ -278,9 +276,10 @@ class DecoderRunner:
 
     def fixed_prefill(self, prompt_tokens: int) -> bool:
         """Whether a prompt of ``prompt_tokens`` tokens is prefilled in the projections'
-        fixed-size calls (``PrefillChunk.fixed``): where some projection has them, from
-        ``FIXED_PROMPT_TOKENS`` on; a shorter prompt fills less than half a call."""
-        return self.fixed_calls and prompt_tokens >= FIXED_PROMPT_TOKENS
+        own way for a prompt's rows (``PrefillChunk.fixed``; ``Linear.prompt_tokens``):
+        bf16 ones in fixed-size calls on AMX from ``FIXED_PROMPT_TOKENS`` on, integer-dot
+        ones on unpacked weights from ``UNPACKED_PROMPT_TOKENS`` on."""
+        return self.fixed_tokens is not None and prompt_tokens >= self.fixed_tokens
 
     @property
     def weight_bytes(self) -> int:

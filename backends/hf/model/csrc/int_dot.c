@@ -385,3 +385,118 @@ int llmso_int_dot_linear(const void* x, int64_t rows, int64_t x_stride, int f32,
   free(bytes);
   return 0;
 }
+
+/* Weights of tiles [first, first + count) as bf16 rows y[count * 16][k]: w = q * s + m
+ * (4 bits) or (q - 128) * s (8 bits; q as stored), in fp32 with one fused multiply-add
+ * (4 bits) or one multiply, rounded to nearest even. For a long prompt's rows: unpacked
+ * once per call and block, a GEMM then takes them (linears.IntDot says why). */
+static void dequantize_tile_portable(int bits, const uint8_t* tile, int64_t groups,
+                                     int64_t k, uint16_t* y) {
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* p = tile + g * tile_bytes(bits);
+    for (int j = 0; j < TILE; ++j) {
+      uint16_t sh, mh = 0;
+      memcpy(&sh, p + 32 * bits * 2 + 2 * j, 2);
+      if (bits == 4) memcpy(&mh, p + 288 + 2 * j, 2);
+      const float s = half_to_f32(sh), m = half_to_f32(mh);
+      for (int i = 0; i < GROUP; ++i) {
+        const int32_t q = weight_at(p, bits, j, i);
+        const float w = bits == 4 ? fmaf((float)q, s, m) : (float)(q - 128) * s;
+        y[j * k + g * GROUP + i] = to_bf16(w);
+      }
+    }
+  }
+}
+
+#if defined(__x86_64__)
+/* Four 64-byte chunks at p as 4 x 16 dwords c[u][j], transposed: lane L of t[r] holds
+ * (c[0][j], c[1][j], c[2][j], c[3][j]) for output j = 4L + r, i.e. that output's 16
+ * bytes of the four chunks in chunk order. */
+VNNI ALWAYS_INLINE void transpose4(const uint8_t* p, __m512i t[4]) {
+  const __m512i c0 = _mm512_loadu_si512(p), c1 = _mm512_loadu_si512(p + 64);
+  const __m512i c2 = _mm512_loadu_si512(p + 128), c3 = _mm512_loadu_si512(p + 192);
+  const __m512i a = _mm512_unpacklo_epi32(c0, c1), b = _mm512_unpackhi_epi32(c0, c1);
+  const __m512i c = _mm512_unpacklo_epi32(c2, c3), d = _mm512_unpackhi_epi32(c2, c3);
+  t[0] = _mm512_unpacklo_epi64(a, c);
+  t[1] = _mm512_unpackhi_epi64(a, c);
+  t[2] = _mm512_unpacklo_epi64(b, d);
+  t[3] = _mm512_unpackhi_epi64(b, d);
+}
+
+/* 16 weights (unsigned bytes q) as bf16 at y: q * s + m (4 bits) or (q - 128) * s. */
+VNNI ALWAYS_INLINE void store_weights(const int BITS, __m128i q8, float s, float m,
+                                      uint16_t* y) {
+  __m512i q = _mm512_cvtepu8_epi32(q8);
+  __m512 w;
+  if (BITS == 4) {
+    w = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(s), _mm512_set1_ps(m));
+  } else {
+    q = _mm512_sub_epi32(q, _mm512_set1_epi32(128));
+    w = _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(s));
+  }
+  _mm256_storeu_si256((__m256i*)y, _mm512_cvtepi32_epi16(round_bf16x16(w)));
+}
+
+/* Output j = 4L + r's 32 weights of a group: its first 16 in lane L of `first`, its
+ * last 16 in lane L of `last`. */
+#define STORE_LANE(L)                                                              \
+  do {                                                                             \
+    const int j = 4 * (L) + r;                                                     \
+    uint16_t* out = y + j * k + g * GROUP;                                         \
+    store_weights(BITS, _mm512_extracti32x4_epi32(first, L), s[j], m[j], out);     \
+    store_weights(BITS, _mm512_extracti32x4_epi32(last, L), s[j], m[j], out + 16); \
+  } while (0)
+
+/* dequantize_tile_portable with vectors, the same values. */
+VNNI ALWAYS_INLINE void dequantize_tile_bits(const int BITS, const uint8_t* tile,
+                                             int64_t groups, int64_t k, uint16_t* y) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* p = tile + g * tile_bytes(BITS);
+    float s[TILE], m[TILE] = {0};
+    const __m256i* scales = (const __m256i*)(p + 32 * BITS * 2);
+    _mm512_storeu_ps(s, _mm512_cvtph_ps(_mm256_loadu_si256(scales)));
+    if (BITS == 4) _mm512_storeu_ps(m, _mm512_cvtph_ps(_mm256_loadu_si256(scales + 1)));
+    __m512i t[4], t2[4];
+    transpose4(p, t);
+    if (BITS == 8) transpose4(p + 256, t2);
+    for (int r = 0; r < 4; ++r) {
+      __m512i first, last;
+      if (BITS == 4) { /* low nibbles: inputs 0..15; high: 16..31 */
+        first = _mm512_and_si512(t[r], low);
+        last = _mm512_and_si512(_mm512_srli_epi16(t[r], 4), low);
+      } else {
+        first = t[r];
+        last = t2[r];
+      }
+      STORE_LANE(0);
+      STORE_LANE(1);
+      STORE_LANE(2);
+      STORE_LANE(3);
+    }
+  }
+}
+#undef STORE_LANE
+
+VNNI static void dequantize_tile_vnni(int bits, const uint8_t* tile, int64_t groups,
+                                      int64_t k, uint16_t* y) {
+  if (bits == 4)
+    dequantize_tile_bits(4, tile, groups, k, y);
+  else
+    dequantize_tile_bits(8, tile, groups, k, y);
+}
+#endif
+
+/* y[count * 16][k] (bf16) from the packed weight's tiles [first, first + count); isa as
+ * for llmso_int_dot_linear. Threads: the calling thread's OpenMP team. */
+void llmso_int_dot_dequantize(const uint8_t* packed, int64_t k, int64_t first, int64_t count,
+                              int bits, uint16_t* y, int isa) {
+  const int64_t groups = k / GROUP;
+  void (*fn)(int, const uint8_t*, int64_t, int64_t, uint16_t*) = dequantize_tile_portable;
+#if defined(__x86_64__)
+  if (isa >= 2) fn = dequantize_tile_vnni;
+#endif
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < count; ++t)
+    fn(bits, packed + (first + t) * groups * tile_bytes(bits), groups, k, y + t * TILE * k);
+}
