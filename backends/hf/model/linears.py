@@ -38,18 +38,15 @@ from backends.hf.model.row_blocks import fixed_widths, invariant_width
 _PACK_BATCH_HINT = 16  # oneDNN picks its blocking for about this many rows
 
 FIXED_PROMPT_TOKENS = 64
-"""Prompts from this long on take a bf16 projection's fixed-size calls, where it has them
-(``row_blocks``; 64 to 512 rows on AMX). On SmolLM2 a 100-token prefill took 47.6 ms that
-way against 63.6 ms in 32-row calls (docs/benchmarks/row_blocks); padded to 128 rows, a
-32-token one took 45 ms against 28 (a probe on the same box)."""
-
-UNPACKED_PROMPT_TOKENS = 128
-"""Prompts from this long on run an integer-dot projection on its weight unpacked to bf16
-(``IntDot``). Unpacking costs the same whatever the rows, so it pays only for enough of
-them: on SmolLM2's four layer shapes (AMX Xeon, two threads, two runs) the integer
-kernel took 0.84-0.86 ms for 64 rows against 1.10-1.11 unpacked, 1.65-1.88 against
-1.32-1.44 for 128, 7.0-8.0 against 2.75-3.18 for 512 (the unpacking alone: 0.26 ms).
-A step unpacks once for all its long prompts' rows."""
+"""Prompts from this long on are prefilled the projections' own way for a prompt's rows,
+where they have one (``Linear.prompt_rows``). bf16 on AMX, in fixed-size calls: on SmolLM2
+a 100-token prefill took 47.6 ms that way against 63.6 ms in 32-row calls
+(docs/benchmarks/row_blocks); padded to 128 rows, a 32-token one took 45 ms against 28
+(a probe on the same box). Integer-dot weights, unpacked to bf16 (``IntDot``): on
+SmolLM2's four layer shapes (AMX Xeon, two threads, two runs) the integer kernel took
+0.84-0.86 ms for 64 rows against 1.10-1.11 unpacked (the unpacking alone: 0.26 ms),
+1.65-1.88 against 1.32-1.44 for 128, 7.0-8.0 against 2.75-3.18 for 512; a step unpacks
+once for all its prompts' rows, so two 64-token prompts in one step already gain."""
 
 
 class QuantizationError(ValueError):
@@ -65,9 +62,9 @@ class Linear(Protocol):
         ...
 
     @property
-    def prompt_tokens(self) -> int | None:
-        """The shortest prompt whose rows this projection computes its own way when the
-        runner passes them apart (``fixed_from``); None: it computes every row alike."""
+    def prompt_rows(self) -> bool:
+        """Whether this projection computes a long prompt's rows its own way when the
+        runner passes them apart (``fixed_from``); else it computes every row alike."""
         ...
 
     def __call__(self, x: torch.Tensor, *, fixed_from: int | None = None) -> torch.Tensor:
@@ -117,8 +114,8 @@ class Dense:
         return cls(stored, bias, prepacked, size, block, sizes)
 
     @property
-    def prompt_tokens(self) -> int | None:
-        return FIXED_PROMPT_TOKENS if self.prefill_sizes else None
+    def prompt_rows(self) -> bool:
+        return bool(self.prefill_sizes)
 
     def __call__(self, x: torch.Tensor, *, fixed_from: int | None = None) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
@@ -223,8 +220,8 @@ class Int8:
         return cls(q, scales, bias, q.numel() + scales.numel() * scales.element_size())
 
     @property
-    def prompt_tokens(self) -> int | None:
-        return None
+    def prompt_rows(self) -> bool:
+        return False
 
     def __call__(self, x: torch.Tensor, *, fixed_from: int | None = None) -> torch.Tensor:
         out: torch.Tensor = torch.ops.aten._weight_int8pack_mm(
@@ -266,8 +263,8 @@ class Int4:
         return cls(packed, pairs, group, out_features, bias, size)
 
     @property
-    def prompt_tokens(self) -> int | None:
-        return None
+    def prompt_rows(self) -> bool:
+        return False
 
     def __call__(self, x: torch.Tensor, *, fixed_from: int | None = None) -> torch.Tensor:
         out: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(
@@ -318,7 +315,7 @@ class IntDot:
     group's largest). The dot products are exact integers, so a row's result does not
     depend on the other rows of its call. Runs on bf16 or fp32 activations, CPU.
 
-    With bf16 activations the rows of a prompt of ``UNPACKED_PROMPT_TOKENS`` or more take
+    With bf16 activations the rows of a prompt of ``FIXED_PROMPT_TOKENS`` or more take
     ``unpacked`` instead: the integer kernel's time grows with the rows (it re-reads
     every weight group per 4 rows), oneDNN's AMX GEMM's far less, and unpacking the
     weight once per call costs about a 64-row call of the kernel."""
@@ -334,7 +331,16 @@ class IntDot:
     unpacked: Unpacked | None = None  # none: a long prompt's rows take the kernel too
 
     @classmethod
-    def of(cls, weight: torch.Tensor, bias: torch.Tensor | None, bits: int, wide: bool) -> IntDot:
+    def of(
+        cls,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        bits: int,
+        wide: bool,
+        *,
+        prompt_rows: bool = False,
+    ) -> IntDot:
+        """``prompt_rows``: as ``Dense.of``; with bf16 weights, build ``unpacked``."""
         out_features, in_features = weight.shape
         if in_features % INT_DOT_GROUP or out_features % _TILE:
             raise QuantizationError(
@@ -352,7 +358,7 @@ class IntDot:
         fp32_bias = None if bias is None else bias.detach().float().contiguous()
         call = kernel.int_dot(packed, in_features, out_features, fp32_bias, bits=bits, wide=wide)
         unpacked = None
-        if weight.dtype == torch.bfloat16:
+        if prompt_rows and weight.dtype == torch.bfloat16:
             unpack = functools.partial(
                 kernel.int_dot_weights, packed, in_features, 0, out_features, bits=bits
             )
@@ -363,8 +369,8 @@ class IntDot:
         return cls(packed, in_features, out_features, fp32_bias, bits, wide, call, size, unpacked)
 
     @property
-    def prompt_tokens(self) -> int | None:
-        return None if self.unpacked is None else UNPACKED_PROMPT_TOKENS
+    def prompt_rows(self) -> bool:
+        return self.unpacked is not None
 
     def __call__(self, x: torch.Tensor, *, fixed_from: int | None = None) -> torch.Tensor:
         if x.dim() == 2 and x.stride(1) == 1:  # the runner's case: no reshapes
@@ -463,7 +469,7 @@ def make_linear(
         return Int8.of(weight, bias)
     if scheme in INT_DOT_SCHEMES:
         bits, wide = INT_DOT_SCHEMES[scheme]
-        return IntDot.of(weight, bias, bits, wide)
+        return IntDot.of(weight, bias, bits, wide, prompt_rows=prompt_rows)
     return Int4.of(weight, bias, group)
 
 
