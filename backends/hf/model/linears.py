@@ -9,13 +9,13 @@ PyTorch's own CPU weight-only ones (``_weight_int8pack_mm``: int8 per output cha
 group), the ones torchao calls; none is written here. ``w4a8`` (a setting of its own,
 since it changes the numbers) runs in our C kernel (``csrc/int_dot.c``, ``IntDot``): 4-
 or 8-bit weights on GGUF's grids times activations rounded per call to 8- or 16-bit
-integers.
+integers (a long prompt's rows: on the weights unpacked to bf16, ``Unpacked``).
 
 Quantization is round-to-nearest from the loaded weights: int8 symmetric per output
 channel (scale = max|w| / 127); int4 asymmetric per group (``w ~= (q - 8) * scale + zero``
-with q in 0..15 spanning the group's min..max, the kernel's convention). Every linear
-runs the same kernel whatever the batch, so a sequence's output does not depend on what
-else is in its step.
+with q in 0..15 spanning the group's min..max, the kernel's convention). A row takes the
+same kernel whatever else is in its step (a decode row or short prompt's one, a long
+prompt's rows theirs), so a sequence's output does not depend on its batch.
 
 Owner: built once at load by the runner, read-only afterwards.
 """
