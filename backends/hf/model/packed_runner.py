@@ -93,9 +93,15 @@ def _bias(*linears: Any) -> torch.Tensor | None:
 
 def _activation(mlp: Any) -> Callable[[torch.Tensor], torch.Tensor]:
     """The MLP's own activation; SiLU as the bare function (the module call is pure
-    Python overhead per layer)."""
+    Python overhead per layer, and the glue fuses ``SiLU(gate) * up``)."""
+    # transformers' own SiLU module (``ACT2FN["silu"]`` since transformers 5) as well as
+    # torch's: with only torch's here, SmolLM2's steps ran SiLU and a multiply as framework
+    # ops per layer instead of the glue's one call. Imported here: a model is loaded by
+    # now, and importing the product must not import transformers.
+    from transformers.activations import SiLUActivation
+
     act = getattr(mlp, "act_fn", None) or mlp.activation_fn
-    if isinstance(act, torch.nn.SiLU):
+    if isinstance(act, torch.nn.SiLU | SiLUActivation):
         return F.silu
     return act  # type: ignore[no-any-return]
 
