@@ -10,8 +10,9 @@ rows (median of 20, ``bench.studies.quant_accuracy.step_times``) and one prefill
 
 - ``row-blocks``: as shipped: each bf16 projection splits decode rows wider than its
   probed invariant width into calls of that many rows (``backends/hf/model/row_blocks.py``:
-  32 on AMX, no split elsewhere), and a prompt of ``FIXED_PROMPT_TOKENS`` (``linears``) or more into
-  calls of its probed fixed sizes (128, 256, 512 on AMX), the last one padded;
+  32 on AMX, no split elsewhere), and a prompt of ``Dense.prompt_tokens`` or more (33
+  tokens on AMX) into calls of its probed fixed sizes (multiples of 64 up to 512 on AMX),
+  the last one padded;
 - ``32-row prefill``: the same, with every prompt split like decode rows (as shipped
   before the fixed-size calls);
 - ``whole``: every projection in one call (not batch-invariant on AMX);

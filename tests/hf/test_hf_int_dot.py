@@ -16,6 +16,7 @@ from backends.hf.loading.quantization import uniform
 from backends.hf.model import glue
 from backends.hf.model.linears import (
     INT_DOT_SCHEMES,
+    UNPACKED_PROMPT_TOKENS,
     IntDot,
     QuantizationError,
     int4_grid,
@@ -164,9 +165,9 @@ def test_a_prompts_rows_on_unpacked_weights_keep_their_bits_wherever_they_sit() 
     torch.manual_seed(4)
     weight = torch.randn(192, 256, dtype=torch.bfloat16) * 0.05
     bias = torch.randn(192, dtype=torch.bfloat16)
-    assert not make_linear(weight, bias, "w4a8").prompt_rows  # as for the LM head
+    assert make_linear(weight, bias, "w4a8").prompt_tokens is None  # as for the LM head
     linear = make_linear(weight, bias, "w4a8", prompt_rows=True)
-    assert isinstance(linear, IntDot) and linear.prompt_rows
+    assert isinstance(linear, IntDot) and linear.prompt_tokens == UNPACKED_PROMPT_TOKENS
     x = torch.randn(300, 256, dtype=torch.bfloat16)
     other = torch.randn(9, 256, dtype=torch.bfloat16)
     packed = linear(x, fixed_from=3)

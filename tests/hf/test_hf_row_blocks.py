@@ -119,3 +119,13 @@ def test_the_fixed_width_probe_wants_rows_independent_of_their_place() -> None:
     assert fixed_widths(exact, 32) == tuple(range(64, 513, 64))
     assert fixed_widths(wide_calls_otherwise, 32) == tuple(range(64, 257, 64))
     assert fixed_widths(first_row_otherwise, 32) == ()
+
+
+def test_a_prompt_takes_the_fixed_calls_once_it_needs_more_than_one_capped_call() -> None:
+    weight = torch.zeros(8, 8, dtype=torch.bfloat16)
+    with_64 = Dense(weight, None, False, 0, row_block=32, prefill_sizes=(64, 128))
+    assert with_64.prompt_tokens == 33  # half a 64-row call, and two 32-row ones
+    from_128 = Dense(weight, None, False, 0, row_block=32, prefill_sizes=(128, 256))
+    assert from_128.prompt_tokens == 64  # half the narrowest call
+    assert Dense(weight, None, False, 0, row_block=32).prompt_tokens is None
+    assert Dense(weight, None, False, 0).prompt_tokens is None  # no cap: every row alike

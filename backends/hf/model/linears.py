@@ -37,16 +37,15 @@ from backends.hf.model.row_blocks import fixed_widths, invariant_width
 
 _PACK_BATCH_HINT = 16  # oneDNN picks its blocking for about this many rows
 
-FIXED_PROMPT_TOKENS = 64
-"""Prompts from this long on are prefilled the projections' own way for a prompt's rows,
-where they have one (``Linear.prompt_rows``). bf16 on AMX, in fixed-size calls: on SmolLM2
-a 100-token prefill took 47.6 ms that way against 63.6 ms in 32-row calls
-(docs/benchmarks/row_blocks); padded to 128 rows, a 32-token one took 45 ms against 28
-(a probe on the same box). Integer-dot weights, unpacked to bf16 (``IntDot``): on
-SmolLM2's four layer shapes (AMX Xeon, two threads, two runs) the integer kernel took
-0.84-0.86 ms for 64 rows against 1.10-1.11 unpacked (the unpacking alone: 0.26 ms),
-1.65-1.88 against 1.32-1.44 for 128, 7.0-8.0 against 2.75-3.18 for 512; a step unpacks
-once for all its prompts' rows, so two 64-token prompts in one step already gain."""
+UNPACKED_PROMPT_TOKENS = 64
+"""Prompts from this long on run an integer-dot projection on its weight unpacked to bf16
+(``IntDot``). Unpacking costs the same whatever the rows, so it pays only for enough of
+them: on SmolLM2's four layer shapes (AMX Xeon, two threads, two runs) the integer
+kernel took 0.84-0.86 ms for 64 rows against 1.10-1.11 unpacked (the unpacking alone:
+0.26 ms), 1.65-1.88 against 1.32-1.44 for 128, 7.0-8.0 against 2.75-3.18 for 512. A step
+unpacks once for all its prompts' rows, so two 64-token prompts in one step already gain;
+a shorter prompt would make a chat's first token later (one user chatting sends short
+ones)."""
 
 
 class QuantizationError(ValueError):
@@ -62,9 +61,9 @@ class Linear(Protocol):
         ...
 
     @property
-    def prompt_rows(self) -> bool:
-        """Whether this projection computes a long prompt's rows its own way when the
-        runner passes them apart (``fixed_from``); else it computes every row alike."""
+    def prompt_tokens(self) -> int | None:
+        """The shortest prompt whose rows this projection computes its own way when the
+        runner passes them apart (``fixed_from``); None: it computes every row alike."""
         ...
 
     def __call__(self, x: torch.Tensor, *, fixed_from: int | None = None) -> torch.Tensor:
@@ -114,8 +113,16 @@ class Dense:
         return cls(stored, bias, prepacked, size, block, sizes)
 
     @property
-    def prompt_rows(self) -> bool:
-        return bool(self.prefill_sizes)
+    def prompt_tokens(self) -> int | None:
+        """A prompt that needs more than one capped call and fills at least half the
+        narrowest fixed-size one (33 tokens where 32-row calls cap and 64-row ones are
+        probed). Measured on SmolLM2 (AMX Xeon, two threads): 33 / 50 / 63 tokens took 31.4
+        / 32.7 / 35.2 ms in a 64-row call against 35.2 / 37.6 / 41.3 in 32-row calls,
+        20 tokens 28.8 against 22.5; a 262- and a 40-token prompt in one step 116 ms
+        against 138 with the short one's rows in 32-row calls."""
+        if not self.prefill_sizes:
+            return None
+        return max((self.row_block or 0) + 1, self.prefill_sizes[0] // 2)
 
     def __call__(self, x: torch.Tensor, *, fixed_from: int | None = None) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
@@ -220,8 +227,8 @@ class Int8:
         return cls(q, scales, bias, q.numel() + scales.numel() * scales.element_size())
 
     @property
-    def prompt_rows(self) -> bool:
-        return False
+    def prompt_tokens(self) -> int | None:
+        return None
 
     def __call__(self, x: torch.Tensor, *, fixed_from: int | None = None) -> torch.Tensor:
         out: torch.Tensor = torch.ops.aten._weight_int8pack_mm(
@@ -263,8 +270,8 @@ class Int4:
         return cls(packed, pairs, group, out_features, bias, size)
 
     @property
-    def prompt_rows(self) -> bool:
-        return False
+    def prompt_tokens(self) -> int | None:
+        return None
 
     def __call__(self, x: torch.Tensor, *, fixed_from: int | None = None) -> torch.Tensor:
         out: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(
@@ -315,7 +322,7 @@ class IntDot:
     group's largest). The dot products are exact integers, so a row's result does not
     depend on the other rows of its call. Runs on bf16 or fp32 activations, CPU.
 
-    With bf16 activations the rows of a prompt of ``FIXED_PROMPT_TOKENS`` or more take
+    With bf16 activations the rows of a prompt of ``UNPACKED_PROMPT_TOKENS`` or more take
     ``unpacked`` instead: the integer kernel's time grows with the rows (it re-reads
     every weight group per 4 rows), oneDNN's AMX GEMM's far less, and unpacking the
     weight once per call costs about a 64-row call of the kernel."""
@@ -369,8 +376,8 @@ class IntDot:
         return cls(packed, in_features, out_features, fp32_bias, bits, wide, call, size, unpacked)
 
     @property
-    def prompt_rows(self) -> bool:
-        return self.unpacked is not None
+    def prompt_tokens(self) -> int | None:
+        return None if self.unpacked is None else UNPACKED_PROMPT_TOKENS
 
     def __call__(self, x: torch.Tensor, *, fixed_from: int | None = None) -> torch.Tensor:
         if x.dim() == 2 and x.stride(1) == 1:  # the runner's case: no reshapes

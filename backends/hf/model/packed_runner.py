@@ -29,7 +29,7 @@ from backends.hf.adapters.bank import LoraBank, LoraStep
 from backends.hf.loading.quantization import NONE, QuantPlan
 from backends.hf.model.families import Family, Unsupported, family_of
 from backends.hf.model.glue import Glue, GlueNorm
-from backends.hf.model.linears import FIXED_PROMPT_TOKENS, Linear, make_linear
+from backends.hf.model.linears import Linear, make_linear
 from backends.hf.model.norms import OffsetRMSNorm, RMSNorm, offset_weight
 from backends.hf.model.slot_attention import PrefillChunk, SlotAttention, SlotStep
 from backends.hf.model.step_threads import StepThreads
@@ -189,11 +189,15 @@ class DecoderRunner:
             invariant=batch_invariant and self.upcast,
         )
         self.cache = self.attention.cache
-        self.fixed_calls = any(
-            linear.prompt_rows
+        thresholds = [
+            linear.prompt_tokens
             for layer in self.layers
             for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)
-        )
+            if linear.prompt_tokens is not None
+        ]
+        # None: no projection has a way of its own for a prompt's rows; else the length
+        # from which all that have one take it (a prompt is one kind in every projection)
+        self.fixed_tokens = max(thresholds) if thresholds else None
         self.lora = lora
         self.step_threads = step_threads  # None: the caller's thread count for every step
         self.path = f"packed runner ({self.family.model_type})"
@@ -278,10 +282,10 @@ class DecoderRunner:
 
     def fixed_prefill(self, prompt_tokens: int) -> bool:
         """Whether a prompt of ``prompt_tokens`` tokens is prefilled in the projections'
-        own way for a prompt's rows (``PrefillChunk.fixed``; ``Linear.prompt_rows``:
-        bf16 ones in fixed-size calls on AMX, integer-dot ones on unpacked weights):
-        where some projection has one, from ``FIXED_PROMPT_TOKENS`` on."""
-        return self.fixed_calls and prompt_tokens >= FIXED_PROMPT_TOKENS
+        own way for a prompt's rows (``PrefillChunk.fixed``; ``Linear.prompt_tokens``:
+        bf16 ones in fixed-size calls on AMX, from 33 tokens there; integer-dot ones on
+        unpacked weights, from 64)."""
+        return self.fixed_tokens is not None and prompt_tokens >= self.fixed_tokens
 
     @property
     def weight_bytes(self) -> int:
