@@ -153,18 +153,22 @@ def test_silu_mul_rounds_as_the_framework_ops(kernels: glue.Glue) -> None:
     assert float((got != want).float().mean()) <= 0.001
 
 
-def test_a_row_gets_the_same_bits_alone_and_in_a_batch(kernels: glue.Glue) -> None:
+@pytest.mark.parametrize("rows", [37, 150])  # 150 x 576: the rows split over threads
+def test_a_row_gets_the_same_bits_alone_and_in_a_batch(kernels: glue.Glue, rows: int) -> None:
+    torch.set_num_threads(2)
     gen = torch.Generator().manual_seed(3)
-    x = (torch.randn(37, 576, generator=gen) * 3).to(torch.bfloat16)
-    r = torch.randn(37, 576, generator=gen).to(torch.bfloat16)
+    x = (torch.randn(rows, 576, generator=gen) * 3).to(torch.bfloat16)
+    r = torch.randn(rows, 576, generator=gen).to(torch.bfloat16)
     w = torch.randn(576, generator=gen).to(torch.bfloat16)
     together = kernels.add_rms_norm(x, r, w, EPS)
+    normed = kernels.rms_norm(x, w, EPS)
     gate_up = torch.cat((x, r), dim=-1)
     silu_together = kernels.silu_mul(gate_up)
-    for row in (0, 17, 36):
+    for row in (0, 17, rows // 2 + 1, rows - 1):
         alone = kernels.add_rms_norm(x[row : row + 1], r[row : row + 1], w, EPS)
         assert torch.equal(alone[0], together[0][row : row + 1])
         assert torch.equal(alone[1], together[1][row : row + 1])
+        assert torch.equal(kernels.rms_norm(x[row : row + 1], w, EPS), normed[row : row + 1])
         silu_alone = kernels.silu_mul(gate_up[row : row + 1])
         assert torch.equal(silu_alone, silu_together[row : row + 1])
 

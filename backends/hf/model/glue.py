@@ -11,10 +11,11 @@ square, mean, rsqrt, multiply, round, weight multiply), ~3 µs here. The kernels
 the framework ops they replace (RoPE and the residual add bitwise), except in two fp32
 details before the final bf16 rounding: the norm's sum of squares runs in another fixed
 order than PyTorch's, and SiLU's exponential is a polynomial of its own. Each row is
-computed alone, so a sequence's bits do not depend on the batch it is in. One thread per
-call (at a 512-token prefill the glue still costs less than the ops it replaces on two),
-but for the integer dots and, from 4,096 keys a call, the attention, which split their
-work over the calling thread's OpenMP team.
+computed alone, so a sequence's bits do not depend on the batch it is in. A call splits
+its rows over the calling thread's OpenMP team from 32,768 values (a prefill chunk's; one
+thread took a 512-row SiLU * up in 0.70 ms against the framework's 0.30 on two, 0.36
+split), the integer dots always, the attention from 4,096 keys; a decode step's small
+calls stay on one thread.
 
 Built by ``make install`` (``python -m backends.hf.model.glue --build``) into the
 environment (``<sys.prefix>/lib/llmso``), under a name that hashes the source and flags,

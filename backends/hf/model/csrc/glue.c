@@ -26,6 +26,13 @@
 
 #define LANES 16
 
+/* From this many values a call, the element-wise kernels split their rows over the
+ * calling thread's OpenMP team (each row is still computed alone, so the bits do not
+ * change): a 512-row SiLU * up of SmolLM2 took 0.70 ms on one thread against the
+ * framework's 0.30 on two. Below it one thread: a decode step's calls are a few
+ * microseconds, less than waking the team. */
+#define THREADED_VALUES 32768
+
 /* Sum of squares in LANES fixed accumulators, folded pairwise: the same order for any
  * vector width the compiler picks. */
 static inline float sum_squares(const uint16_t* x, int64_t n) {
@@ -56,6 +63,7 @@ static inline void norm_row(const uint16_t* x, const uint16_t* w, uint16_t* out,
 GLUE_CLONES
 void llmso_rms_norm(const uint16_t* x, int64_t x_stride, const uint16_t* w, uint16_t* out,
                     int64_t rows, int64_t n, float eps) {
+#pragma omp parallel for schedule(static) if (rows * n >= THREADED_VALUES)
   for (int64_t r = 0; r < rows; ++r) norm_row(x + r * x_stride, w, out + r * n, n, eps);
 }
 
@@ -63,6 +71,7 @@ void llmso_rms_norm(const uint16_t* x, int64_t x_stride, const uint16_t* w, uint
 GLUE_CLONES
 void llmso_add_rms_norm(const uint16_t* x, const uint16_t* residual, const uint16_t* w,
                         uint16_t* sum, uint16_t* out, int64_t rows, int64_t n, float eps) {
+#pragma omp parallel for schedule(static) if (rows * n >= THREADED_VALUES)
   for (int64_t r = 0; r < rows; ++r) {
     const uint16_t* xr = x + r * n;
     const uint16_t* rr = residual + r * n;
@@ -80,6 +89,7 @@ void llmso_rope(const uint16_t* x, int64_t x_stride, int64_t heads, int64_t head
                 int64_t rotary, const uint16_t* cos, const uint16_t* sin, uint16_t* out,
                 int64_t rows) {
   const int64_t half = rotary / 2;
+#pragma omp parallel for schedule(static) if (rows * heads * head_dim >= THREADED_VALUES)
   for (int64_t r = 0; r < rows; ++r) {
     const uint16_t* c = cos + r * rotary;
     const uint16_t* s = sin + r * rotary;
@@ -141,6 +151,7 @@ static inline void silu_mul_row(const uint16_t* restrict g, const uint16_t* rest
 
 GLUE_CLONES
 void llmso_silu_mul(const uint16_t* gate_up, uint16_t* out, int64_t rows, int64_t inter) {
+#pragma omp parallel for schedule(static) if (rows * inter >= THREADED_VALUES)
   for (int64_t r = 0; r < rows; ++r)
     silu_mul_row(gate_up + r * 2 * inter, gate_up + r * 2 * inter + inter, out + r * inter,
                  inter);
