@@ -3,7 +3,7 @@
 Three implementations of the same fp32 attention, timed per machine at load
 (``SlotAttention._pick_decode_attention``) with a fourth where the C glue runs (bf16 on
 CPU): its per-row kernel (``glue.Glue.decode_attention``, ``invariant``), which on AVX512
-measured 0.2-0.8x SDPA's time per layer call on the AMX Xeon
+measured 0.2-0.6x SDPA's time per layer call on the AMX Xeon
 (docs/benchmarks/glue/attention.md):
 
 - ``sdpa``: PyTorch's fused kernel (CUDA; CPUs where its bf16 GEMMs are fast, e.g. AMX);
