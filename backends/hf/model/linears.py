@@ -325,7 +325,7 @@ class IntDot:
     With bf16 activations the rows of a prompt of ``UNPACKED_PROMPT_TOKENS`` or more take
     ``unpacked`` instead: the integer kernel's time grows with the rows (it re-reads
     every weight group per 4 rows), oneDNN's AMX GEMM's far less, and unpacking the
-    weight once per call costs about a 64-row call of the kernel."""
+    weight once per call costs about a third of a 64-row call of the kernel."""
 
     packed: torch.Tensor
     in_features: int
