@@ -294,9 +294,6 @@ AVX512 static inline __m512 sum16(const __m512* d) {
   return _mm512_permutexvar_ps(order, mixed);
 }
 
-/* attend_head with vectors: each key converted once for the group's query heads (the
- * scalar loop converts it per head), a key's dot products reduced in one vector sum, the
- * exponentials 16 at a time. Still one row alone, in one fixed order: batch-invariant. */
 /* Sums per head and 16-lane chunk that fit in registers beside a value row's chunks */
 #define FUSED_SUMS 16
 
@@ -326,6 +323,9 @@ AVX512 ALWAYS_INLINE void values_all_heads(const int64_t chunks, const int64_t g
   }
 }
 
+/* attend_head with vectors: each key converted once for the group's query heads (the
+ * scalar loop converts it per head), a key's dot products reduced in one vector sum, the
+ * exponentials 16 at a time. Still one row alone, in one fixed order: batch-invariant. */
 AVX512 ALWAYS_INLINE void attend_head16(const int64_t chunks, const uint16_t* q, float scale,
                                         int64_t group, const uint16_t* k, const uint16_t* v,
                                         int64_t pos_stride, int64_t first, int64_t last,
