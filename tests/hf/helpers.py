@@ -24,6 +24,7 @@ from tests.contract.events import Result, check_order, collect
 __all__ = [
     "RecordingObserver",
     "Result",
+    "assert_prompt_packed_as_alone",
     "chat",
     "check_order",
     "collect",
@@ -33,6 +34,33 @@ __all__ = [
 ]
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def assert_prompt_packed_as_alone(
+    runner: Any, prompt: tuple[int, ...], other: tuple[int, ...], short: tuple[int, ...]
+) -> None:
+    """``prompt`` prefilled alone on a ``DecoderRunner`` gives the same logits and keys as
+    packed behind two decode rows with ``other`` and ``short`` (each marked as the runner's
+    rule says), given in another order than the runner packs them; ``short``'s logits
+    equal its own alone too. Slots 0 (alone) and 2-5 are written."""
+    import torch
+
+    from backends.hf.model.slot_attention import PrefillChunk
+
+    def chunk(slot: int, tokens: tuple[int, ...]) -> PrefillChunk:
+        fixed = runner.fixed_prefill(len(tokens))
+        return PrefillChunk(slot=slot, tokens=tokens, start=0, want_logits=True, fixed=fixed)
+
+    with torch.inference_mode():
+        alone = runner.forward([], [], [chunk(0, prompt)])
+        keys = runner.cache.k[:, 0, :, : len(prompt)].clone()
+        batched = runner.forward(
+            [11, 12], [30, 40], [chunk(2, other), chunk(3, prompt), chunk(4, short)]
+        )
+        assert torch.equal(batched[3], alone[0])  # decode rows, then the chunks in order
+        assert torch.equal(runner.cache.k[:, 3, :, : len(prompt)], keys)
+        short_alone = runner.forward([], [], [chunk(5, short)])
+        assert torch.equal(batched[4], short_alone[0])
 
 
 def model_path() -> str:

@@ -24,8 +24,7 @@ from backends.hf.model.linears import (
     make_linear,
 )
 from backends.hf.model.packed_runner import DecoderRunner
-from backends.hf.model.slot_attention import PrefillChunk
-from tests.hf.helpers import config
+from tests.hf.helpers import assert_prompt_packed_as_alone, config
 
 pytestmark = pytest.mark.skipif(
     isinstance(glue.load(), str), reason="the C kernels are not built (make install)"
@@ -193,17 +192,4 @@ def test_a_long_prompt_at_w4a8_gives_the_same_logits_whatever_shares_its_step() 
             loaded.model, max_slots=6, max_context=512, quantization=uniform("w4a8", 32)
         )
         assert runner.fixed_prefill(len(prompt)) and not runner.fixed_prefill(len(short))
-
-        def chunk(slot: int, tokens: tuple[int, ...]) -> PrefillChunk:
-            fixed = runner.fixed_prefill(len(tokens))
-            return PrefillChunk(slot=slot, tokens=tokens, start=0, want_logits=True, fixed=fixed)
-
-        alone = runner.forward([], [], [chunk(0, prompt)])
-        keys = runner.cache.k[:, 0, :, : len(prompt)].clone()
-        batched = runner.forward(
-            [11, 12], [30, 40], [chunk(2, other), chunk(3, prompt), chunk(4, short)]
-        )
-        assert torch.equal(batched[3], alone[0])  # decode rows, then the chunks in order
-        assert torch.equal(runner.cache.k[:, 3, :, : len(prompt)], keys)
-        short_alone = runner.forward([], [], [chunk(5, short)])
-        assert torch.equal(batched[4], short_alone[0])
+        assert_prompt_packed_as_alone(runner, prompt, other, short)

@@ -11,8 +11,7 @@ from backends.hf.loading.loader import load
 from backends.hf.model.linears import Dense, Linear
 from backends.hf.model.packed_runner import DecoderRunner
 from backends.hf.model.row_blocks import fixed_widths, invariant_width
-from backends.hf.model.slot_attention import PrefillChunk
-from tests.hf.helpers import config
+from tests.hf.helpers import assert_prompt_packed_as_alone, config
 
 
 def _runner() -> tuple[DecoderRunner, list[tuple[Linear, int]]]:
@@ -82,23 +81,8 @@ def test_a_long_prompt_gives_the_same_logits_whatever_shares_its_step() -> None:
     other = tuple(torch.randint(100, 40_000, (90,), generator=generator).tolist())
     with torch.inference_mode():
         runner, _ = _runner()
-        fixed = runner.fixed_prefill(len(prompt))
         assert not runner.fixed_prefill(len(short))
-
-        def chunk(slot: int, tokens: tuple[int, ...], long: bool) -> PrefillChunk:
-            return PrefillChunk(slot=slot, tokens=tokens, start=0, want_logits=True, fixed=long)
-
-        alone = runner.forward([], [], [chunk(0, prompt, fixed)])
-        keys = runner.cache.k[:, 0, :, : len(prompt)].clone()
-        batched = runner.forward(
-            [11, 12],
-            [30, 40],
-            [chunk(2, other, fixed), chunk(3, prompt, fixed), chunk(4, short, False)],
-        )
-        assert torch.equal(batched[3], alone[0])  # decode rows, then the chunks in order
-        assert torch.equal(runner.cache.k[:, 3, :, : len(prompt)], keys)
-        short_alone = runner.forward([], [], [chunk(5, short, False)])
-        assert torch.equal(batched[4], short_alone[0])
+        assert_prompt_packed_as_alone(runner, prompt, other, short)
 
 
 def test_the_fixed_width_probe_wants_rows_independent_of_their_place() -> None:
