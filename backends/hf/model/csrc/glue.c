@@ -383,15 +383,22 @@ AVX512 ALWAYS_INLINE void attend_head16(const int64_t chunks, const uint16_t* q,
     }
     total[g] = _mm512_reduce_add_ps(sum);
   }
-  if (group * chunks <= FUSED_SUMS) {
-    switch (group) { /* a constant head count keeps every head's sums in registers */
-      case 1: values_all_heads(chunks, 1, v, pos_stride, first, span, scores, total, out); return;
-      case 2: values_all_heads(chunks, 2, v, pos_stride, first, span, scores, total, out); return;
-      case 3: values_all_heads(chunks, 3, v, pos_stride, first, span, scores, total, out); return;
-      case 4: values_all_heads(chunks, 4, v, pos_stride, first, span, scores, total, out); return;
-      default: break;
-    }
+  /* a constant head count keeps every head's sums in registers; the bound is checked
+   * per case, where the compiler sees it, so no case indexes past acc[FUSED_SUMS] */
+#define ALL_HEADS(G)                                                                  \
+  case G:                                                                             \
+    if ((G) * chunks > FUSED_SUMS) break;                                             \
+    values_all_heads(chunks, G, v, pos_stride, first, span, scores, total, out);      \
+    return;
+  switch (group) {
+    ALL_HEADS(1)
+    ALL_HEADS(2)
+    ALL_HEADS(3)
+    ALL_HEADS(4)
+    default:
+      break;
   }
+#undef ALL_HEADS
   /* head by head, so that its accumulators stay in registers (each value row is
    * converted once per head: cheaper than keeping all heads' sums in memory) */
   for (int64_t g = 0; g < group; ++g) {
