@@ -125,12 +125,16 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:  # transformers' formula
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-@pytest.mark.parametrize("rotary", [32, 16])  # 16 of 32: Phi-3's partial rotary
-def test_rope_is_bitwise_transformers_formula(kernels: glue.Glue, rotary: int) -> None:
-    rows, heads, head_dim = 9, 6, 32
+@pytest.mark.parametrize(("rotary", "rows"), [(32, 9), (16, 9), (32, 150)])
+def test_rope_store_is_bitwise_transformers_formula_and_index_copy(
+    kernels: glue.Glue, rotary: int, rows: int
+) -> None:
+    """16 of 32: Phi-3's partial rotary; 150 rows: split over the threads."""
+    heads, kv_heads, head_dim, positions = 6, 2, 32, 200
     gen = torch.Generator().manual_seed(2)
-    qkv = torch.randn(rows, (heads + 2) * head_dim, generator=gen).to(torch.bfloat16)
-    qk = qkv[:, : heads * head_dim].view(rows, heads, head_dim)  # strided rows
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * head_dim, generator=gen).to(torch.bfloat16)
+    qk = qkv[:, : (heads + kv_heads) * head_dim].view(rows, heads + kv_heads, head_dim)
+    v = qkv[:, (heads + kv_heads) * head_dim :].view(rows, kv_heads, head_dim)  # strided rows
     angles = torch.rand(rows, 1, rotary // 2, generator=gen) * 50
     cos = torch.cat((angles.cos(), angles.cos()), -1).to(torch.bfloat16)
     sin = torch.cat((angles.sin(), angles.sin()), -1).to(torch.bfloat16)
@@ -138,7 +142,20 @@ def test_rope_is_bitwise_transformers_formula(kernels: glue.Glue, rotary: int) -
     signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
     part = qk[..., :rotary]
     want = torch.cat((part * cos + _rotate_half(part) * sin, qk[..., rotary:]), dim=-1)
-    assert torch.equal(kernels.rope(qk, cos, signed, rotary), want)
+    # the cache as SlotKVCache lays it out, rows written at shuffled (slot, position)s
+    slots = torch.randperm(rows, generator=gen)
+    at = torch.randint(0, positions, (rows,), generator=gen)
+    base = (slots[:, None] * kv_heads + torch.arange(kv_heads)[None, :]) * positions
+    write_rows = (base + at[:, None]).reshape(-1)
+    k_cache = torch.full((rows, kv_heads, positions, head_dim), 7.0, dtype=torch.bfloat16)
+    v_cache = torch.full_like(k_cache, 7.0)
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    want_k.view(-1, head_dim).index_copy_(0, write_rows, want[:, heads:].reshape(-1, head_dim))
+    want_v.view(-1, head_dim).index_copy_(0, write_rows, v.reshape(-1, head_dim))
+    q = kernels.rope_store(qk, v, (cos, signed, rotary), (k_cache, v_cache), write_rows)
+    assert torch.equal(q, want[:, :heads])
+    assert torch.equal(k_cache, want_k)
+    assert torch.equal(v_cache, want_v)
 
 
 def test_silu_mul_rounds_as_the_framework_ops(kernels: glue.Glue) -> None:

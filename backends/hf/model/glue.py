@@ -63,7 +63,7 @@ _C = ctypes.c_int
 _SIGNATURES = {
     "llmso_rms_norm": (_P, _I, _P, _P, _I, _I, _F),
     "llmso_add_rms_norm": (_P, _P, _P, _P, _P, _I, _I, _F),
-    "llmso_rope": (_P, _I, _I, _I, _I, _P, _P, _P, _I),
+    "llmso_rope_store": (_P, _I, _P, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _I),
     "llmso_silu_mul": (_P, _P, _I, _I),
     "llmso_decode_attention": (_P, _P, _P, _I, _I, _I, _P, _I, _I, _I, _I, _F, _P, _C),
     "llmso_int_dot_linear": (_P, _I, _I, _C, _P, _I, _I, _P, _P, _C, _C, _C),
@@ -151,27 +151,51 @@ class Glue:
         )
         return total, out
 
-    def rope(
-        self, qk: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, rotary: int
+    def rope_store(
+        self,
+        qk: torch.Tensor,
+        v: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor, int],
+        cache: tuple[torch.Tensor, torch.Tensor],
+        write_rows: torch.Tensor,
     ) -> torch.Tensor:
-        """RoPE of ``qk`` (``[rows, heads, head_dim]``, rows may be strided) with one
-        ``rotary``-wide cos / signed-sin row per token (contiguous)."""
-        rows, heads, head_dim = qk.shape
+        """RoPE of the queries and keys of ``qk`` (``[rows, heads +
+        kv_heads, head_dim]``, rows may be strided), the rotated keys and the values (``v
+        [rows, kv_heads, head_dim]``) written to rows ``write_rows`` (int64, token-major
+        then kv head) of one layer's contiguous K/V ``cache``; returns the rotated queries
+        ``[rows, heads, head_dim]``. ``rope``: one ``rotary``-wide cos / signed-sin row per
+        token (contiguous) and ``rotary``, the features rotated of a head's first."""
+        rows, all_heads, head_dim = qk.shape
+        kv_heads = v.shape[1]
+        k_cache, v_cache = cache
+        if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+            raise ValueError("rope_store writes into a contiguous cache")
+        if write_rows.dtype != torch.int64 or write_rows.numel() != rows * kv_heads:
+            raise ValueError("rope_store needs one int64 cache row per token and kv head")
         if qk.stride(2) != 1 or qk.stride(1) != head_dim:
             qk = qk.contiguous()
-        out = torch.empty((rows, heads, head_dim), dtype=qk.dtype)
-        self.lib.llmso_rope(
+        if v.stride(2) != 1 or v.stride(1) != head_dim:
+            v = v.contiguous()
+        cos, sin_signed, rotary = rope
+        q = torch.empty((rows, all_heads - kv_heads, head_dim), dtype=qk.dtype)
+        self.lib.llmso_rope_store(
             qk.data_ptr(),
             qk.stride(0),
-            heads,
+            v.data_ptr(),
+            v.stride(0),
+            all_heads - kv_heads,
+            kv_heads,
             head_dim,
             rotary,
             cos.contiguous().data_ptr(),
             sin_signed.contiguous().data_ptr(),
-            out.data_ptr(),
+            q.data_ptr(),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            write_rows.contiguous().data_ptr(),
             rows,
         )
-        return out
+        return q
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """``SiLU(gate) * up`` for rows of ``[gate | up]``."""

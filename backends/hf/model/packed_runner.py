@@ -340,10 +340,15 @@ class DecoderRunner:
         x = F.embedding(packed.ids, self.embed)
         if self.embed_scale is not None:
             x = x * self.embed_scale
+        pending: torch.Tensor | None = None  # the last layer's output, not yet in x
         for index, layer in enumerate(self.layers):
-            x = self._layer(index, layer, x, step)
+            x, pending = self._layer(index, layer, x, pending, step)
         rows = torch.tensor(logit_rows, dtype=torch.long, device=self.device)
-        h = self._norm(x.index_select(0, rows), self.norm)
+        if pending is None or self.glue is None:
+            h = self._norm(x.index_select(0, rows), self.norm)
+        else:  # only the rows that give logits
+            picked = (x.index_select(0, rows), pending.index_select(0, rows))
+            _, h = self.glue.add_rms_norm(*picked, self.norm, self.eps)
         logits = self.lm_head(h)
         cap = self.family.final_softcap
         if cap is not None:
@@ -359,9 +364,8 @@ class DecoderRunner:
         return self.lora.step(decode, [(len(c.tokens), c.adapter) for c in prefills])
 
     def _rope(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The framework ops' RoPE (the glue's is fused with the cache write)."""
         rd, n, rows = self.rotary_dim, qk.shape[0], qk.shape[1]
-        if self.glue is not None:
-            return self.glue.rope(qk, cos, sin, rd)
         part = qk if rd == self.head_dim else qk[..., :rd]
         flipped = part.reshape(n, rows, 2, rd // 2).flip(2).view(n, rows, rd)
         rotated = part * cos + flipped * sin
@@ -369,10 +373,24 @@ class DecoderRunner:
             return rotated
         return torch.cat((rotated, qk[..., rd:]), dim=-1)
 
-    def _layer(self, index: int, layer: _Layer, x: torch.Tensor, step: _Step) -> torch.Tensor:
+    def _layer(
+        self,
+        index: int,
+        layer: _Layer,
+        x: torch.Tensor,
+        pending: torch.Tensor | None,
+        step: _Step,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One decoder layer over the residual stream ``x`` plus ``pending``, the layer
+        before's output (None: none). Returns the new stream and this layer's output, which
+        the glue adds in the next norm's call (one C call for add and norm; the same bits
+        as adding first); without the glue, ``(x + output, None)``."""
         hd, heads, kvh, n = self.head_dim, self.heads, self.kv_heads, step.slots.n
         lora, rows = step.lora, step.fixed_from
-        h = self._norm(x, layer.ln_in)
+        if pending is not None and self.glue is not None:
+            x, h = self.glue.add_rms_norm(x, pending, layer.ln_in, self.eps)
+        else:
+            h = self._norm(x, layer.ln_in)
         qkv = layer.qkv(h, fixed_from=rows)
         if lora is not None:
             lora.add(index, "qkv", h, qkv)
@@ -385,15 +403,27 @@ class DecoderRunner:
                 ),
                 dim=1,
             )
-        qk = self._rope(qk, step.cos[layer.rope], step.sin[layer.rope])
         v = qkv[:, (heads + kvh) * hd :].view(n, kvh, hd)
-        attn = self.attention.layer(
-            index,
-            (qk[:, :heads], qk[:, heads:], v),
-            step.slots,
-            window=layer.window,
-            scale=self.scale,
-        )
+        cos, sin = step.cos[layer.rope], step.sin[layer.rope]
+        if self.glue is not None:  # RoPE and the cache write in one C call
+            attn = self.attention.rope_layer(
+                index,
+                qk,
+                v,
+                (cos, sin, self.rotary_dim),
+                step.slots,
+                window=layer.window,
+                scale=self.scale,
+            )
+        else:
+            qk = self._rope(qk, cos, sin)
+            attn = self.attention.layer(
+                index,
+                (qk[:, :heads], qk[:, heads:], v),
+                step.slots,
+                window=layer.window,
+                scale=self.scale,
+            )
         out = layer.o(attn, fixed_from=rows)
         if lora is not None:
             lora.add(index, "o", attn, out)
@@ -417,7 +447,9 @@ class DecoderRunner:
             lora.add(index, "down", inner, out)
         if layer.ln_mlp_out is not None:
             out = self._norm(out, layer.ln_mlp_out)
-        return x + out
+        if self.glue is not None:
+            return x, out
+        return x + out, None
 
 
 def _caller_order(

@@ -212,14 +212,41 @@ class SlotAttention:
         scale: float,
     ) -> torch.Tensor:
         """Store layer ``index``'s new keys and values, then attend: ``q [n, heads, hd]``,
-        ``k``/``v [n, kv_heads, hd]``; returns ``[n, heads*hd]``. One call per layer: the
-        cache views are taken once (this runs 30 times a step on the hot path)."""
+        ``k``/``v [n, kv_heads, hd]``; returns ``[n, heads*hd]``."""
         q, k, v = qkv
         hd, rows = self.head_dim, step.n * self.kv_heads
+        self.cache.k[index].view(-1, hd).index_copy_(0, step.write_idx, k.reshape(rows, hd))
+        self.cache.v[index].view(-1, hd).index_copy_(0, step.write_idx, v.reshape(rows, hd))
+        return self.attend(index, q, step, window=window, scale=scale)
+
+    def rope_layer(
+        self,
+        index: int,
+        qk: torch.Tensor,
+        v: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor, int],
+        step: SlotStep,
+        *,
+        window: int | None,
+        scale: float,
+    ) -> torch.Tensor:
+        """``layer`` for un-rotated ``qk`` (``[n, heads + kv_heads, hd]``) with the C glue:
+        RoPE (``(cos, sin_signed, rotary)`` rows per token) and the cache write in one
+        call, the same bits as rotating first and calling ``layer``."""
+        if self._glue is None:
+            raise ValueError("rope_layer needs the C glue")
+        cache = (self.cache.k[index], self.cache.v[index])
+        q = self._glue.rope_store(qk, v, rope, cache, step.write_idx)
+        return self.attend(index, q, step, window=window, scale=scale)
+
+    def attend(
+        self, index: int, q: torch.Tensor, step: SlotStep, *, window: int | None, scale: float
+    ) -> torch.Tensor:
+        """Layer ``index``'s attention of the step's queries (``[n, heads, hd]``) over the
+        cache, where this step's keys already are; ``[n, heads*hd]``. One call per layer:
+        the cache views are taken once (this runs 30 times a step on the hot path)."""
         k_cache = self.cache.k[index]
         v_cache = self.cache.v[index]
-        k_cache.view(-1, hd).index_copy_(0, step.write_idx, k.reshape(rows, hd))
-        v_cache.view(-1, hd).index_copy_(0, step.write_idx, v.reshape(rows, hd))
         if step.num_decode:
             d, span = step.num_decode, step.span_len
             if step.attend == "invariant" and self._glue is not None:

@@ -81,32 +81,49 @@ void llmso_add_rms_norm(const uint16_t* x, const uint16_t* residual, const uint1
   }
 }
 
-/* RoPE over the first `rotary` features of each of `heads` heads per row (the rest copied):
- * out = x * cos + flip_halves(x) * sin_signed, each product rounded to bf16 and then the
- * sum, as the framework ops round. cos/sin: one row of `rotary` values per token row. */
-GLUE_CLONES
-void llmso_rope(const uint16_t* x, int64_t x_stride, int64_t heads, int64_t head_dim,
-                int64_t rotary, const uint16_t* cos, const uint16_t* sin, uint16_t* out,
-                int64_t rows) {
+/* RoPE of one head's first `rotary` features (the rest copied):
+ * dst = src * cos + flip_halves(src) * sin_signed, each product rounded to bf16 and then
+ * the sum, as the framework ops round. */
+static inline void rope_head(const uint16_t* src, const uint16_t* c, const uint16_t* s,
+                             uint16_t* dst, int64_t rotary, int64_t head_dim) {
   const int64_t half = rotary / 2;
-#pragma omp parallel for schedule(static) if (rows * heads * head_dim >= THREADED_VALUES)
+  for (int64_t i = 0; i < half; ++i) {
+    float a = from_bf16(to_bf16(from_bf16(src[i]) * from_bf16(c[i])));
+    float b = from_bf16(to_bf16(from_bf16(src[i + half]) * from_bf16(s[i])));
+    dst[i] = to_bf16(a + b);
+  }
+  for (int64_t i = half; i < rotary; ++i) {
+    float a = from_bf16(to_bf16(from_bf16(src[i]) * from_bf16(c[i])));
+    float b = from_bf16(to_bf16(from_bf16(src[i - half]) * from_bf16(s[i])));
+    dst[i] = to_bf16(a + b);
+  }
+  for (int64_t i = rotary; i < head_dim; ++i) dst[i] = src[i];
+}
+
+/* A layer's RoPE and KV-cache write in one pass (what a RoPE call and two index copies
+ * did): row r's `heads` query heads (qk's first) rotated into q_out [rows, heads,
+ * head_dim]; its `kv_heads` keys (qk's next) rotated and its values (v) copied into row
+ * write_rows[r * kv_heads + h] of the flat caches [*, head_dim]. The same bits as the
+ * separate calls. A step's rows write distinct cache rows, so rows may run in parallel. */
+GLUE_CLONES
+void llmso_rope_store(const uint16_t* qk, int64_t qk_stride, const uint16_t* v,
+                      int64_t v_stride, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                      int64_t rotary, const uint16_t* cos, const uint16_t* sin,
+                      uint16_t* q_out, uint16_t* k_cache, uint16_t* v_cache,
+                      const int64_t* write_rows, int64_t rows) {
+#pragma omp parallel for schedule(static) \
+    if (rows * (heads + kv_heads) * head_dim >= THREADED_VALUES)
   for (int64_t r = 0; r < rows; ++r) {
     const uint16_t* c = cos + r * rotary;
     const uint16_t* s = sin + r * rotary;
-    for (int64_t h = 0; h < heads; ++h) {
-      const uint16_t* src = x + r * x_stride + h * head_dim;
-      uint16_t* dst = out + (r * heads + h) * head_dim;
-      for (int64_t i = 0; i < half; ++i) {
-        float a = from_bf16(to_bf16(from_bf16(src[i]) * from_bf16(c[i])));
-        float b = from_bf16(to_bf16(from_bf16(src[i + half]) * from_bf16(s[i])));
-        dst[i] = to_bf16(a + b);
-      }
-      for (int64_t i = half; i < rotary; ++i) {
-        float a = from_bf16(to_bf16(from_bf16(src[i]) * from_bf16(c[i])));
-        float b = from_bf16(to_bf16(from_bf16(src[i - half]) * from_bf16(s[i])));
-        dst[i] = to_bf16(a + b);
-      }
-      for (int64_t i = rotary; i < head_dim; ++i) dst[i] = src[i];
+    const uint16_t* src = qk + r * qk_stride;
+    for (int64_t h = 0; h < heads; ++h)
+      rope_head(src + h * head_dim, c, s, q_out + (r * heads + h) * head_dim, rotary,
+                head_dim);
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      const int64_t at = write_rows[r * kv_heads + h] * head_dim;
+      rope_head(src + (heads + h) * head_dim, c, s, k_cache + at, rotary, head_dim);
+      memcpy(v_cache + at, v + r * v_stride + h * head_dim, (size_t)head_dim * sizeof(uint16_t));
     }
   }
 }
