@@ -25,12 +25,14 @@ __all__ = [
     "RecordingObserver",
     "Result",
     "assert_prompt_packed_as_alone",
+    "assert_quantized_prompt_packed_as_alone",
     "chat",
     "check_order",
     "collect",
     "completion",
     "config",
     "leave_after",
+    "random_tokens",
 ]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,6 +63,34 @@ def assert_prompt_packed_as_alone(
         assert torch.equal(runner.cache.k[:, 3, :, : len(prompt)], keys)
         short_alone = runner.forward([], [], [chunk(5, short)])
         assert torch.equal(batched[4], short_alone[0])
+
+
+def random_tokens(seed: int, *lengths: int) -> list[tuple[int, ...]]:
+    """Prompts of random SmolLM2 token ids, one per length."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    return [tuple(torch.randint(100, 40_000, (n,), generator=generator).tolist()) for n in lengths]
+
+
+def assert_quantized_prompt_packed_as_alone(scheme: str, seed: int) -> None:
+    """``assert_prompt_packed_as_alone`` for a 200-token prompt (beside a 250- and a
+    20-token one) on the packaged SmolLM2 in bf16 at ``quantization: scheme``, whose
+    runner takes the long prompts' rows its own way and the short one's as decode rows."""
+    import torch
+
+    from backends.hf.loading.loader import load
+    from backends.hf.loading.quantization import uniform
+    from backends.hf.model.packed_runner import DecoderRunner
+
+    prompt, other, short = random_tokens(seed, 200, 250, 20)
+    with torch.inference_mode():
+        torch.set_num_threads(2)
+        loaded = load(config(dtype="bfloat16"))
+        plan = uniform(scheme, 32)  # type: ignore[arg-type]
+        runner = DecoderRunner(loaded.model, max_slots=6, max_context=512, quantization=plan)
+        assert runner.fixed_prefill(len(prompt)) and not runner.fixed_prefill(len(short))
+        assert_prompt_packed_as_alone(runner, prompt, other, short)
 
 
 def model_path() -> str:

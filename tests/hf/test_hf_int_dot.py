@@ -11,7 +11,6 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from backends.hf.loading.loader import load
 from backends.hf.loading.quantization import uniform
 from backends.hf.model import glue
 from backends.hf.model.linears import (
@@ -23,8 +22,7 @@ from backends.hf.model.linears import (
     int8_grid,
     make_linear,
 )
-from backends.hf.model.packed_runner import DecoderRunner
-from tests.hf.helpers import assert_prompt_packed_as_alone, config
+from tests.hf.helpers import assert_quantized_prompt_packed_as_alone, config
 
 pytestmark = pytest.mark.skipif(
     isinstance(glue.load(), str), reason="the C kernels are not built (make install)"
@@ -181,15 +179,4 @@ def test_a_prompts_rows_on_unpacked_weights_keep_their_bits_wherever_they_sit() 
 
 
 def test_a_long_prompt_at_w4a8_gives_the_same_logits_whatever_shares_its_step() -> None:
-    generator = torch.Generator().manual_seed(8)
-    prompt = tuple(torch.randint(100, 40_000, (200,), generator=generator).tolist())
-    other = tuple(torch.randint(100, 40_000, (250,), generator=generator).tolist())
-    short = tuple(torch.randint(100, 40_000, (20,), generator=generator).tolist())
-    with torch.inference_mode():
-        torch.set_num_threads(2)
-        loaded = load(config(dtype="bfloat16"))
-        runner = DecoderRunner(
-            loaded.model, max_slots=6, max_context=512, quantization=uniform("w4a8", 32)
-        )
-        assert runner.fixed_prefill(len(prompt)) and not runner.fixed_prefill(len(short))
-        assert_prompt_packed_as_alone(runner, prompt, other, short)
+    assert_quantized_prompt_packed_as_alone("w4a8", seed=8)

@@ -11,7 +11,7 @@ from backends.hf.loading.loader import load
 from backends.hf.model.linears import Dense, Linear
 from backends.hf.model.packed_runner import DecoderRunner
 from backends.hf.model.row_blocks import fixed_widths, invariant_width
-from tests.hf.helpers import assert_prompt_packed_as_alone, config
+from tests.hf.helpers import assert_prompt_packed_as_alone, config, random_tokens
 
 
 def _runner() -> tuple[DecoderRunner, list[tuple[Linear, int]]]:
@@ -75,10 +75,7 @@ def test_prefill_rows_round_the_same_whatever_shares_their_calls() -> None:
 
 
 def test_a_long_prompt_gives_the_same_logits_whatever_shares_its_step() -> None:
-    generator = torch.Generator().manual_seed(7)
-    prompt = tuple(torch.randint(100, 40_000, (150,), generator=generator).tolist())
-    short = tuple(torch.randint(100, 40_000, (20,), generator=generator).tolist())
-    other = tuple(torch.randint(100, 40_000, (90,), generator=generator).tolist())
+    prompt, short, other = random_tokens(7, 150, 20, 90)
     with torch.inference_mode():
         runner, _ = _runner()
         assert not runner.fixed_prefill(len(short))

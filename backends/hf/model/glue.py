@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 _CSRC = Path(__file__).with_name("csrc")
-SOURCES = (_CSRC / "glue.c", _CSRC / "int_dot.c")
+SOURCES = (_CSRC / "glue.c", _CSRC / "int_dot.c", _CSRC / "int4pack.c")
 HEADERS = (_CSRC / "bf16.h",)
 FLAGS = (
     "-O3",
@@ -69,6 +69,7 @@ _SIGNATURES = {
     "llmso_int_dot_linear": (_P, _I, _I, _C, _P, _I, _I, _P, _P, _C, _C, _C),
     "llmso_int_dot_isa": (),
     "llmso_int_dot_dequantize": (_P, _I, _I, _I, _C, _P, _C),
+    "llmso_int4pack_weights": (_P, _P, _I, _I, _I, _P),
 }
 _RETURNS_INT = {"llmso_int_dot_linear", "llmso_int_dot_isa", "llmso_decode_attention"}
 
@@ -301,6 +302,26 @@ class Glue:
             bits,
             out.data_ptr(),
             self.int_dot_isa if isa is None else isa,
+        )
+        return out
+
+    def int4pack_weights(
+        self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, in_features: int, group: int
+    ) -> torch.Tensor:
+        """A ``linears.Int4`` weight (PyTorch's CPU int4 layout, ``csrc/int4pack.c``; a
+        multiple of 64 outputs) as bf16 ``[in_features, out_features]``: the weight
+        transposed, ``w = (q - 8) * scale + zero`` rounded once."""
+        out_features = scales_and_zeros.shape[1]
+        if out_features % 64 or in_features % group or scales_and_zeros.dtype != torch.bfloat16:
+            raise ValueError("int4pack_weights: 64n outputs, groups dividing the inputs, bf16")
+        out = torch.empty((in_features, out_features), dtype=torch.bfloat16)
+        self.lib.llmso_int4pack_weights(
+            packed.contiguous().data_ptr(),
+            scales_and_zeros.contiguous().data_ptr(),
+            out_features,
+            in_features,
+            group,
+            out.data_ptr(),
         )
         return out
 

@@ -6,7 +6,8 @@ the bytes it reads. Weight-only quantization cuts those bytes (bf16 -> int8 halv
 int4 quarters them) while activations stay in the model's dtype. The kernels are
 PyTorch's own CPU weight-only ones (``_weight_int8pack_mm``: int8 per output channel;
 ``_weight_int4pack_mm_for_cpu``: int4 in groups along the input, a scale and a zero per
-group), the ones torchao calls; none is written here. ``w4a8`` (a setting of its own,
+group), the ones torchao calls (a long prompt's int4 rows: on the weights unpacked to bf16,
+``csrc/int4pack.c``). ``w4a8`` (a setting of its own,
 since it changes the numbers) runs in our C kernel (``csrc/int_dot.c``, ``IntDot``): 4-
 or 8-bit weights on GGUF's grids times activations rounded per call to 8- or 16-bit
 integers (a long prompt's rows: on the weights unpacked to bf16, ``Unpacked``).
@@ -70,9 +71,10 @@ class Linear(Protocol):
         """``x`` as packed rows: those before ``fixed_from`` (decode rows, short
         prompts) each rounded as it would be alone; from it on (long prompts,
         ``PrefillChunk.fixed``) each rounded the same whatever else shares the step
-        (None: every row as alone). Two kinds compute them otherwise: bf16 dense
-        projections on AMX CPUs (in fixed-size calls, ``row_blocks``) and integer-dot
-        ones with bf16 activations (on weights unpacked to bf16, ``IntDot``)."""
+        (None: every row as alone). Three kinds compute them otherwise: bf16 dense
+        projections on AMX CPUs (in fixed-size calls, ``row_blocks``), and integer-dot
+        and int4 ones with bf16 activations (on weights unpacked to bf16, ``IntDot``,
+        ``Int4``)."""
         ...
 
 
@@ -168,8 +170,8 @@ def _dense(
     return F.linear(x, weight, bias)
 
 
-_ROW_BLOCKS: dict[tuple[int, int, bool, int, bool], tuple[int | None, tuple[int, ...]]] = {}
-"""Memo of :func:`_row_blocks` per weight shape, thread count and ``prompt_rows``: a pure
+_ROW_BLOCKS: dict[tuple[int, int, bool, bool, int, bool], tuple[int | None, tuple[int, ...]]] = {}
+"""Memo of :func:`_row_blocks` per weight shape and layout, thread count and ``prompt_rows``: a pure
 function of the CPU, the shape and the calling thread's team size (the kernel oneDNN
 picks depends on the shape, not the values, and how it splits a call over threads moves
 some sums: on the AMX Xeon a 512-row call of SmolLM2's qkv rounds otherwise on two
@@ -191,12 +193,15 @@ def _row_blocks(
     keeps it), probed once per shape (~0.1 s each; the LM head and LoRA matrices, never
     given a prompt's rows apart, skip the second)."""
     threads = torch.get_num_threads()
-    key = (int(weight.shape[0]), int(weight.shape[1]), prepacked, threads, prompt_rows)
+    # a transposed view (an unpacked int4 weight) may take another kernel than its copy
+    layout = weight.is_contiguous()
+    key = (int(weight.shape[0]), int(weight.shape[1]), prepacked, layout, threads, prompt_rows)
     if key in _ROW_BLOCKS:
         return _ROW_BLOCKS[key]
     packed = stored
     if key[0] > _PROBE_OUT_FEATURES:  # only a wide one is probed on a packed slice
-        probe = weight[:_PROBE_OUT_FEATURES].contiguous()
+        probe = weight[:_PROBE_OUT_FEATURES]
+        probe = probe.contiguous() if layout else probe.t().contiguous().t()
         packed = _pack(probe) if prepacked else probe
 
     def call(x: torch.Tensor) -> torch.Tensor:
@@ -241,7 +246,13 @@ class Int8:
 @dataclass(frozen=True, slots=True)
 class Int4:
     """int4 weight packed for the CPU kernel; per group of ``group`` inputs a scale and a
-    zero, stored ``[in / group, out, 2]`` in the activations' dtype."""
+    zero, stored ``[in / group, out, 2]`` in the activations' dtype.
+
+    With bf16 activations the rows of a prompt of ``UNPACKED_PROMPT_TOKENS`` or more take
+    ``unpacked``: PyTorch's kernel dequantizes the weight groups again for every few rows
+    (a 512-token SmolLM2 prefill took 4.8x bf16's time), while unpacking the weight to
+    bf16 once per call (``csrc/int4pack.c``, the values the kernel multiplies by, each
+    rounded once to bf16) and one GEMM cost about what bf16 costs."""
 
     packed: torch.Tensor
     scales_and_zeros: torch.Tensor
@@ -249,9 +260,19 @@ class Int4:
     out_features: int
     bias: torch.Tensor | None
     nbytes: int
+    unpacked: Unpacked | None = None  # none: a long prompt's rows take the kernel too
 
     @classmethod
-    def of(cls, weight: torch.Tensor, bias: torch.Tensor | None, group: int) -> Int4:
+    def of(
+        cls,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        group: int,
+        *,
+        prompt_rows: bool = False,
+    ) -> Int4:
+        """``prompt_rows``: as ``Dense.of``; with bf16 weights where this build's layout is
+        the one ``csrc/int4pack.c`` unpacks, build ``unpacked``."""
         out_features, in_features = weight.shape
         if in_features % group:
             raise QuantizationError(
@@ -267,18 +288,67 @@ class Int4:
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
         pairs = torch.stack((scale, zero), dim=-1).transpose(0, 1).contiguous().to(weight.dtype)
         size = packed.numel() * packed.element_size() + pairs.numel() * pairs.element_size()
-        return cls(packed, pairs, group, out_features, bias, size)
+        unpacked = None
+        unpack = _int4_unpacker(packed, pairs, in_features, group) if prompt_rows else None
+        if unpack is not None:
+            whole = unpack()
+            blocks = _row_blocks(whole, whole, False, True)
+            unpacked = Unpacked(unpack, None if bias is None else bias.detach(), *blocks)
+        return cls(packed, pairs, group, out_features, bias, size, unpacked)
 
     @property
     def prompt_tokens(self) -> int | None:
-        return None
+        return None if self.unpacked is None else UNPACKED_PROMPT_TOKENS
 
     def __call__(self, x: torch.Tensor, *, fixed_from: int | None = None) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        if fixed_from is None or self.unpacked is None or fixed_from >= rows.shape[0]:
+            out = self._kernel(rows)
+        else:
+            prompt = self.unpacked(rows[fixed_from:])
+            out = torch.cat((self._kernel(rows[:fixed_from]), prompt)) if fixed_from else prompt
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def _kernel(self, rows: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x.reshape(-1, x.shape[-1]), self.packed, self.group, self.scales_and_zeros
+            rows, self.packed, self.group, self.scales_and_zeros
         )
-        out = out.reshape(*x.shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias
+
+
+def _int4_unpacker(
+    packed: torch.Tensor, pairs: torch.Tensor, in_features: int, group: int
+) -> Callable[[], torch.Tensor] | None:
+    """A call giving an ``Int4`` weight as bf16 ``[out, in]`` (a transposed view: the
+    GEMM takes it as is), or None where the C kernels cannot: not bf16, outputs not a
+    multiple of 64, no C build, or a PyTorch build whose layout is another."""
+    if pairs.dtype != torch.bfloat16 or pairs.shape[1] % 64:
+        return None
+    kernel = load_glue()
+    if isinstance(kernel, str) or not _int4pack_layout_known():
+        return None
+
+    def unpack() -> torch.Tensor:
+        return kernel.int4pack_weights(packed, pairs, in_features, group).t()
+
+    return unpack
+
+
+@functools.cache
+def _int4pack_layout_known() -> bool:
+    """Whether this PyTorch build packs int4 as ``csrc/int4pack.c`` unpacks it: random
+    values packed and unpacked come back (once per process)."""
+    kernel = load_glue()
+    if isinstance(kernel, str):
+        return False
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randint(0, 16, (128, 64), generator=gen, dtype=torch.int32)
+    pairs = torch.randn(2, 128, 2, generator=gen).to(torch.bfloat16)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+    scale, zero = (pairs[..., i].float().repeat_interleave(32, dim=0).t() for i in (0, 1))
+    want = ((q - 8).float() * scale + zero).to(torch.bfloat16)
+    got = kernel.int4pack_weights(packed, pairs, 64, 32).t()
+    return bool(torch.equal(got, want))
 
 
 INT_DOT_GROUP = 32  # inputs per weight scale and per activation scale (GGUF's block)
@@ -477,7 +547,7 @@ def make_linear(
     if scheme in INT_DOT_SCHEMES:
         bits, wide = INT_DOT_SCHEMES[scheme]
         return IntDot.of(weight, bias, bits, wide, prompt_rows=prompt_rows)
-    return Int4.of(weight, bias, group)
+    return Int4.of(weight, bias, group, prompt_rows=prompt_rows)
 
 
 def _can_prepack(weight: torch.Tensor) -> bool:

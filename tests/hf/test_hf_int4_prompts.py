@@ -1,0 +1,66 @@
+"""Weight-only int4 (``linears.Int4``) for a long prompt's rows: the weights unpacked to
+bf16 (``csrc/int4pack.c``) are the values PyTorch's int4 kernel multiplies by, a
+prompt's rows on them keep their bits wherever they sit in a step, and a long prompt
+at ``quantization: int4`` gives the same logits alone and packed with other rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backends.hf.model import glue
+from backends.hf.model.linears import UNPACKED_PROMPT_TOKENS, Int4, make_linear
+from tests.hf.helpers import assert_quantized_prompt_packed_as_alone
+
+pytestmark = pytest.mark.skipif(
+    isinstance(glue.load(), str), reason="the C kernels are not built (make install)"
+)
+
+
+def _kernel_weights(linear: Int4, in_features: int) -> torch.Tensor:
+    """``[out, in]`` as PyTorch's kernel multiplies: the kernel run on the identity."""
+    eye = torch.eye(in_features, dtype=torch.bfloat16)
+    bare = Int4(linear.packed, linear.scales_and_zeros, linear.group, linear.out_features, None, 0)
+    return bare(eye).T
+
+
+@pytest.mark.parametrize(("out_features", "group"), [(128, 32), (192, 64)])
+def test_unpacked_int4_weights_are_the_values_its_kernel_multiplies(
+    out_features: int, group: int
+) -> None:
+    torch.manual_seed(5)
+    weight = torch.randn(out_features, 256, dtype=torch.bfloat16) * 0.05
+    linear = make_linear(weight, None, "int4", group, prompt_rows=True)
+    assert isinstance(linear, Int4) and linear.unpacked is not None
+    assert torch.equal(linear.unpacked.unpack(), _kernel_weights(linear, 256))
+
+
+def test_int4_unpacks_only_what_it_can() -> None:
+    weight = torch.randn(96, 128, dtype=torch.bfloat16)  # 96 outputs: not blocks of 64
+    assert make_linear(weight, None, "int4", 32, prompt_rows=True).prompt_tokens is None
+    wide = torch.randn(128, 128, dtype=torch.bfloat16)
+    assert make_linear(wide, None, "int4", 32).prompt_tokens is None  # as for the LM head
+    assert make_linear(wide.float(), None, "int4", 32, prompt_rows=True).prompt_tokens is None
+
+
+def test_a_prompts_rows_at_int4_keep_their_bits_wherever_they_sit() -> None:
+    torch.manual_seed(6)
+    weight = torch.randn(192, 256, dtype=torch.bfloat16) * 0.05
+    bias = torch.randn(192, dtype=torch.bfloat16)
+    linear = make_linear(weight, bias, "int4", 32, prompt_rows=True)
+    assert linear.prompt_tokens == UNPACKED_PROMPT_TOKENS
+    x = torch.randn(300, 256, dtype=torch.bfloat16)
+    other = torch.randn(9, 256, dtype=torch.bfloat16)
+    packed = linear(x, fixed_from=3)
+    assert torch.equal(packed[:3], linear(x[:3]))  # rows before: PyTorch's kernel
+    moved = linear(torch.cat((other, x[3:])), fixed_from=5)
+    assert torch.equal(moved[9:], packed[3:])
+    assert torch.equal(linear(x[3:], fixed_from=0), packed[3:])
+    # the same layer as the kernel's, up to bf16 rounding of the products' inputs
+    assert isinstance(linear, Int4)
+    exact = x[3:].double() @ _kernel_weights(linear, 256).double().T + bias.double()
+    assert float((packed[3:].double() - exact).abs().max()) < 0.05
+
+
+def test_a_long_prompt_at_int4_gives_the_same_logits_whatever_shares_its_step() -> None:
+    assert_quantized_prompt_packed_as_alone("int4", seed=9)
