@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 _CSRC = Path(__file__).with_name("csrc")
-SOURCES = (_CSRC / "glue.c", _CSRC / "int_dot.c", _CSRC / "int4pack.c")
+SOURCES = (_CSRC / "glue.c", _CSRC / "int_dot.c", _CSRC / "unpack.c")
 HEADERS = (_CSRC / "bf16.h",)
 FLAGS = (
     "-O3",
@@ -70,6 +70,7 @@ _SIGNATURES = {
     "llmso_int_dot_isa": (),
     "llmso_int_dot_dequantize": (_P, _I, _I, _I, _C, _P, _C),
     "llmso_int4pack_weights": (_P, _P, _I, _I, _I, _P),
+    "llmso_int8_weights": (_P, _P, _I, _I, _P),
 }
 _RETURNS_INT = {"llmso_int_dot_linear", "llmso_int_dot_isa", "llmso_decode_attention"}
 
@@ -308,7 +309,7 @@ class Glue:
     def int4pack_weights(
         self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, in_features: int, group: int
     ) -> torch.Tensor:
-        """A ``linears.Int4`` weight (PyTorch's CPU int4 layout, ``csrc/int4pack.c``; a
+        """A ``linears.Int4`` weight (PyTorch's CPU int4 layout, ``csrc/unpack.c``; a
         multiple of 64 outputs) as bf16 ``[in_features, out_features]``: the weight
         transposed, ``w = (q - 8) * scale + zero`` rounded once."""
         out_features = scales_and_zeros.shape[1]
@@ -322,6 +323,17 @@ class Glue:
             in_features,
             group,
             out.data_ptr(),
+        )
+        return out
+
+    def int8_weights(self, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        """A ``linears.Int8`` weight (int8 ``[out, in]``, one bf16 scale an output) as bf16
+        ``[out, in]``: ``q * scale``, rounded once."""
+        if q.dtype != torch.int8 or scales.dtype != torch.bfloat16:
+            raise ValueError("int8_weights: int8 weights and bf16 scales")
+        out = torch.empty(q.shape, dtype=torch.bfloat16)
+        self.lib.llmso_int8_weights(
+            q.contiguous().data_ptr(), scales.contiguous().data_ptr(), *q.shape, out.data_ptr()
         )
         return out
 

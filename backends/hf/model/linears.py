@@ -6,8 +6,8 @@ the bytes it reads. Weight-only quantization cuts those bytes (bf16 -> int8 halv
 int4 quarters them) while activations stay in the model's dtype. The kernels are
 PyTorch's own CPU weight-only ones (``_weight_int8pack_mm``: int8 per output channel;
 ``_weight_int4pack_mm_for_cpu``: int4 in groups along the input, a scale and a zero per
-group), the ones torchao calls (a long prompt's int4 rows: on the weights unpacked to bf16,
-``csrc/int4pack.c``). ``w4a8`` (a setting of its own,
+group), the ones torchao calls (a long prompt's rows: on the weights unpacked to bf16,
+``csrc/unpack.c``). ``w4a8`` (a setting of its own,
 since it changes the numbers) runs in our C kernel (``csrc/int_dot.c``, ``IntDot``): 4-
 or 8-bit weights on GGUF's grids times activations rounded per call to 8- or 16-bit
 integers (a long prompt's rows: on the weights unpacked to bf16, ``Unpacked``).
@@ -71,10 +71,9 @@ class Linear(Protocol):
         """``x`` as packed rows: those before ``fixed_from`` (decode rows, short
         prompts) each rounded as it would be alone; from it on (long prompts,
         ``PrefillChunk.fixed``) each rounded the same whatever else shares the step
-        (None: every row as alone). Three kinds compute them otherwise: bf16 dense
-        projections on AMX CPUs (in fixed-size calls, ``row_blocks``), and integer-dot
-        and int4 ones with bf16 activations (on weights unpacked to bf16, ``IntDot``,
-        ``Int4``)."""
+        (None: every row as alone). Two kinds compute them otherwise: bf16 dense
+        projections on AMX CPUs (in fixed-size calls, ``row_blocks``), and quantized
+        ones with bf16 activations (on weights unpacked to bf16, ``Unpacked``)."""
         ...
 
 
@@ -216,31 +215,64 @@ def _row_blocks(
 
 @dataclass(frozen=True, slots=True)
 class Int8:
-    """int8 weight [out, in], one scale per output channel (the activations' dtype)."""
+    """int8 weight [out, in], one scale per output channel (the activations' dtype).
+
+    With bf16 activations the rows of a prompt of ``UNPACKED_PROMPT_TOKENS`` or more take
+    ``unpacked``, the weight as bf16 (``q * scale``, ``csrc/unpack.c``) in oneDNN's
+    fixed-size calls: PyTorch's int8 kernel took 25 ms a SmolLM2 layer for 512 rows (3.2
+    for 64), a bf16 GEMM 4.6."""
 
     weight: torch.Tensor
     scales: torch.Tensor
     bias: torch.Tensor | None
     nbytes: int
+    unpacked: Unpacked | None = None  # none: a long prompt's rows take the kernel too
 
     @classmethod
-    def of(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> Int8:
+    def of(
+        cls, weight: torch.Tensor, bias: torch.Tensor | None, *, prompt_rows: bool = False
+    ) -> Int8:
+        """``prompt_rows``: as ``Dense.of``; with bf16 weights, build ``unpacked``."""
         w = weight.detach().float()
         scales = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
         q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
         scales = scales.to(weight.dtype)
-        return cls(q, scales, bias, q.numel() + scales.numel() * scales.element_size())
+        size = q.numel() + scales.numel() * scales.element_size()
+        kernel = load_glue() if prompt_rows and weight.dtype == torch.bfloat16 else None
+        unpacked = None
+        if kernel is not None and not isinstance(kernel, str):
+            unpack = functools.partial(kernel.int8_weights, q, scales)
+            whole = unpack()
+            blocks = _row_blocks(whole, whole, False, True)
+            unpacked = Unpacked(unpack, None if bias is None else bias.detach(), *blocks)
+        return cls(q, scales, bias, size, unpacked)
 
     @property
     def prompt_tokens(self) -> int | None:
-        return None
+        return None if self.unpacked is None else UNPACKED_PROMPT_TOKENS
 
     def __call__(self, x: torch.Tensor, *, fixed_from: int | None = None) -> torch.Tensor:
-        out: torch.Tensor = torch.ops.aten._weight_int8pack_mm(
-            x.reshape(-1, x.shape[-1]), self.weight, self.scales
-        )
-        out = out.reshape(*x.shape[:-1], out.shape[-1])
+        rows = x.reshape(-1, x.shape[-1])
+        out = _split_prompt(self._kernel, self.unpacked, rows, fixed_from)
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+    def _kernel(self, rows: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scales)
         return out if self.bias is None else out + self.bias
+
+
+def _split_prompt(
+    kernel: Callable[[torch.Tensor], torch.Tensor],
+    unpacked: Unpacked | None,
+    rows: torch.Tensor,
+    fixed_from: int | None,
+) -> torch.Tensor:
+    """Rows before ``fixed_from`` by ``kernel``, the rest (a long prompt's) by
+    ``unpacked`` where there is one."""
+    if fixed_from is None or unpacked is None or fixed_from >= rows.shape[0]:
+        return kernel(rows)
+    prompt = unpacked(rows[fixed_from:])
+    return torch.cat((kernel(rows[:fixed_from]), prompt)) if fixed_from else prompt
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,7 +283,7 @@ class Int4:
     With bf16 activations the rows of a prompt of ``UNPACKED_PROMPT_TOKENS`` or more take
     ``unpacked``: PyTorch's kernel dequantizes the weight groups again for every few rows
     (a 512-token SmolLM2 prefill took 4.8x bf16's time), while unpacking the weight to
-    bf16 once per call (``csrc/int4pack.c``, the values the kernel multiplies by, each
+    bf16 once per call (``csrc/unpack.c``, the values the kernel multiplies by, each
     rounded once to bf16) and one GEMM cost about what bf16 costs."""
 
     packed: torch.Tensor
@@ -272,7 +304,7 @@ class Int4:
         prompt_rows: bool = False,
     ) -> Int4:
         """``prompt_rows``: as ``Dense.of``; with bf16 weights where this build's layout is
-        the one ``csrc/int4pack.c`` unpacks, build ``unpacked``."""
+        the one ``csrc/unpack.c`` unpacks, build ``unpacked``."""
         out_features, in_features = weight.shape
         if in_features % group:
             raise QuantizationError(
@@ -302,11 +334,7 @@ class Int4:
 
     def __call__(self, x: torch.Tensor, *, fixed_from: int | None = None) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        if fixed_from is None or self.unpacked is None or fixed_from >= rows.shape[0]:
-            out = self._kernel(rows)
-        else:
-            prompt = self.unpacked(rows[fixed_from:])
-            out = torch.cat((self._kernel(rows[:fixed_from]), prompt)) if fixed_from else prompt
+        out = _split_prompt(self._kernel, self.unpacked, rows, fixed_from)
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def _kernel(self, rows: torch.Tensor) -> torch.Tensor:
@@ -336,7 +364,7 @@ def _int4_unpacker(
 
 @functools.cache
 def _int4pack_layout_known() -> bool:
-    """Whether this PyTorch build packs int4 as ``csrc/int4pack.c`` unpacks it: random
+    """Whether this PyTorch build packs int4 as ``csrc/unpack.c`` unpacks it: random
     values packed and unpacked come back (once per process)."""
     kernel = load_glue()
     if isinstance(kernel, str):
@@ -457,10 +485,7 @@ class IntDot:
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def _rows(self, rows: torch.Tensor, fixed_from: int | None) -> torch.Tensor:
-        if fixed_from is None or self.unpacked is None or fixed_from >= rows.shape[0]:
-            return self.call(rows)
-        prompt = self.unpacked(rows[fixed_from:])
-        return torch.cat((self.call(rows[:fixed_from]), prompt)) if fixed_from else prompt
+        return _split_prompt(self.call, self.unpacked, rows, fixed_from)
 
 
 def int4_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -543,7 +568,7 @@ def make_linear(
             f"{scheme} weights run on CPU only (the model is on {weight.device})"
         )
     if scheme == "int8":
-        return Int8.of(weight, bias)
+        return Int8.of(weight, bias, prompt_rows=prompt_rows)
     if scheme in INT_DOT_SCHEMES:
         bits, wide = INT_DOT_SCHEMES[scheme]
         return IntDot.of(weight, bias, bits, wide, prompt_rows=prompt_rows)

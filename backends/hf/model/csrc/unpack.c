@@ -1,9 +1,10 @@
-/* PyTorch's CPU int4 weights (linears.Int4: _convert_weight_to_int4pack_for_cpu, the
- * layout _weight_int4pack_mm_for_cpu reads) unpacked to bf16, for a long prompt's rows:
- * PyTorch's kernel dequantizes every weight group again for every few rows, so a prompt's
- * rows take a bf16 GEMM on the weights unpacked once per call instead.
+/* The weights of PyTorch's CPU weight-only kernels unpacked to bf16, for a long prompt's
+ * rows: those kernels dequantize the weights again for every few rows (int8's took 25 ms
+ * a SmolLM2 layer for 512 rows, a bf16 GEMM 4.6), so a prompt's rows take a bf16 GEMM
+ * on the weights unpacked once per call instead (linears.Int4, linears.Int8).
  *
- * The layout, as torch 2.x writes it on x86 with AVX512: outputs in blocks of 64, a block
+ * int4 (_convert_weight_to_int4pack_for_cpu, the layout _weight_int4pack_mm_for_cpu
+ * reads), as torch 2.x writes it on x86 with AVX512: outputs in blocks of 64, a block
  * stored input by input, 32 bytes an input: output j of the block in the low nibble of
  * byte j (j < 32) or the high nibble of byte j - 32. Other builds may write another
  * (AVX2 blocks are narrower), so linears.Int4 checks at load that this unpacking gives
@@ -15,9 +16,9 @@
 #include "bf16.h"
 
 #if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
-#define INT4PACK_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define UNPACK_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
-#define INT4PACK_CLONES
+#define UNPACK_CLONES
 #endif
 
 #define BLOCK 64
@@ -25,7 +26,7 @@
 /* wt [k][n] (bf16, the weight transposed: a GEMM takes it as a transposed view) from the
  * packed weight of n outputs (a multiple of 64) and k inputs (a multiple of group).
  * Threads: the calling thread's OpenMP team, over the input groups. */
-INT4PACK_CLONES
+UNPACK_CLONES
 void llmso_int4pack_weights(const uint8_t* packed, const uint16_t* scales_zeros, int64_t n,
                             int64_t k, int64_t group, uint16_t* wt) {
   const int64_t blocks = n / BLOCK, groups = k / group;
@@ -49,4 +50,19 @@ void llmso_int4pack_weights(const uint8_t* packed, const uint16_t* scales_zeros,
         }
       }
     }
+}
+
+/* w[n][k] (bf16) = q[n][k] * scales[n] (int8 weights [n][k], one bf16 scale an output:
+ * _weight_int8pack_mm's), each product rounded once. Threads: the calling thread's
+ * OpenMP team, over the outputs. */
+UNPACK_CLONES
+void llmso_int8_weights(const int8_t* q, const uint16_t* scales, int64_t n, int64_t k,
+                        uint16_t* w) {
+#pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < n; ++o) {
+    const float s = from_bf16(scales[o]);
+    const int8_t* row = q + o * k;
+    uint16_t* out = w + o * k;
+    for (int64_t i = 0; i < k; ++i) out[i] = to_bf16((float)row[i] * s);
+  }
 }

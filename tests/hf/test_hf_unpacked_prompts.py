@@ -1,7 +1,8 @@
-"""Weight-only int4 (``linears.Int4``) for a long prompt's rows: the weights unpacked to
-bf16 (``csrc/int4pack.c``) are the values PyTorch's int4 kernel multiplies by, a
-prompt's rows on them keep their bits wherever they sit in a step, and a long prompt
-at ``quantization: int4`` gives the same logits alone and packed with other rows."""
+"""Weight-only int8 and int4 (``linears.Int8``, ``linears.Int4``) for a long prompt's
+rows: the weights unpacked to bf16 (``csrc/unpack.c``) are the values PyTorch's kernels
+multiply by, a prompt's rows on them keep their bits wherever they sit in a step, and a
+long prompt at ``quantization: int8`` or ``int4`` gives the same logits alone and packed
+with other rows."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from backends.hf.model import glue
-from backends.hf.model.linears import UNPACKED_PROMPT_TOKENS, Int4, make_linear
+from backends.hf.model.linears import UNPACKED_PROMPT_TOKENS, Int4, Int8, make_linear
 from tests.hf.helpers import assert_quantized_prompt_packed_as_alone
 
 pytestmark = pytest.mark.skipif(
@@ -43,11 +44,22 @@ def test_int4_unpacks_only_what_it_can() -> None:
     assert make_linear(wide.float(), None, "int4", 32, prompt_rows=True).prompt_tokens is None
 
 
-def test_a_prompts_rows_at_int4_keep_their_bits_wherever_they_sit() -> None:
+def test_unpacked_int8_weights_are_the_values_its_kernel_multiplies() -> None:
+    torch.manual_seed(4)
+    weight = torch.randn(96, 128, dtype=torch.bfloat16) * 0.05
+    linear = make_linear(weight, None, "int8", prompt_rows=True)
+    assert isinstance(linear, Int8) and linear.unpacked is not None
+    want = linear.weight.to(torch.bfloat16) * linear.scales[:, None]  # rounded once
+    assert torch.equal(linear.unpacked.unpack(), want)
+    assert make_linear(weight, None, "int8").prompt_tokens is None  # as for the LM head
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_a_prompts_rows_keep_their_bits_wherever_they_sit(scheme: str) -> None:
     torch.manual_seed(6)
     weight = torch.randn(192, 256, dtype=torch.bfloat16) * 0.05
     bias = torch.randn(192, dtype=torch.bfloat16)
-    linear = make_linear(weight, bias, "int4", 32, prompt_rows=True)
+    linear = make_linear(weight, bias, scheme, 32, prompt_rows=True)  # type: ignore[arg-type]
     assert linear.prompt_tokens == UNPACKED_PROMPT_TOKENS
     x = torch.randn(300, 256, dtype=torch.bfloat16)
     other = torch.randn(9, 256, dtype=torch.bfloat16)
@@ -57,10 +69,12 @@ def test_a_prompts_rows_at_int4_keep_their_bits_wherever_they_sit() -> None:
     assert torch.equal(moved[9:], packed[3:])
     assert torch.equal(linear(x[3:], fixed_from=0), packed[3:])
     # the same layer as the kernel's, up to bf16 rounding of the products' inputs
-    assert isinstance(linear, Int4)
-    exact = x[3:].double() @ _kernel_weights(linear, 256).double().T + bias.double()
+    exact = linear(x[3:]).double()
     assert float((packed[3:].double() - exact).abs().max()) < 0.05
 
 
-def test_a_long_prompt_at_int4_gives_the_same_logits_whatever_shares_its_step() -> None:
-    assert_quantized_prompt_packed_as_alone("int4", seed=9)
+@pytest.mark.parametrize(("scheme", "seed"), [("int8", 10), ("int4", 9)])
+def test_a_long_prompt_gives_the_same_logits_whatever_shares_its_step(
+    scheme: str, seed: int
+) -> None:
+    assert_quantized_prompt_packed_as_alone(scheme, seed=seed)
