@@ -301,6 +301,7 @@ INDEX_FIGURES: dict[str, Figure] = {
         lambda: [
             *_tok_ratios(SERVE, "hf-w4a8", "llama-server", (1, 16)),
             *_tok_ratios(SERVE, "hf-w4a8", "hf-none", (1, 16)),
+            *_tok_ratios(SERVE, "hf-int4", "hf-none", (16,)),
             *_tok_ratios(SERVE, "hf-none", "vllm-cpu-compiled", (16,)),
         ],
     ),
