@@ -124,6 +124,18 @@ def _median_ratio(path: str, kind: str, key: str, **runs: tuple[object, object])
     return median(0) / median(1)
 
 
+def _compiled_step(mode: str, rows: int) -> float:
+    """``mode``'s median decode step over the packed runner's (llmso), medians of rounds."""
+    runs = _load("compiled_step/results.json")["runs"]
+
+    def median(name: str) -> float:
+        return float(
+            statistics.median(r["step_ms"] for r in runs if r["mode"] == name and r["rows"] == rows)
+        )
+
+    return median(mode) / median("llmso")
+
+
 def _row_blocks(mode: str, kind: str, key: str) -> float:
     """``mode``'s time over row blocks'."""
     return _median_ratio("row_blocks/results.json", kind, key, mode=(mode, "row-blocks"))
@@ -250,6 +262,14 @@ INDEX_FIGURES: dict[str, Figure] = {
             _row_blocks("whole", "decode_ms", "64"),
             _row_blocks("whole", "prefill_ms", "512"),
             _row_blocks("capped", "decode_ms", "32"),
+        ],
+    ),
+    "compiled_step": Figure(
+        ("compiled_step/results.json",),
+        lambda: [
+            _compiled_step("inductor frozen", 1),
+            _compiled_step("inductor frozen", 16),
+            _compiled_step("inductor", 16),
         ],
     ),
     "glue": Figure(
