@@ -59,9 +59,10 @@ $(VENV)/.stamp-runtime: requirements.txt requirements-nodeps.txt pyproject.toml
 	$(PIP) install $(PIP_FLAGS) --no-deps --no-build-isolation -e .
 	@touch $@
 
-# The hf engine's C kernels (backends/hf/model/glue.py: the glue and w4a8's): a few seconds with the
-# system's C compiler; without one the engine runs the framework ops and says so.
-$(VENV)/.stamp-glue: $(VENV)/.stamp-runtime backends/hf/model/csrc/glue.c backends/hf/model/csrc/int_dot.c \
+# The hf engine's C kernels (backends/hf/model/glue.py: the glue, w4a8's and the unpacking of
+# int8/int4 weights): a few seconds with the system's C compiler; without one the engine runs the
+# framework ops and says so.
+$(VENV)/.stamp-glue: $(VENV)/.stamp-runtime $(wildcard backends/hf/model/csrc/*.c) \
 		backends/hf/model/csrc/bf16.h backends/hf/model/glue.py
 	$(PY) -m backends.hf.model.glue --build
 	@touch $@
