@@ -251,8 +251,10 @@ def test_tiny_families_in_bf16_with_the_glue(
         # Gemma's offset norm rounds otherwise: that family keeps the framework ops.
         assert (fused.glue is None) == (family == "gemma")
         chunks = [PrefillChunk(slot=0, tokens=tuple(prompts[0]), start=0, want_logits=True)]
-        diff = (fused.forward([], [], chunks) - plain.forward([], [], chunks)).abs().max()
-        assert float(diff) < 0.05
+        prefilled = fused.forward([], [], chunks), plain.forward([], [], chunks)
+        assert float((prefilled[0] - prefilled[1]).abs().max()) < 0.05
+        if family == "gemma":  # only RoPE with the cache write in C: the same bits
+            assert torch.equal(*prefilled)
         tokens, logits = _decode(fused, prompts, 8, None)
         _, reference = _decode(plain, prompts, 8, tokens)
         assert float((logits - reference).abs().max()) < 0.5

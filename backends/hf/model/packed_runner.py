@@ -140,8 +140,9 @@ class DecoderRunner:
         # The C glue covers Llama's norm in bf16 on CPU (Gemma's offset norm rounds
         # differently and keeps the framework ops).
         fits = self.dtype == torch.bfloat16 and self.device.type == "cpu"
-        usable = glue if fits else None  # its decode attention serves every family
+        usable = glue if fits else None  # its RoPE and decode attention serve every family
         self.glue = None if self.family.offset_norms else usable
+        self._rope_glue = usable  # RoPE with the KV-cache write: the same bits in C
         self._norm, self._head_norm = self._norms()
         self.scale = self.family.scale
         self.vocab_size = int(config.vocab_size)
@@ -405,7 +406,7 @@ class DecoderRunner:
             )
         v = qkv[:, (heads + kvh) * hd :].view(n, kvh, hd)
         cos, sin = step.cos[layer.rope], step.sin[layer.rope]
-        if self.glue is not None:  # RoPE and the cache write in one C call
+        if self._rope_glue is not None:  # RoPE and the cache write in one C call
             attn = self.attention.rope_layer(
                 index,
                 qk,
