@@ -1,8 +1,10 @@
 """The packed runner's element-wise glue as one C call each: RMSNorm, residual add +
-RMSNorm, RoPE and SiLU(gate) * up, and its decode attention (one row's keys in place, in
-one fixed order), for bf16 on CPU (``csrc/glue.c``); and the w4a8 integer-dot projection
-kernel (``csrc/int_dot.c``: 4- or 8-bit weights times activations
-rounded to 8- or 16-bit integers; used by ``linears.IntDot``).
+RMSNorm, RoPE with the layer's KV-cache write and SiLU(gate) * up, and its decode
+attention (one row's keys in place, in one fixed order), for bf16 on CPU
+(``csrc/glue.c``); the w4a8 integer-dot projection kernel (``csrc/int_dot.c``: 4- or
+8-bit weights times activations rounded to 8- or 16-bit integers; used by
+``linears.IntDot``); and the unpacking of PyTorch's int8 and int4 weights to bf16 for a
+long prompt's rows (``csrc/unpack.c``; ``linears.Int8``, ``linears.Int4``).
 
 Why: at one to sixteen decode rows each framework op of a SmolLM2 step costs microseconds
 of dispatch and allocation around a pass over a few hundred values, and the glue between

@@ -1,8 +1,8 @@
 /* The packed runner's element-wise glue between projections, for bf16 on CPU: RMSNorm,
- * residual add + RMSNorm, RoPE and SiLU(gate) * up, each one pass over its rows instead of
- * a chain of framework ops, and a per-row decode attention (batch-invariant; on AVX512 also
- * a candidate the runner times against SDPA at load; backends/hf/model/glue.py explains
- * why and how the library is loaded).
+ * residual add + RMSNorm, RoPE with the KV-cache write and SiLU(gate) * up, each one pass
+ * over its rows instead of a chain of framework ops, and a per-row decode attention
+ * (batch-invariant; on AVX512 also a candidate the runner times against SDPA at load;
+ * backends/hf/model/glue.py explains why and how the library is loaded).
  *
  * Every row is computed alone, in a fixed order that does not depend on how many rows a
  * call has, so a sequence gets the same bits alone and in any batch. Built with
