@@ -284,8 +284,8 @@ class DecoderRunner:
     def fixed_prefill(self, prompt_tokens: int) -> bool:
         """Whether a prompt of ``prompt_tokens`` tokens is prefilled in the projections'
         own way for a prompt's rows (``PrefillChunk.fixed``; ``Linear.prompt_tokens``:
-        bf16 ones in fixed-size calls on AMX, from 33 tokens there; integer-dot and int4
-        ones on unpacked weights, from 64)."""
+        bf16 ones in fixed-size calls on AMX, from 33 tokens there; quantized ones, int8,
+        int4 and integer-dot, on unpacked weights, from 64)."""
         return self.fixed_tokens is not None and prompt_tokens >= self.fixed_tokens
 
     @property
