@@ -241,10 +241,7 @@ class Int8:
         kernel = load_glue() if prompt_rows and weight.dtype == torch.bfloat16 else None
         unpacked = None
         if kernel is not None and not isinstance(kernel, str):
-            unpack = functools.partial(kernel.int8_weights, q, scales)
-            whole = unpack()
-            blocks = _row_blocks(whole, whole, False, True)
-            unpacked = Unpacked(unpack, None if bias is None else bias.detach(), *blocks)
+            unpacked = Unpacked.of(functools.partial(kernel.int8_weights, q, scales), bias)
         return cls(q, scales, bias, size, unpacked)
 
     @property
@@ -323,9 +320,7 @@ class Int4:
         unpacked = None
         unpack = _int4_unpacker(packed, pairs, in_features, group) if prompt_rows else None
         if unpack is not None:
-            whole = unpack()
-            blocks = _row_blocks(whole, whole, False, True)
-            unpacked = Unpacked(unpack, None if bias is None else bias.detach(), *blocks)
+            unpacked = Unpacked.of(unpack, bias)
         return cls(packed, pairs, group, out_features, bias, size, unpacked)
 
     @property
@@ -403,6 +398,13 @@ class Unpacked:
     row_block: int | None
     sizes: tuple[int, ...]
 
+    @classmethod
+    def of(cls, unpack: Callable[[], torch.Tensor], bias: torch.Tensor | None) -> Unpacked:
+        """The calls for ``unpack``'s weight, probed once on a weight it gives."""
+        whole = unpack()
+        blocks = _row_blocks(whole, whole, False, True)
+        return cls(unpack, None if bias is None else bias.detach(), *blocks)
+
     def __call__(self, rows: torch.Tensor) -> torch.Tensor:
         dense = Dense(self.unpack(), self.bias, False, 0, self.row_block, self.sizes)
         return dense(rows, fixed_from=0)
@@ -467,9 +469,7 @@ class IntDot:
             unpack = functools.partial(
                 kernel.int_dot_weights, packed, in_features, 0, out_features, bits=bits
             )
-            whole = unpack()
-            blocks = _row_blocks(whole, whole, False, True)
-            unpacked = Unpacked(unpack, None if bias is None else bias.detach(), *blocks)
+            unpacked = Unpacked.of(unpack, bias)
         size = packed.numel()
         return cls(packed, in_features, out_features, fp32_bias, bits, wide, call, size, unpacked)
 
