@@ -73,17 +73,20 @@ def random_tokens(seed: int, *lengths: int) -> list[tuple[int, ...]]:
     return [tuple(torch.randint(100, 40_000, (n,), generator=generator).tolist()) for n in lengths]
 
 
-def assert_quantized_prompt_packed_as_alone(scheme: str, seed: int) -> None:
-    """``assert_prompt_packed_as_alone`` for a 200-token prompt (beside a 250- and a
-    20-token one) on the packaged SmolLM2 in bf16 at ``quantization: scheme``, whose
-    runner takes the long prompts' rows its own way and the short one's as decode rows."""
+def assert_quantized_prompt_packed_as_alone(
+    scheme: str, seed: int, lengths: tuple[int, int, int] = (200, 250, 20)
+) -> None:
+    """``assert_prompt_packed_as_alone`` for a prompt of ``lengths[0]`` tokens (beside
+    one of the second length and a short one of the third) on the packaged SmolLM2 in bf16
+    at ``quantization: scheme``, whose runner takes the long prompts' rows its own way and
+    the short one's as decode rows."""
     import torch
 
     from backends.hf.loading.loader import load
     from backends.hf.loading.quantization import uniform
     from backends.hf.model.packed_runner import DecoderRunner
 
-    prompt, other, short = random_tokens(seed, 200, 250, 20)
+    prompt, other, short = random_tokens(seed, *lengths)
     with torch.inference_mode():
         torch.set_num_threads(2)
         loaded = load(config(dtype="bfloat16"))

@@ -39,8 +39,8 @@ def test_kernels_compute_the_layer_their_integers_describe(dtype: torch.dtype) -
     assert isinstance(int8, Int8)
     dense8 = int8.weight.float() * int8.scales.float()[:, None]
     assert torch.allclose(int8(x).float(), x.float() @ dense8.T + bias.float(), atol=0.05)
-    int4 = make_linear(weight, bias, "int4", group=32)
-    assert isinstance(int4, Int4)
+    int4 = Int4.of(weight, bias, 32)  # PyTorch's kernel (where AMX is, int4 takes the tiles:
+    # tests/hf/test_hf_int4_tiles.py)
     assert int4.nbytes < weight.numel() * weight.element_size() / 3
     # Dequantize from what was stored (kernel's convention: (q - 8) * scale + zero) by
     # running the kernel on the identity: row i of the result is input i's weights.

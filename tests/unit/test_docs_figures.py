@@ -152,6 +152,16 @@ def _glue(setting: str, kind: str, key: str) -> float:
     )
 
 
+def _int4_tiles(weights: str, over: str, rows: str) -> float:
+    """``weights``' median decode step over ``over``'s, SmolLM2's runner."""
+    records = _load("int4_tiles/results.json")["runs"]
+
+    def median(name: str) -> float:
+        return float(statistics.median(r["decode_ms"][rows] for r in records if r["kind"] == name))
+
+    return median(weights) / median(over)
+
+
 def _fleet_ratio(system: str, streams: int) -> float:
     """Requests per second through ``system`` over direct, whole run, at ``streams``."""
     runs = _load("fleet/results.json")["runs"]
@@ -270,6 +280,14 @@ INDEX_FIGURES: dict[str, Figure] = {
             _compiled_step("inductor frozen", 1),
             _compiled_step("inductor frozen", 16),
             _compiled_step("inductor", 16),
+        ],
+    ),
+    "int4_tiles": Figure(
+        ("int4_tiles/results.json",),
+        lambda: [
+            _int4_tiles("int4 tiles", "int4 PyTorch kernel", "1"),
+            _int4_tiles("int4 tiles", "int4 PyTorch kernel", "16"),
+            _int4_tiles("int4 tiles", "bf16", "16"),
         ],
     ),
     "glue": Figure(

@@ -3,8 +3,9 @@ RMSNorm, RoPE with the layer's KV-cache write and SiLU(gate) * up, and its decod
 attention (one row's keys in place, in one fixed order), for bf16 on CPU
 (``csrc/glue.c``); the w4a8 integer-dot projection kernel (``csrc/int_dot.c``: 4- or
 8-bit weights times activations rounded to 8- or 16-bit integers; used by
-``linears.IntDot``); and the unpacking of PyTorch's int8 and int4 weights to bf16 for a
-long prompt's rows (``csrc/unpack.c``; ``linears.Int8``, ``linears.Int4``).
+``linears.IntDot``); the unpacking of PyTorch's int8 and int4 weights to bf16 for a
+long prompt's rows (``csrc/unpack.c``; ``linears.Int8``, ``linears.Int4``); and int4
+projections on AMX tiles (``csrc/int4_amx.c``; ``linears.Int4Tiles``).
 
 Why: at one to sixteen decode rows each framework op of a SmolLM2 step costs microseconds
 of dispatch and allocation around a pass over a few hundred values, and the glue between
@@ -46,7 +47,7 @@ from pathlib import Path
 import torch
 
 _CSRC = Path(__file__).with_name("csrc")
-SOURCES = (_CSRC / "glue.c", _CSRC / "int_dot.c", _CSRC / "unpack.c")
+SOURCES = (_CSRC / "glue.c", _CSRC / "int_dot.c", _CSRC / "unpack.c", _CSRC / "int4_amx.c")
 HEADERS = (_CSRC / "bf16.h",)
 FLAGS = (
     "-O3",
@@ -73,8 +74,17 @@ _SIGNATURES = {
     "llmso_int_dot_dequantize": (_P, _I, _I, _I, _C, _P, _C),
     "llmso_int4pack_weights": (_P, _P, _I, _I, _I, _P),
     "llmso_int8_weights": (_P, _P, _I, _I, _P),
+    "llmso_int4_amx_ready": (),
+    "llmso_int4_amx_linear": (_P, _I, _I, _P, _P, _I, _I, _I, _P),
+    "llmso_int4_tiles_weights": (_P, _P, _I, _I, _I, _P),
 }
-_RETURNS_INT = {"llmso_int_dot_linear", "llmso_int_dot_isa", "llmso_decode_attention"}
+_RETURNS_INT = {
+    "llmso_int_dot_linear",
+    "llmso_int_dot_isa",
+    "llmso_decode_attention",
+    "llmso_int4_amx_ready",
+    "llmso_int4_amx_linear",
+}
 
 
 def library_path() -> Path:
@@ -321,6 +331,56 @@ class Glue:
         self.lib.llmso_int4pack_weights(
             packed.contiguous().data_ptr(),
             scales_and_zeros.contiguous().data_ptr(),
+            out_features,
+            in_features,
+            group,
+            out.data_ptr(),
+        )
+        return out
+
+    def int4_amx_ready(self) -> bool:
+        """Whether this CPU and Linux let ``int4_amx_linear`` run (AMX-BF16 and AVX512-BF16,
+        the tile state granted to this process)."""
+        return bool(self.lib.llmso_int4_amx_ready())
+
+    def int4_amx_linear(
+        self, rows: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group: int
+    ) -> torch.Tensor:
+        """``rows`` (bf16 ``[m, in]``, rows may be strided) times a ``linears.Int4Tiles``
+        weight (``csrc/int4_amx.c``'s layout, its scales and zeros per unit), ``[m, out]``
+        bf16, no bias. Only where ``int4_amx_ready()`` said yes."""
+        if rows.stride(-1) != 1:
+            rows = rows.contiguous()
+        m, in_features = rows.shape
+        out_features = scales_and_zeros.shape[0] * scales_and_zeros.shape[2]
+        out = torch.empty((m, out_features), dtype=torch.bfloat16)
+        if m == 0:
+            return out
+        failed = self.lib.llmso_int4_amx_linear(
+            rows.data_ptr(),
+            rows.stride(0),
+            m,
+            packed.data_ptr(),
+            scales_and_zeros.data_ptr(),
+            out_features,
+            in_features,
+            group,
+            out.data_ptr(),
+        )
+        if failed:
+            raise MemoryError("int4_amx_linear: out of memory for its buffers")
+        return out
+
+    def int4_tiles_weights(
+        self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, in_features: int, group: int
+    ) -> torch.Tensor:
+        """A ``linears.Int4Tiles`` weight as bf16 ``[in_features, out_features]``: the
+        weight transposed, ``w = (q - 8) * scale + zero`` rounded once."""
+        out_features = scales_and_zeros.shape[0] * scales_and_zeros.shape[2]
+        out = torch.empty((in_features, out_features), dtype=torch.bfloat16)
+        self.lib.llmso_int4_tiles_weights(
+            packed.data_ptr(),
+            scales_and_zeros.data_ptr(),
             out_features,
             in_features,
             group,

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from backends.hf.loading.quantization import Scheme
-from backends.hf.model.glue import IntDotCall
+from backends.hf.model.glue import Glue, IntDotCall
 from backends.hf.model.glue import load as load_glue
 from backends.hf.model.row_blocks import fixed_widths, invariant_width
 
@@ -303,19 +303,8 @@ class Int4:
         """``prompt_rows``: as ``Dense.of``; with bf16 weights where this build's layout is
         the one ``csrc/unpack.c`` unpacks, build ``unpacked``."""
         out_features, in_features = weight.shape
-        if in_features % group:
-            raise QuantizationError(
-                f"int4 needs the input width ({in_features}) to be a multiple of the group "
-                f"size ({group})"
-            )
-        grouped = weight.detach().float().reshape(out_features, in_features // group, group)
-        low, high = grouped.amin(dim=-1), grouped.amax(dim=-1)
-        scale = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
-        q = torch.round((grouped - low[..., None]) / scale[..., None]).clamp(0, 15)
-        q = q.to(torch.int32).reshape(out_features, in_features)
-        zero = low + 8 * scale  # the kernel computes (q - 8) * scale + zero
+        q, pairs = int4_values(weight, group)
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-        pairs = torch.stack((scale, zero), dim=-1).transpose(0, 1).contiguous().to(weight.dtype)
         size = packed.numel() * packed.element_size() + pairs.numel() * pairs.element_size()
         unpacked = None
         unpack = _int4_unpacker(packed, pairs, in_features, group) if prompt_rows else None
@@ -337,6 +326,123 @@ class Int4:
             rows, self.packed, self.group, self.scales_and_zeros
         )
         return out if self.bias is None else out + self.bias
+
+
+def int4_values(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weight`` (``[out, in]``) on the int4 grid: q (int32 ``[out, in]``, 0..15) and per
+    group of ``group`` inputs a scale and a zero (``[in / group, out, 2]`` in the weight's
+    dtype), ``w ~= (q - 8) * scale + zero``."""
+    out_features, in_features = weight.shape
+    if in_features % group:
+        raise QuantizationError(
+            f"int4 needs the input width ({in_features}) to be a multiple of the group "
+            f"size ({group})"
+        )
+    grouped = weight.detach().float().reshape(out_features, in_features // group, group)
+    low, high = grouped.amin(dim=-1), grouped.amax(dim=-1)
+    scale = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
+    q = torch.round((grouped - low[..., None]) / scale[..., None]).clamp(0, 15)
+    q = q.to(torch.int32).reshape(out_features, in_features)
+    zero = low + 8 * scale  # the kernels compute (q - 8) * scale + zero
+    pairs = torch.stack((scale, zero), dim=-1).transpose(0, 1).contiguous().to(weight.dtype)
+    return q, pairs
+
+
+TILES_PROMPT_TOKENS = 256
+"""Prompts from this long on run an ``Int4Tiles`` projection on its weight unpacked to
+bf16. The tiles cost per row (each group's sums are scaled and added per row), the
+unpacking per call: on SmolLM2's four layer shapes (AMX Xeon, two threads) the tiles
+took 1.2 ms for 128 rows against 1.7 unpacked, 2.4 against 2.2 for 256, 4.8 against 3.7
+for 512 (``docs/benchmarks/int4_tiles/``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Int4Tiles:
+    """int4 weights multiplied on AMX tiles (``csrc/int4_amx.c``: the layout, the sums,
+    why). Where this CPU has AMX (``Int4Tiles.of`` decides), ``int4`` takes it instead of
+    ``Int4``: at 16 decode rows PyTorch's kernel took 3.7x its time on SmolLM2's layer
+    shapes, and SmolLM2's int4 step 2.0x (``docs/benchmarks/int4_tiles/``). The same
+    integers, scales and zeros as ``Int4``'s, with fp32 sums in another order: the results
+    differ from PyTorch's kernel in the last bits, and each row's do not depend on the
+    other rows of its call. A prompt of ``TILES_PROMPT_TOKENS`` or more takes ``unpacked``
+    as ``Int4``'s does (the weight unpacked to bf16 per call, then bf16's fixed-size
+    calls)."""
+
+    kernel: Glue
+    packed: torch.Tensor  # int16, csrc/int4_amx.c's layout
+    scales_and_zeros: torch.Tensor  # bf16 [out / 32, in / group, 32, 2]: per unit
+    group: int
+    out_features: int
+    bias: torch.Tensor | None
+    nbytes: int
+    unpacked: Unpacked | None = None  # none: a long prompt's rows take the tiles too
+
+    @classmethod
+    def of(
+        cls,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        group: int,
+        *,
+        prompt_rows: bool = False,
+    ) -> Int4Tiles | None:
+        """``weight`` for the tiles, or None where they cannot take it: not bf16 on CPU,
+        outputs not a multiple of 32, groups not of 32 inputs or a multiple, no C build,
+        or a CPU (or kernel) without AMX. ``prompt_rows``: as ``Dense.of``."""
+        out_features, in_features = weight.shape
+        fits = (
+            weight.dtype == torch.bfloat16
+            and weight.device.type == "cpu"
+            and out_features % 32 == 0
+            and group % 32 == 0
+            and in_features % group == 0
+        )
+        kernel = load_glue() if fits else None
+        if kernel is None or isinstance(kernel, str) or not _amx_ready(kernel):
+            return None
+        q, pairs = int4_values(weight, group)
+        packed = pack_int4_tiles(q)
+        per_unit = pairs.reshape(in_features // group, out_features // 32, 32, 2)
+        scales = per_unit.transpose(0, 1).contiguous()
+        size = packed.numel() * packed.element_size() + scales.numel() * scales.element_size()
+        detached = None if bias is None else bias.detach()
+        unpacked = None
+        if prompt_rows:
+
+            def unpack() -> torch.Tensor:
+                return kernel.int4_tiles_weights(packed, scales, in_features, group).t()
+
+            unpacked = Unpacked.of(unpack, detached)
+        return cls(kernel, packed, scales, group, out_features, detached, size, unpacked)
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        return None if self.unpacked is None else TILES_PROMPT_TOKENS
+
+    def __call__(self, x: torch.Tensor, *, fixed_from: int | None = None) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        out = _split_prompt(self._tiles, self.unpacked, rows, fixed_from)
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def _tiles(self, rows: torch.Tensor) -> torch.Tensor:
+        out = self.kernel.int4_amx_linear(rows, self.packed, self.scales_and_zeros, self.group)
+        return out if self.bias is None else out + self.bias
+
+
+@functools.cache
+def _amx_ready(kernel: Glue) -> bool:
+    return kernel.int4_amx_ready()
+
+
+def pack_int4_tiles(q: torch.Tensor) -> torch.Tensor:
+    """q (``[out, in]``, 0..15; out a multiple of 32, in of 32) in ``csrc/int4_amx.c``'s
+    layout: per unit of 32 outputs, chunk of 32 inputs, tile of 16 outputs and vector v,
+    16-bit lane 2j + e holding in nibble i the q of output j, input 8v + 2i + e."""
+    out_features, in_features = q.shape
+    parts = q.reshape(out_features // 32, 2, 16, in_features // 32, 4, 4, 2)
+    lanes = parts.permute(0, 3, 1, 4, 2, 6, 5)  # unit, chunk, tile, v, j, e, i
+    words = (lanes << torch.tensor([0, 4, 8, 12], dtype=q.dtype)).sum(dim=-1)
+    return words.to(torch.int32).to(torch.uint16).view(torch.int16).reshape(-1).contiguous()
 
 
 def _int4_unpacker(
@@ -572,7 +678,9 @@ def make_linear(
     if scheme in INT_DOT_SCHEMES:
         bits, wide = INT_DOT_SCHEMES[scheme]
         return IntDot.of(weight, bias, bits, wide, prompt_rows=prompt_rows)
-    return Int4.of(weight, bias, group, prompt_rows=prompt_rows)
+    return Int4Tiles.of(weight, bias, group, prompt_rows=prompt_rows) or Int4.of(
+        weight, bias, group, prompt_rows=prompt_rows
+    )
 
 
 def _can_prepack(weight: torch.Tensor) -> bool:
