@@ -7,7 +7,8 @@ int4 quarters them) while activations stay in the model's dtype. The kernels are
 PyTorch's own CPU weight-only ones (``_weight_int8pack_mm``: int8 per output channel;
 ``_weight_int4pack_mm_for_cpu``: int4 in groups along the input, a scale and a zero per
 group), the ones torchao calls (a long prompt's rows: on the weights unpacked to bf16,
-``csrc/unpack.c``). ``w4a8`` (a setting of its own,
+``csrc/unpack.c``); int4 on a CPU with AMX runs ours instead (``Int4Tiles``,
+``csrc/int4_amx.c``), whose time grows far less with the rows. ``w4a8`` (a setting of its own,
 since it changes the numbers) runs in our C kernel (``csrc/int_dot.c``, ``IntDot``): 4-
 or 8-bit weights on GGUF's grids times activations rounded per call to 8- or 16-bit
 integers (a long prompt's rows: on the weights unpacked to bf16, ``Unpacked``).
