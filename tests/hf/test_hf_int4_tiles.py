@@ -117,5 +117,18 @@ def test_int4_takes_the_tiles_where_they_fit() -> None:
     assert isinstance(make_linear(weight[:, :112], None, "int4", 16), Int4)  # groups of 16
 
 
+def test_the_runner_says_its_int4_runs_on_the_tiles() -> None:
+    from backends.hf.loading.loader import load
+    from backends.hf.loading.quantization import uniform
+    from backends.hf.model.packed_runner import DecoderRunner
+    from tests.hf.helpers import config
+
+    loaded = load(config(dtype="bfloat16"))
+    plan = uniform("int4", 32)
+    int4 = DecoderRunner(loaded.model, max_slots=2, max_context=64, quantization=plan)
+    assert "int4 projections on AMX tiles" in int4.path
+    assert "AMX tiles" not in DecoderRunner(loaded.model, max_slots=2, max_context=64).path
+
+
 def test_a_long_prompt_gives_the_same_logits_whatever_shares_its_step() -> None:
     assert_quantized_prompt_packed_as_alone("int4", seed=12, lengths=(300, 260, 40))

@@ -29,7 +29,7 @@ from backends.hf.adapters.bank import LoraBank, LoraStep
 from backends.hf.loading.quantization import NONE, QuantPlan
 from backends.hf.model.families import Family, Unsupported, family_of
 from backends.hf.model.glue import Glue, GlueNorm
-from backends.hf.model.linears import Linear, make_linear
+from backends.hf.model.linears import Int4Tiles, Linear, make_linear
 from backends.hf.model.norms import OffsetRMSNorm, RMSNorm, offset_weight
 from backends.hf.model.slot_attention import PrefillChunk, SlotAttention, SlotStep
 from backends.hf.model.step_threads import StepThreads
@@ -192,8 +192,7 @@ class DecoderRunner:
         self.cache = self.attention.cache
         thresholds = [
             linear.prompt_tokens
-            for layer in self.layers
-            for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)
+            for linear in self._projections()
             if linear.prompt_tokens is not None
         ]
         # None: no projection has a way of its own for a prompt's rows; else the length
@@ -201,13 +200,27 @@ class DecoderRunner:
         self.fixed_tokens = max(thresholds) if thresholds else None
         self.lora = lora
         self.step_threads = step_threads  # None: the caller's thread count for every step
-        self.path = f"packed runner ({self.family.model_type})"
-        if quantization.quantized:
-            self.path += f"; weights: {quantization.described}"
+        self.path = self._described()
+
+    def _described(self) -> str:
+        """What runs the model, for the load log and ``/v1/models``."""
+        parts = [f"packed runner ({self.family.model_type})"]
+        if self.quantization.quantized:
+            parts.append(f"weights: {self.quantization.described}")
+        if any(isinstance(linear, Int4Tiles) for linear in self._projections()):
+            parts.append("int4 projections on AMX tiles")
         if self.glue is not None:
-            self.path += "; norms, RoPE and SiLU in the C glue"
-        if lora is not None:
-            self.path += f"; LoRA adapters: {', '.join(lora.names)} (rank {lora.rank})"
+            parts.append("norms, RoPE and SiLU in the C glue")
+        if self.lora is not None:
+            parts.append(f"LoRA adapters: {', '.join(self.lora.names)} (rank {self.lora.rank})")
+        return "; ".join(parts)
+
+    def _projections(self) -> list[Linear]:
+        return [
+            linear
+            for layer in self.layers
+            for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)
+        ]
 
     def _invariant(self, glue: Glue | None) -> Glue | None:
         """The kernels for batch-invariant decode attention (``glue``: those usable here,
