@@ -31,6 +31,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,19 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
 SHAPES = ((1, 64), (1, 1024), (4, 256), (16, 128), (16, 512), (16, 1024), (64, 128))
 
 
+def median_us(calls: Mapping[str, Callable[[], object]]) -> dict[str, float]:
+    """Median µs per call of each, over 5 interleaved repeats of 20 calls."""
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(5):
+        for name, call in calls.items():
+            call()
+            began = time.perf_counter()
+            for _ in range(20):
+                call()
+            samples[name].append((time.perf_counter() - began) / 20 * 1e6)
+    return {name: statistics.median(times) for name, times in samples.items()}
+
+
 def attention_us(args: argparse.Namespace) -> list[dict[str, Any]]:
     """One layer's decode attention at SmolLM2's heads, µs per call (median of 5
     interleaved repeats of 20 calls) for SDPA, the fp32 matmuls and the per-row kernel;
@@ -134,17 +148,8 @@ def attention_us(args: argparse.Namespace) -> list[dict[str, Any]]:
             "matmul": functools.partial(decode_matmul, q, k, v, matmul_bias, hd**-0.5),
             "invariant": functools.partial(kernels.decode_attention, q, k, v, bounds, hd**-0.5),
         }
-        samples: dict[str, list[float]] = {name: [] for name in calls}
         with torch.inference_mode():
-            for _ in range(5):
-                for name, call in calls.items():
-                    call()
-                    began = time.perf_counter()
-                    for _ in range(20):
-                        call()
-                    samples[name].append((time.perf_counter() - began) / 20 * 1e6)
-        entry: dict[str, Any] = {"rows": rows, "span": span}
-        entry |= {name: statistics.median(times) for name, times in samples.items()}
+            entry: dict[str, Any] = {"rows": rows, "span": span, **median_us(calls)}
         out.append(entry)
         print(entry, flush=True)
     return out

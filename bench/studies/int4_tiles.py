@@ -22,13 +22,13 @@ import functools
 import os
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bench.cli import positive_ints
 from bench.machine import study_footer, study_meta, write_study
+from bench.studies.glue import median_us
 
 SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))
 KINDS = ("bf16", "int4 PyTorch kernel", "int4 tiles")
@@ -57,19 +57,6 @@ def _each(calls: list[Any], xs: list[Any], fixed_from: int | None) -> None:
             call(x, fixed_from=fixed_from)
 
 
-def _median_us(calls: dict[str, Callable[[], None]]) -> dict[str, float]:
-    """Median µs per call of each, over 5 interleaved repeats of 20 calls."""
-    samples: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(5):
-        for name, call in calls.items():
-            call()
-            began = time.perf_counter()
-            for _ in range(20):
-                call()
-            samples[name].append((time.perf_counter() - began) / 20 * 1e6)
-    return {name: statistics.median(times) for name, times in samples.items()}
-
-
 def layer_us(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     """µs for the four projections: per kind at decode rows; for a prompt's rows (bf16's
     fixed-size calls, each int4 on its weights unpacked, and the tiles for every row)."""
@@ -91,7 +78,7 @@ def layer_us(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
             if prompt:  # the tiles for a prompt's rows too, no unpacking
                 tiles = [linear._tiles for linear in linears["int4 tiles"]]
                 calls["int4 tiles, every row"] = functools.partial(_each, tiles, xs, None)
-            entry: dict[str, Any] = {"rows": rows, **_median_us(calls)}
+            entry: dict[str, Any] = {"rows": rows, **median_us(calls)}
             (prompts if prompt else decode).append(entry)
             print(entry, flush=True)
     return {"decode": decode, "prompts": prompts}

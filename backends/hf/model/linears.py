@@ -250,13 +250,22 @@ class Int8:
         return None if self.unpacked is None else UNPACKED_PROMPT_TOKENS
 
     def __call__(self, x: torch.Tensor, *, fixed_from: int | None = None) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])
-        out = _split_prompt(self._kernel, self.unpacked, rows, fixed_from)
-        return out.reshape(*x.shape[:-1], out.shape[-1])
+        return _split_rows(self._kernel, self.unpacked, x, fixed_from)
 
     def _kernel(self, rows: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scales)
         return out if self.bias is None else out + self.bias
+
+
+def _split_rows(
+    kernel: Callable[[torch.Tensor], torch.Tensor],
+    unpacked: Unpacked | None,
+    x: torch.Tensor,
+    fixed_from: int | None,
+) -> torch.Tensor:
+    """``_split_prompt`` over ``x``'s rows (any leading shape), in ``x``'s shape."""
+    out = _split_prompt(kernel, unpacked, x.reshape(-1, x.shape[-1]), fixed_from)
+    return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
 def _split_prompt(
@@ -318,9 +327,7 @@ class Int4:
         return None if self.unpacked is None else UNPACKED_PROMPT_TOKENS
 
     def __call__(self, x: torch.Tensor, *, fixed_from: int | None = None) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])
-        out = _split_prompt(self._kernel, self.unpacked, rows, fixed_from)
-        return out.reshape(*x.shape[:-1], self.out_features)
+        return _split_rows(self._kernel, self.unpacked, x, fixed_from)
 
     def _kernel(self, rows: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(
@@ -421,9 +428,7 @@ class Int4Tiles:
         return None if self.unpacked is None else TILES_PROMPT_TOKENS
 
     def __call__(self, x: torch.Tensor, *, fixed_from: int | None = None) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])
-        out = _split_prompt(self._tiles, self.unpacked, rows, fixed_from)
-        return out.reshape(*x.shape[:-1], self.out_features)
+        return _split_rows(self._tiles, self.unpacked, x, fixed_from)
 
     def _tiles(self, rows: torch.Tensor) -> torch.Tensor:
         out = self.kernel.int4_amx_linear(rows, self.packed, self.scales_and_zeros, self.group)
