@@ -112,7 +112,7 @@ def _fairness(name: str, tree: str) -> float:
     return float(pooled[label]["p95_busy_over_idle"])
 
 
-def _median_ratio(path: str, kind: str, key: str, **runs: tuple[object, object]) -> float:
+def _median_ratio(path: str, kind: str, key: str, /, **runs: tuple[object, object]) -> float:
     """The median over rounds of the runs matching ``runs``' first values over that of the
     runs matching their second values (``kind``: decode_ms or prefill_ms)."""
     records = _load(path)["runs"]
@@ -154,12 +154,7 @@ def _glue(setting: str, kind: str, key: str) -> float:
 
 def _int4_tiles(weights: str, over: str, rows: str) -> float:
     """``weights``' median decode step over ``over``'s, SmolLM2's runner."""
-    records = _load("int4_tiles/results.json")["runs"]
-
-    def median(name: str) -> float:
-        return float(statistics.median(r["decode_ms"][rows] for r in records if r["kind"] == name))
-
-    return median(weights) / median(over)
+    return _median_ratio("int4_tiles/results.json", "decode_ms", rows, kind=(weights, over))
 
 
 def _fleet_ratio(system: str, streams: int) -> float:
