@@ -203,7 +203,7 @@ class DecoderRunner:
         self.path = self._described()
 
     def _described(self) -> str:
-        """What runs the model, for the load log and ``/v1/models``."""
+        """What runs the model, for the load log (the backend's ``runner``)."""
         parts = [f"packed runner ({self.family.model_type})"]
         if self.quantization.quantized:
             parts.append(f"weights: {self.quantization.described}")
@@ -297,8 +297,9 @@ class DecoderRunner:
     def fixed_prefill(self, prompt_tokens: int) -> bool:
         """Whether a prompt of ``prompt_tokens`` tokens is prefilled in the projections'
         own way for a prompt's rows (``PrefillChunk.fixed``; ``Linear.prompt_tokens``:
-        bf16 ones in fixed-size calls on AMX, from 33 tokens there; quantized ones, int8,
-        int4 and integer-dot, on unpacked weights, from 64)."""
+        bf16 ones in fixed-size calls on AMX, from 33 tokens there; quantized ones on
+        unpacked weights: int8, int4 on PyTorch's kernel and integer-dot from 64, int4 on
+        AMX tiles from 256)."""
         return self.fixed_tokens is not None and prompt_tokens >= self.fixed_tokens
 
     @property
