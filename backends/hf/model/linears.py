@@ -145,7 +145,10 @@ class Dense:
                 part = torch.cat((part, part.new_zeros(short, part.shape[1])))
             parts.append(self._call(part)[: size - short])
             start += size
-        return torch.cat(parts).reshape(*x.shape[:-1], -1)
+        # one call (a whole prompt chunk): its output as is; copying it took a 512-token
+        # SmolLM2 prefill from 145 to 149-153 ms (120 copies of ~66 µs, torch.profiler)
+        out = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return out.reshape(*x.shape[:-1], -1)
 
     def _call(self, rows: torch.Tensor) -> torch.Tensor:
         return _dense(rows, self.weight, self.bias, self.prepacked)
