@@ -1,18 +1,21 @@
 """What batch invariance costs on an AMX CPU: the packed runner's step three ways.
 
     python -m bench.studies.row_blocks [--out docs/benchmarks/row_blocks] [--rounds 3]
-        [--rows 1,4,16,32,64] [--prefill 32,100,256,512] [--threads 2]
+        [--rows 1,4,16,32,64] [--prefill 32,81,100,153,262,512] [--threads 2]
 
 SmolLM2-135M-Instruct in bf16, loaded in a fresh process per mode and round (the modes
 rotate from round to round, so all see the same neighbours), its decode step at 1/4/16/32/64
 rows (median of 20, ``bench.studies.quant_accuracy.step_times``) and one prefill chunk of
-32, 100, 256 and 512 tokens (best of three):
+32, 81, 100, 153, 262 and 512 tokens (best of three; 81, 153 and 262 are lengths of the
+built-in benchmark prompts):
 
 - ``row-blocks``: as shipped: each bf16 projection splits decode rows wider than its
   probed invariant width into calls of that many rows (``backends/hf/model/row_blocks.py``:
   32 on AMX, no split elsewhere), and a prompt of ``Dense.prompt_tokens`` or more (33
-  tokens on AMX) into calls of its probed fixed sizes (multiples of 64 up to 512 on AMX),
-  the last one padded;
+  tokens on AMX) into calls of its probed fixed sizes (multiples of 16 up to 512 on AMX,
+  from 48), the last one padded;
+- ``64-row steps``: the same with the fixed sizes probed at multiples of 64 only (as
+  shipped before: more zero rows padding a prompt's last call);
 - ``32-row prefill``: the same, with every prompt split like decode rows (as shipped
   before the fixed-size calls);
 - ``whole``: every projection in one call (not batch-invariant on AMX);
@@ -36,7 +39,7 @@ from typing import Any
 
 from bench.machine import study_footer, study_meta, write_study
 
-MODES = ("row-blocks", "32-row prefill", "whole", "capped")
+MODES = ("row-blocks", "64-row steps", "32-row prefill", "whole", "capped")
 CAP = {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}
 
 
@@ -55,6 +58,8 @@ def _one(mode: str, rows: list[int], prefill: list[int], threads: int) -> dict[s
     torch.set_num_threads(threads)
     if mode == "32-row prefill":
         setattr(row_blocks, "FIXED_WIDTHS", ())  # noqa: B010
+    elif mode == "64-row steps":
+        setattr(row_blocks, "FIXED_STEP", 64)  # noqa: B010
     elif mode != "row-blocks":
         setattr(linears, "_row_blocks", lambda *probe_args: (None, ()))  # noqa: B010
     config = HFModelConfig(
@@ -115,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/row_blocks"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rows", default="1,4,16,32,64")
-    parser.add_argument("--prefill", default="32,100,256,512")
+    parser.add_argument("--prefill", default="32,81,100,153,262,512")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -97,8 +97,8 @@ def test_the_fixed_width_probe_wants_rows_independent_of_their_place() -> None:
         out = exact(x)
         return out + 1 if x.shape[0] > 256 else out
 
-    assert fixed_widths(exact, 32) == tuple(range(64, 513, 64))
-    assert fixed_widths(wide_calls_otherwise, 32) == tuple(range(64, 257, 64))
+    assert fixed_widths(exact, 32) == tuple(range(16, 513, 16))
+    assert fixed_widths(wide_calls_otherwise, 32) == tuple(range(16, 257, 16))
     assert fixed_widths(first_row_otherwise, 32) == ()
 
 

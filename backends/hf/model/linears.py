@@ -86,8 +86,8 @@ class Dense:
     time. A bf16 CPU projection takes at most ``row_block`` rows per GEMM (``None``: any),
     the most with which every row rounds as it would alone (``row_blocks``: 32 on AMX
     CPUs, any elsewhere). Where it is capped, the rows of a long prompt run in calls of
-    the sizes in ``prefill_sizes`` (multiples of 64 up to 512 rows on AMX, as the
-    probe finds them): each rounds the same in any of them, and one such call costs far
+    the sizes in ``prefill_sizes`` (multiples of 16 from 48 up to 512 rows on AMX, as
+    the probe finds them): each rounds the same in any of them, and one such call costs far
     less than four capped ones. Rows that the widest size does not hold go in calls of
     it; the rest in one call of the narrowest that holds them, padded."""
 
@@ -193,8 +193,8 @@ def _row_blocks(
 ) -> tuple[int | None, tuple[int, ...]]:
     """``invariant_width`` and, where that is capped and ``prompt_rows`` asks,
     ``fixed_widths`` of this bf16 CPU projection (``stored``: ``weight`` as the projection
-    keeps it), probed once per shape (~0.1 s each; the LM head and LoRA matrices, never
-    given a prompt's rows apart, skip the second)."""
+    keeps it), probed once per shape (0.15-0.25 s each on SmolLM2; the LM head and LoRA
+    matrices, never given a prompt's rows apart, skip the second)."""
     threads = torch.get_num_threads()
     # a transposed view (an unpacked int4 weight) may take another kernel than its copy
     layout = weight.is_contiguous()
