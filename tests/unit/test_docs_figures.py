@@ -262,7 +262,9 @@ INDEX_FIGURES: dict[str, Figure] = {
     "row_blocks": Figure(
         ("row_blocks/results.json",),
         lambda: [
-            _row_blocks("32-row prefill", "prefill_ms", "256"),
+            _row_blocks("64-row steps", "prefill_ms", "81"),
+            _row_blocks("64-row steps", "prefill_ms", "262"),
+            _row_blocks("32-row prefill", "prefill_ms", "262"),
             _row_blocks("32-row prefill", "prefill_ms", "512"),
             _row_blocks("whole", "decode_ms", "64"),
             _row_blocks("whole", "prefill_ms", "512"),

@@ -7,8 +7,8 @@ what it is alone; from 33 rows on a few rows of each call round otherwise (measu
 SmolLM2's shapes: 1 to 7 of 33-40 rows, all 33 for the 49,152-row LM head), so a greedy
 token at a near tie followed the batch. Capping oneDNN below AMX
 (``ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16``, what ``llmso serve`` did before) also kept the
-promise, but made a decode step 1.1-1.8x and a prefill 1.8-2.5x slower than these row
-blocks, which in turn cost 1.27x at 64 rows and 1.49x on a 256-token prefill against one
+promise, but made a decode step 1.1-1.9x and a prefill 2.0-4.1x slower than these row
+blocks, which in turn cost 1.24x at 64 decode rows and 1.0-1.1x on a prompt against one
 call (docs/benchmarks/row_blocks).
 
 So each weight shape is probed once (``linears.Dense`` does, with the first weight of
