@@ -29,9 +29,12 @@
 /* From this many values a call, the element-wise kernels split their rows over the
  * calling thread's OpenMP team (each row is still computed alone, so the bits do not
  * change): a 512-row SiLU * up of SmolLM2 took 0.70 ms on one thread against the
- * framework's 0.30 on two. Below it one thread: a decode step's calls are a few
- * microseconds, less than waking the team. */
-#define THREADED_VALUES 32768
+ * framework's 0.30 on two. Below it one thread: a one-row step's calls are a few
+ * microseconds, less than waking the team. 8,192 puts SmolLM2's 16-row decode step's
+ * SiLU * up, norms and RoPE on both threads (at 32,768 none of them were): 40-47 µs a
+ * call on one thread; with the attention's THREADED_KEYS below, that step went from 26.2
+ * to 23.0 ms (bf16, 64 positions; 18.1 to 14.8 at int4; two threads, scratch A/B). */
+#define THREADED_VALUES 8192
 
 /* Sum of squares in LANES fixed accumulators, folded pairwise: the same order for any
  * vector width the compiler picks. */
@@ -461,9 +464,11 @@ AVX512 static void attend_head_avx512(int64_t hd, const uint16_t* q, float scale
 }
 
 /* (row, kv head) pairs split over the calling thread's OpenMP team when there is enough
- * work to pay for waking it: about 4,096 keys per call (one row at a chat's length stays
- * on one thread). */
-#define THREADED_KEYS 4096
+ * work to pay for waking it: from 512 keys a call (one row from ~170 positions on
+ * SmolLM2's 3 kv heads). At 4,096, 16 rows at 64 positions and 4 rows at 256 ran on one
+ * thread: the 4-row step at 256 positions went from 22.6 to 20.6 ms with 512 (bf16; 14.3
+ * to 11.0 at int4), one row at 256 from 19.2 to 18.7 (scratch A/B, two threads). */
+#define THREADED_KEYS 512
 
 AVX512 static int decode_attention_avx512(const uint16_t* q, const uint16_t* k,
                                           const uint16_t* v, int64_t slot_stride,
