@@ -162,7 +162,7 @@ def attention_markdown(record: dict[str, Any]) -> str:
         "SmolLM2's heads; median of 5 interleaved repeats of 20 calls. `invariant`: the "
         "C glue's per-row kernel (AVX512 where the CPU has it), the one `batch_invariant: "
         "true` uses and a candidate the runner times at load otherwise; it splits rows x kv "
-        "heads over the torch threads from 4,096 keys a call, one thread below. SDPA and "
+        "heads over the torch threads from 512 keys a call, one thread below. SDPA and "
         "the matmuls run on the torch threads.",
         "",
         "| rows x span | sdpa | matmul | invariant | invariant / fastest of the others |",
