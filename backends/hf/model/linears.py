@@ -105,7 +105,7 @@ class Dense:
         """``prompt_rows``: the runner passes a long prompt's rows apart (``fixed_from``),
         so probe the sizes for them too; otherwise every row is taken as a decode row."""
         weight = weight.contiguous()
-        size = weight.numel() * weight.element_size()
+        size = _nbytes(weight)
         prepacked = _can_prepack(weight)
         stored = _pack(weight) if prepacked else weight
         block: int | None = None
@@ -152,6 +152,11 @@ class Dense:
 
     def _call(self, rows: torch.Tensor) -> torch.Tensor:
         return _dense(rows, self.weight, self.bias, self.prepacked)
+
+
+def _nbytes(*tensors: torch.Tensor) -> int:
+    """Bytes the tensors hold (a projection's ``nbytes``: what its kernel reads a call)."""
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _call_size(sizes: tuple[int, ...], rows: int) -> int:
@@ -241,7 +246,7 @@ class Int8:
         scales = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
         q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
         scales = scales.to(weight.dtype)
-        size = q.numel() + scales.numel() * scales.element_size()
+        size = _nbytes(q, scales)
         kernel = load_glue() if prompt_rows and weight.dtype == torch.bfloat16 else None
         unpacked = None
         if kernel is not None and not isinstance(kernel, str):
@@ -318,7 +323,7 @@ class Int4:
         out_features, in_features = weight.shape
         q, pairs = int4_values(weight, group)
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-        size = packed.numel() * packed.element_size() + pairs.numel() * pairs.element_size()
+        size = _nbytes(packed, pairs)
         unpacked = None
         unpack = _int4_unpacker(packed, pairs, in_features, group) if prompt_rows else None
         if unpack is not None:
@@ -415,7 +420,7 @@ class Int4Tiles:
         packed = pack_int4_tiles(q)
         per_unit = pairs.reshape(in_features // group, out_features // 32, 32, 2)
         scales = per_unit.transpose(0, 1).contiguous()
-        size = packed.numel() * packed.element_size() + scales.numel() * scales.element_size()
+        size = _nbytes(packed, scales)
         detached = None if bias is None else bias.detach()
         unpacked = None
         if prompt_rows:
@@ -585,7 +590,7 @@ class IntDot:
                 kernel.int_dot_weights, packed, in_features, 0, out_features, bits=bits
             )
             unpacked = Unpacked.of(unpack, bias)
-        size = packed.numel()
+        size = _nbytes(packed)
         return cls(packed, in_features, out_features, fp32_bias, bits, wide, call, size, unpacked)
 
     @property
