@@ -1,10 +1,11 @@
 """The raw relay: the floor under any Python gateway on llmso's own server stack.
 
-The server ``llmso serve`` runs (uvicorn, uvloop, ``CoalescingHttpToolsProtocol``) and the
-upstream client its openai backend uses (``backends.openai_proxy.http1``), with nothing
-between them: the request body goes upstream as it came, the answer's bytes come back as
-they arrive. No parsing, validation, routing, re-framing, metrics or log line. Whatever llmso spends
-above this in the overhead suite is the price of what llmso does per request::
+The server ``llmso serve`` runs (uvicorn, uvloop with ``gateway.edge.accept``'s listener,
+``CoalescingHttpToolsProtocol``) and the upstream client its openai backend uses
+(``backends.openai_proxy.http1``), with nothing between them: the request body goes
+upstream as it came, the answer's bytes come back as they arrive. No parsing, validation,
+routing, re-framing, metrics or log line. Whatever llmso spends above this in the overhead
+suite is the price of what llmso does per request::
 
     python -m bench.raw_relay --upstream http://127.0.0.1:8001 --port 8005
 """
@@ -103,7 +104,7 @@ def main() -> None:
         RawRelay(args.upstream),
         host=args.host,
         port=args.port,
-        loop="uvloop",
+        loop="gateway.edge.accept:new_loop",  # as llmso serve: batched accepts
         http=CoalescingHttpToolsProtocol,
         log_config=None,
         access_log=False,
