@@ -100,6 +100,14 @@ class ServerConfig(_Frozen):
         "more is shed with 503 and Retry-After (counted in llmso_shed_requests_total) so "
         "admitted streams keep their pace. Per process: the host serves workers times this.",
     )
+    shed_loop_lag_ms: float | None = Field(
+        None,
+        gt=0,
+        description="Shed new requests on the API routes (503 and Retry-After) while this "
+        "process's event loop runs this late: the median of its last 8 timer wakes, 25 ms "
+        "apart (llmso_event_loop_lag_seconds). Trades served requests for the pace of the "
+        "admitted ones on a saturated core (docs/workers.md); null (default): never.",
+    )
 
 
 class RegistryConfig(_Frozen):

@@ -53,6 +53,7 @@ from gateway.edge.views import serve_fleet
 from gateway.errors import handle_backend_error, handle_http_exception, handle_unexpected
 from gateway.fleet.link import FleetLink
 from gateway.fleet.stores import HubLimits, HubResponses
+from gateway.observe.loop_lag import LoopLag
 from gateway.observe.metrics import GatewayMetrics
 from gateway.registry import ConfigWatcher, ModelRegistry, RegistryMetrics
 from gateway.service.embeddings import EmbeddingService
@@ -89,6 +90,7 @@ def build_app(
     )
     registry = ModelRegistry(config, RegistryMetrics(prometheus), factory)
     gateway_metrics = GatewayMetrics(prometheus)
+    lag = LoopLag(_seconds(config.server.shed_loop_lag_ms), observe=gateway_metrics.loop_lag.set)
     service = CompletionService(
         registry, gateway_metrics, backend_metrics, MirrorMetrics(prometheus)
     )
@@ -117,6 +119,7 @@ def build_app(
             bind_host=bind_host,
             metrics=gateway_metrics,
             worker=None if fleet is None else fleet.seat.worker,
+            lag=lag,
         ),
         fleet=fleet,
     )
@@ -148,10 +151,12 @@ def build_app(
             )
             watcher.start()
         batch_runner.start()
+        lag_task = asyncio.create_task(lag.run(), name="llmso-loop-lag")
         log.info("llmso ready: %d model(s) configured", len(config.models))
         try:
             yield
         finally:
+            lag_task.cancel()
             await batch_runner.stop()
             if watcher is not None:
                 await watcher.stop()
@@ -257,3 +262,7 @@ def _tracing(config: AppConfig, exporter: SpanExporter | None) -> Tracing | None
     from gateway.observe.tracing import Tracing
 
     return Tracing(config.tracing, exporter)
+
+
+def _seconds(milliseconds: float | None) -> float | None:
+    return None if milliseconds is None else milliseconds / 1000

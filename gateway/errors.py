@@ -79,8 +79,9 @@ class UnsupportedMediaType(ApiError):
 
 
 class GatewaySaturated(ApiError):
-    """This gateway process serves ``server.max_in_flight`` requests already: shed, so
-    the admitted ones keep their pace (``gateway.edge.door``)."""
+    """This gateway process serves ``server.max_in_flight`` requests already, or its
+    event loop runs past ``server.shed_loop_lag_ms`` late: shed, so the admitted ones keep
+    their pace (``gateway.edge.door``)."""
 
     status = 503
     error_type = "service_unavailable"

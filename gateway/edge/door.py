@@ -13,9 +13,11 @@ answer a model gave. ``serve_other`` is every other route:
 the ``Host`` check and CORS, nothing counted.
 
 Saturation sheds: past ``server.max_in_flight`` requests on these routes in this
-process, a new one is answered at once with 503 and ``Retry-After`` in its route's
-envelope (``GatewaySaturated``), before its body is read or anything is counted but
-``llmso_shed_requests_total``, so the streams already admitted keep their pace.
+process, or while its event loop runs later than ``server.shed_loop_lag_ms``
+(``gateway.observe.loop_lag``: the core is past what it can relay), a new one is answered
+at once with 503 and ``Retry-After`` in its route's envelope (``GatewaySaturated``),
+before its body is read or anything is counted but ``llmso_shed_requests_total``, so the
+streams already admitted keep their pace.
 
 ``FrontDoor`` is owned by the app; its policy (keys, limits) is the app's ``Admission``,
 which follows config reloads, and its one mutable field, ``inflight``, is written on the
@@ -33,6 +35,7 @@ from gateway.edge.asgi_types import ASGIApp, Message, Receive, Scope, Send
 from gateway.edge.web import BodyDeadline, WebGuard, presented_key, request_id
 from gateway.errors import GatewaySaturated, MethodNotAllowed, error_body
 from gateway.observe.cost import usd_text
+from gateway.observe.loop_lag import LoopLag
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.record import RequestRecord
 
@@ -50,11 +53,13 @@ class FrontDoor:
         bind_host: str | None,
         metrics: GatewayMetrics | None = None,
         worker: int | None = None,
+        lag: LoopLag | None = None,
     ) -> None:
         self.web = WebGuard(server, bind_host)
         self.admission = admission
         self.max_in_flight = server.max_in_flight
         self.inflight = 0
+        self.lag = lag
         self._metrics = metrics
         # A fleet's worker names itself on every answer of these routes.
         self._own: list[tuple[bytes, bytes]] = (
@@ -89,7 +94,7 @@ class FrontDoor:
             # A browser's CORS check, not a request: answered, not counted.
             await _send_empty(send, 204, self.web.preflight_headers(origin))
             return
-        if self.inflight >= self.max_in_flight:
+        if self.inflight >= self.max_in_flight or (self.lag is not None and self.lag.lagging):
             await self._shed(scope, send, origin)
             return
         self.inflight += 1
@@ -101,10 +106,12 @@ class FrontDoor:
     async def _shed(self, scope: Scope, send: Send, origin: bytes | None) -> None:
         if self._metrics is not None:
             self._metrics.shed(scope["path"])
-        exc = GatewaySaturated(
-            f"this gateway serves {self.max_in_flight} requests at once "
-            "(server.max_in_flight) and is full; retry shortly"
-        )
+        if self.inflight >= self.max_in_flight:
+            why = f"serves {self.max_in_flight} requests at once (server.max_in_flight) and is full"
+        else:
+            late = self.lag.seconds * 1000 if self.lag is not None else 0.0
+            why = f"runs {late:.0f} ms behind (its event loop, past server.shed_loop_lag_ms)"
+        exc = GatewaySaturated(f"this gateway {why}; retry shortly")
         extra = [*self._own, *(self.web.cors_headers(origin) if origin is not None else [])]
         await _send_error(send, exc, request_id(scope).encode(), extra, scope["path"])
 

@@ -13,7 +13,8 @@ request is counted by the one worker that served it, so the sum counts it once);
 ``*_created`` takes the earliest. A gauge's meaning decides: ``SUMMED_GAUGES`` are this
 worker's share of a total (requests in flight); ``MIN_GAUGES`` say something is up, and
 the fleet's answer is up only if every worker's is; ``MAX_GAUGES`` describe state every
-worker sees alike (a model's state, an upstream's queue), so the highest is the answer.
+worker sees alike (a model's state, an upstream's queue), so the highest is the answer,
+or where the worst worker is the answer (how late its event loop runs).
 A gauge in none of them is added up (``tests/unit/test_fleet.py`` keeps every gauge the
 gateway defines in one of the three).
 """
@@ -39,6 +40,7 @@ SUMMED_GAUGES = frozenset(
 MIN_GAUGES = frozenset({"llmso_limit_store_up", "llmso_upstream_up", "llmso_replica_up"})
 MAX_GAUGES = frozenset(
     {
+        "llmso_event_loop_lag_seconds",
         "llmso_model_state",
         "llmso_replica_queue_depth",
         "llmso_replica_running_requests",

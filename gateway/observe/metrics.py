@@ -141,11 +141,18 @@ class GatewayMetrics:
         self.shed_requests = LoopCounter(
             "llmso_shed_requests_total",
             "Requests answered 503 at once because this process served server.max_in_flight "
-            "requests already, by API endpoint.",
+            "requests already or its event loop ran past server.shed_loop_lag_ms late, by "
+            "API endpoint.",
             ("endpoint",),
             registry=registry,
         )
         self._shed: dict[str, Any] = {}
+        self.loop_lag = LoopGauge(
+            "llmso_event_loop_lag_seconds",
+            "How late this process's event loop runs its timers (the median of the last 8 "
+            "wakes, 25 ms apart); past server.shed_loop_lag_ms new requests are shed.",
+            registry=registry,
+        )
 
         # Per LoRA adapter (bounded: adapters are configured or registered by an admin).
         self.adapter_requests = LoopCounter(
@@ -162,7 +169,7 @@ class GatewayMetrics:
         )
 
     def shed(self, endpoint: str) -> None:
-        """Count one request shed at the door (the process's in-flight ceiling)."""
+        """Count one request shed at the door (the in-flight ceiling or the loop's lag)."""
         child = self._shed.get(endpoint)
         if child is None:
             child = self._shed[endpoint] = self.shed_requests.labels(endpoint)

@@ -1,11 +1,13 @@
-"""Saturation sheds (issue 41): past ``server.max_in_flight`` requests in flight, a new
-one gets 503 with ``Retry-After`` at once, in its route's envelope, and is counted;
-the requests already in flight finish untouched. In-process over ASGI with the echo
-backend (``tests.tools.frontdoor_app``), whose ``hold`` prompt keeps a request open."""
+"""Saturation sheds (issue 41): past ``server.max_in_flight`` requests in flight, or while
+the event loop runs later than ``server.shed_loop_lag_ms``, a new one gets 503 with
+``Retry-After`` at once, in its route's envelope, and is counted; the requests already in
+flight finish untouched. In-process over ASGI with the echo backend
+(``tests.tools.frontdoor_app``), whose ``hold`` prompt keeps a request open."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 from tests.tools.frontdoor_app import AppFactory, chat, make_config, metric
@@ -66,3 +68,54 @@ async def test_the_default_ceiling_leaves_ordinary_load_alone(make_app: AppFacto
         *(app.http.post("/v1/chat/completions", json=chat()) for _ in range(64))
     )
     assert {a.status_code for a in answers} == {200}
+
+
+async def _busy(stop: asyncio.Event, slice_s: float = 0.05) -> None:
+    """Keep the event loop busy, as a saturated relay does: it runs other callbacks only
+    between slices."""
+    while not stop.is_set():
+        time.sleep(slice_s)  # noqa: ASYNC251 - the point: the loop is held
+        await asyncio.sleep(0)
+
+
+async def test_while_the_loop_runs_late_new_requests_are_shed(make_app: AppFactory) -> None:
+    app = await make_app(make_config(server={"shed_loop_lag_ms": 30}))
+    door = app.asgi.state.door
+    assert door.lag is not None and not door.lag.lagging
+    assert (await app.http.post("/v1/chat/completions", json=chat())).status_code == 200
+
+    stop = asyncio.Event()
+    busy = asyncio.create_task(_busy(stop))
+    try:
+        await _until(lambda: door.lag.lagging)
+        shed = await app.http.post("/v1/chat/completions", json=chat())
+        lag_gauge = metric((await app.http.get("/metrics")).text, "llmso_event_loop_lag_seconds")
+    finally:
+        stop.set()
+        await busy
+    assert shed.status_code == 503
+    assert shed.headers["retry-after"] == "1"
+    error = shed.json()["error"]
+    assert error["code"] == "gateway_saturated"
+    assert "server.shed_loop_lag_ms" in error["message"]
+    assert lag_gauge > 0.03
+
+    await _until(lambda: not door.lag.lagging)
+    assert (await app.http.post("/v1/chat/completions", json=chat())).status_code == 200
+    text = (await app.http.get("/metrics")).text
+    assert metric(text, "llmso_shed_requests_total", endpoint="/v1/chat/completions") == 1
+
+
+async def test_by_default_a_late_loop_is_measured_not_shed(make_app: AppFactory) -> None:
+    app = await make_app(make_config())
+    door = app.asgi.state.door
+    stop = asyncio.Event()
+    busy = asyncio.create_task(_busy(stop))
+    try:
+        await _until(lambda: door.lag.seconds > 0.03)
+        answer = await app.http.post("/v1/chat/completions", json=chat())
+    finally:
+        stop.set()
+        await busy
+    assert answer.status_code == 200
+    assert not door.lag.lagging
