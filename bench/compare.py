@@ -31,6 +31,7 @@ import aiohttp
 from bench.client import RequestOptions, RequestResult
 from bench.loadgen import LevelRun, LoadSpec, new_session, run_level
 from bench.machine import machine_info
+from bench.native_load import CLIENT, NativeToolError, run_native_level
 from bench.procstat import CpuWindow
 from bench.prompts import Prompt, builtin_prompts, load_prompts, shared_prefix_prompts
 from bench.report import RunRecord, markdown_table, overhead_table, plot, write_json
@@ -300,7 +301,12 @@ class _Driver:
             measured = self.services[live.spec.cpu_of]
         # Read after the warm-up: only the measured requests' CPU counts.
         window = CpuWindow(measured.cpu_seconds if measured else lambda: None)
-        run = await run_level(self.session, options, self.prompts, load, window.start)
+        if self.spec.client == "native":
+            run = await run_native_level(
+                CLIENT, options, self.prompts, load, self.workdir, on_measured=window.start
+            )
+        else:
+            run = await run_level(self.session, options, self.prompts, load, window.start)
         server_cpu = window.seconds()
         return summarised(live.spec.label, load, run, stream=stream, slo=slo, server_cpu=server_cpu)
 
@@ -351,7 +357,7 @@ class _Driver:
         )
         try:
             record = await self.measure(live, load, stream)
-        except StartupError as exc:
+        except (StartupError, NativeToolError) as exc:
             self._fail(live, str(exc))
             return None
         s = record.summary

@@ -106,6 +106,11 @@ class CompareSpec(_Frozen):
         default="mixed",
         description="Built-in prompts: mixed lengths, or one ~1,000-token shared prefix.",
     )
+    client: Literal["aiohttp", "native"] = Field(
+        default="aiohttp",
+        description="The load client: bench.client's (aiohttp, every chunk parsed), or the "
+        "C client of bench.native_load (closed-loop levels, one body, a few us a chunk).",
+    )
     notes: tuple[str, ...] = ()
     services: tuple[ServiceSpec, ...] = ()
     systems: tuple[SystemSpec, ...] = Field(min_length=1)

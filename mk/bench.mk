@@ -101,7 +101,7 @@ bench-overhead: setup litellm
 	$(PY) -m bench suite overhead --out $(BENCH_OUT)/overhead $(BENCH_FLAGS)
 
 FLEET_ARGS ?=
-bench-fleet: setup litellm
+bench-fleet: setup litellm bench-native
 	$(PY) -m tests.drills.fleet --out $(BENCH_OUT)/fleet $(FLEET_ARGS)
 
 # Embeddings: llmso's hf pooling engine over HTTP vs sentence-transformers encode().

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.compare import run_compare
+from bench.native_load import UPSTREAM
 from bench.report import RunRecord
 from bench.spec import CompareSpec, ServiceSpec, SystemSpec
 from bench.stats import Summary
@@ -85,8 +86,13 @@ def fleet_spec(
     peers: bool = True,
     requests_per_concurrency: int = 2,
     warmup: int = 64,
+    tools: str = "native",
 ) -> CompareSpec:
-    python = str(root / ".venv/bin/python")
+    """``tools``: ``native``, the C client and upstream of ``bench.native_load`` (a few
+    us a chunk); ``python``, ``bench.client``'s aiohttp client and ``bench.fake_upstream``
+    (the drill's tools before, which took most of a 2-vCPU box at 1,024 streams)."""
+    if tools not in ("native", "python"):
+        raise ValueError(f"tools: native or python, not {tools!r}")
     systems = [
         SystemSpec(label="direct", base_url="http://127.0.0.1:{port_fake}/v1", cpu_of="fake"),
         *(llmso_system(root, n) for n in workers),
@@ -115,9 +121,16 @@ def fleet_spec(
         timeout_s=120,
         level_duration_s=120,
         baseline="direct",
+        client="native" if tools == "native" else "aiohttp",
         notes=(
-            f"upstream: python -m bench.fake_upstream --chunks {CHUNKS} --delay-ms {DELAY_MS} "
-            "--model fake (a GPU-speed stream: one token every 20 ms)",
+            f"upstream: {_upstream_command(root, tools)[0]} --chunks {CHUNKS} --delay-ms "
+            f"{DELAY_MS} --model fake (a GPU-speed stream: one token every 20 ms)",
+            "client: "
+            + (
+                "bench/native/sse_client.c (closed loop, keep-alive, one body)"
+                if tools == "native"
+                else "bench/client.py (aiohttp, every chunk parsed)"
+            ),
             "llmso-wN: llmso serve --workers N, openai backend, every other setting the "
             "default (server.max_in_flight 2048 per worker)",
             "server CPU: user+system CPU of the system's process group (llmso: supervisor "
@@ -132,23 +145,21 @@ def fleet_spec(
             ServiceSpec(
                 name="fake",
                 command=(
-                    python,
-                    "-m",
-                    "bench.fake_upstream",
-                    "--port",
-                    "{port}",
-                    "--chunks",
-                    str(CHUNKS),
-                    "--delay-ms",
-                    str(DELAY_MS),
-                    "--model",
-                    "fake",
+                    *_upstream_command(root, tools),
+                    *("--port", "{port}", "--chunks", str(CHUNKS)),
+                    *("--delay-ms", str(DELAY_MS), "--model", "fake"),
                 ),
                 health_url="http://127.0.0.1:{port}/v1/models",
             ),
         ),
         systems=tuple(systems),
     )
+
+
+def _upstream_command(root: Path, tools: str) -> tuple[str, ...]:
+    if tools == "native":
+        return (str(UPSTREAM),)
+    return (str(root / ".venv/bin/python"), "-m", "bench.fake_upstream")
 
 
 def _rounds(record: RunRecord) -> tuple[Summary, ...]:
@@ -259,6 +270,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests-per-concurrency", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/fleet"))
     parser.add_argument("--note", default="", help="said beside the load average")
+    parser.add_argument(
+        "--tools", choices=("native", "python"), default="native", help="load client, upstream"
+    )
     args = parser.parse_args(argv)
     load = os.getloadavg()
     spec = fleet_spec(
@@ -268,6 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         workers=[int(n) for n in args.workers.split(",")],
         peers=not args.no_peers,
         requests_per_concurrency=args.requests_per_concurrency,
+        tools=args.tools,
     )
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="llmso-fleet-drill-") as workdir:
