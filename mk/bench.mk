@@ -29,8 +29,12 @@
 #   make bench-overhead   fake upstream directly vs through the gateway (openai backend)
 #   make bench-fleet      the fleet hold drill (tests/drills/fleet.py): 256/1,024/2,048
 #                         GPU-speed streams (64 chunks, 20 ms apart) direct, through llmso
-#                         with 1 and 2 workers, LiteLLM and the raw relay; 3 rounds
-#                         (FLEET_ARGS="--concurrency 64 --rounds 1 --no-peers": a short run)
+#                         with 1 and 2 workers, LiteLLM and the raw relay; 3 rounds; the C
+#                         load client and fake upstream (make bench-native; FLEET_ARGS=
+#                         "--tools python": the Python pair; "--concurrency 64 --rounds 1
+#                         --no-peers": a short run)
+#   make bench-shed-lag   1,024 GPU-speed streams through one worker with server.shed_loop_lag_ms
+#                         off / 100 / 25 ms, and directly (bench/studies/shed_lag.py)
 #   make bench-fairness   key b's TTFT, idle and while key a keeps 16 streams in flight on the
 #                         shipped default model (fair share between keys); with
 #                         FAIRNESS_BASELINE=<git ref> that ref's tree too, interleaved
@@ -48,7 +52,7 @@ BENCH_MODEL_PATH_CMD = $(PY) -c "from backends.hf.loading.model_source import re
 
 .PHONY: bench bench-prefix bench-overhead bench-fleet bench-gpu bench-shapes bench-quant-shapes bench-quant \
 	bench-quant-serve bench-quant-steps \
-	bench-lora bench-c1 bench-fairness
+	bench-lora bench-c1 bench-fairness bench-shed-lag
 
 bench: setup $(if $(BENCH_NO_VLLM),,vllm)
 	@model_path=$$($(BENCH_MODEL_PATH_CMD)) && test -d "$$model_path" && \
@@ -103,6 +107,9 @@ bench-overhead: setup litellm
 FLEET_ARGS ?=
 bench-fleet: setup litellm bench-native
 	$(PY) -m tests.drills.fleet --out $(BENCH_OUT)/fleet $(FLEET_ARGS)
+
+bench-shed-lag: setup bench-native
+	$(PY) -m bench.studies.shed_lag --out $(BENCH_OUT)/shed_lag $(BENCH_ARGS)
 
 # Embeddings: llmso's hf pooling engine over HTTP vs sentence-transformers encode().
 BENCH_EMBED_PATH_CMD = $(PY) -c "from backends.hf.loading.model_source import resolve_source; \
