@@ -85,12 +85,14 @@ def stats_part(state: AppState) -> dict[str, Any]:
         "engines": console.gauges.current(),
         "batch": console.gauges.batch.totals(now),
         "overhead": console.gauges.overhead.totals(now),
+        "loop_lag_s": state.door.lag.seconds if state.door.lag is not None else None,
     }
 
 
 async def stats(state: AppState) -> dict[str, Any]:
     """The ``/admin/stats`` body: per configured model, the window's figures, the engine
-    gauges now, the mean batch size and gateway overhead, and the model's state."""
+    gauges now, the mean batch size and gateway overhead, and the model's state; and how
+    late the event loop runs (a fleet's worst worker)."""
     parts = await _parts(state, "console.stats", stats_part(state) if state.fleet is None else None)
     activity = state.console.activity
     now = time.monotonic()
@@ -108,7 +110,13 @@ async def stats(state: AppState) -> dict[str, Any]:
         figures["state"] = status.state
         figures["inflight"] = sum(m["inflight"] for m in mine)
         models[name] = figures
-    return {"window_s": activity.window_seconds, "workers": len(parts), "models": models}
+    lags = [part["loop_lag_s"] for part in parts if part.get("loop_lag_s") is not None]
+    return {
+        "window_s": activity.window_seconds,
+        "workers": len(parts),
+        "loop_lag_s": max(lags) if lags else None,
+        "models": models,
+    }
 
 
 def _engine_row(name: str, parts: list[dict[str, Any]]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -165,6 +166,8 @@ def test_console_drives_the_gateway(server: RunningServer, browser: Any) -> None
     expect(page.locator(f"{ROW} .badge")).to_have_text("ready", timeout=30_000)
     expect(page.locator("#admin-key")).to_have_value("")  # not left in the field
     expect(page.locator(f'#live article[data-model="{MODEL}"]')).to_be_visible()
+    # The status line says how late the gateway's event loop runs (its saturation).
+    expect(page.locator("#status")).to_contain_text(re.compile(r"event loop \d+ ms late"))
 
     # Playground: a streamed answer with its timing, nothing moving around it.
     page.evaluate(WATCH_PLAYGROUND_SHIFTS)

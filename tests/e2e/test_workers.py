@@ -136,6 +136,7 @@ def test_both_workers_serve_and_one_metrics_counts_every_request_once(
     # One console: the window's figures and the overhead mean come from both workers.
     stats = admin_get(fleet.url, "/admin/stats")
     assert stats["workers"] == 2
+    assert 0 <= stats["loop_lag_s"] < 1.0  # the worse of the two workers' loops
     figures = stats["models"]["m"]
     assert figures["requests"] >= 40 and figures["state"] == "ready"
     assert 0 < figures["overhead_mean_s"] < 1.0

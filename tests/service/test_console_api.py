@@ -106,6 +106,7 @@ async def test_stats_summarise_the_window_with_engine_gauges(
     client = await client_for(app_config())
     empty = (await client.get("/admin/stats", headers=AUTH)).json()
     assert empty["window_s"] == 60
+    assert empty["workers"] == 1 and 0 <= empty["loop_lag_s"] < 1.0
     assert empty["models"]["alpha"]["requests"] == 0
     assert empty["models"]["alpha"]["ttft_p50_s"] is None
     for _ in range(3):

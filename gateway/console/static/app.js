@@ -72,7 +72,9 @@ async function tick() {
     setFilterModels(names);
     needKey = false;
     const fleet = stats.workers > 1 ? `, ${stats.workers} workers` : "";
-    setStatus(`Updated ${new Date().toLocaleTimeString([], { hour12: false })}${fleet}`);
+    // How late the event loop runs (the worst worker's): past tens of ms it is saturated.
+    const lag = stats.loop_lag_s == null ? "" : `, event loop ${Math.round(stats.loop_lag_s * 1000)} ms late`;
+    setStatus(`Updated ${new Date().toLocaleTimeString([], { hour12: false })}${fleet}${lag}`);
   } catch (error) {
     if (error instanceof ApiError && error.status === 401) {
       needKey = true;
