@@ -103,10 +103,11 @@ class ServerConfig(_Frozen):
     shed_loop_lag_ms: float | None = Field(
         None,
         gt=0,
-        description="Shed new requests on the API routes (503 and Retry-After) while this "
-        "process's event loop runs this late: the median of its last 8 timer wakes, 25 ms "
-        "apart (llmso_event_loop_lag_seconds). Trades served requests for the pace of the "
-        "admitted ones on a saturated core (docs/workers.md); null (default): never.",
+        description="Past this event-loop lag (the median of the process's last 8 timer "
+        "wakes, 25 ms apart: llmso_event_loop_lag_seconds), shed a share of new requests on "
+        "the API routes (503 and Retry-After) that grows with it, (lag - limit) / limit, all "
+        "of them from twice the limit. Trades served requests for the pace of the admitted "
+        "ones on a saturated core (docs/workers.md); null (default): never.",
     )
 
 

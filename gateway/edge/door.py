@@ -13,9 +13,10 @@ answer a model gave. ``serve_other`` is every other route:
 the ``Host`` check and CORS, nothing counted.
 
 Saturation sheds: past ``server.max_in_flight`` requests on these routes in this
-process, or while its event loop runs later than ``server.shed_loop_lag_ms``
-(``gateway.observe.loop_lag``: the core is past what it can relay), a new one is answered
-at once with 503 and ``Retry-After`` in its route's envelope (``GatewaySaturated``),
+process, or (a share of them growing with the lag) while its event loop runs later than
+``server.shed_loop_lag_ms`` (``gateway.observe.loop_lag``: the core is past what it can
+relay), a new one is answered at once with 503 and ``Retry-After`` in its route's
+envelope (``GatewaySaturated``),
 before its body is read or anything is counted but ``llmso_shed_requests_total``, so the
 streams already admitted keep their pace.
 
@@ -25,6 +26,8 @@ event loop only.
 """
 
 from __future__ import annotations
+
+import random
 
 from backends.base import ApiError, GenerationRequest
 from config.schema import ServerConfig
@@ -94,7 +97,7 @@ class FrontDoor:
             # A browser's CORS check, not a request: answered, not counted.
             await _send_empty(send, 204, self.web.preflight_headers(origin))
             return
-        if self.inflight >= self.max_in_flight or (self.lag is not None and self.lag.lagging):
+        if self.inflight >= self.max_in_flight or self._late():
             await self._shed(scope, send, origin)
             return
         self.inflight += 1
@@ -102,6 +105,11 @@ class FrontDoor:
             await self._serve(scope, receive, send, handler, origin)
         finally:
             self.inflight -= 1
+
+    def _late(self) -> bool:
+        """Whether to shed this request for the loop's lag: its share of them."""
+        share = 0.0 if self.lag is None else self.lag.share
+        return share >= 1.0 or (share > 0.0 and random.random() < share)
 
     async def _shed(self, scope: Scope, send: Send, origin: bytes | None) -> None:
         if self._metrics is not None:
