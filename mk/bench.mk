@@ -34,7 +34,7 @@
 #                         "--tools python": the Python pair; "--concurrency 64 --rounds 1
 #                         --no-peers": a short run)
 #   make bench-shed-lag   1,024 GPU-speed streams through one worker with server.shed_loop_lag_ms
-#                         off / 100 / 25 ms, and directly (bench/studies/shed_lag.py)
+#                         off / 100 / 50 / 25 ms, and directly (bench/studies/shed_lag.py)
 #   make bench-fairness   key b's TTFT, idle and while key a keeps 16 streams in flight on the
 #                         shipped default model (fair share between keys); with
 #                         FAIRNESS_BASELINE=<git ref> that ref's tree too, interleaved

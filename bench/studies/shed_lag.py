@@ -2,7 +2,7 @@
 trades (served requests for the pace of the admitted ones).
 
     python -m bench.studies.shed_lag --out docs/benchmarks/shed_lag [--streams 1024]
-        [--requests 3072] [--limits off,100,25] [--rounds 2]
+        [--requests 3072] [--limits off,100,50,25] [--rounds 2]
 
 The C fake upstream (``bench/native``: 64 chunks, 20 ms apart) serves ``--streams``
 keep-alive connections of the C client, directly and through ``llmso serve`` (one
@@ -222,16 +222,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--streams", type=int, default=1024)
     parser.add_argument("--requests", type=int, default=3072)
-    parser.add_argument("--limits", default="off,100,25", help="shed_loop_lag_ms values")
+    parser.add_argument("--limits", default="off,100,50,25", help="shed_loop_lag_ms values")
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args(argv)
     for tool in (CLIENT, UPSTREAM):
         if not tool.exists():
             parser.error(f"{tool} is not built: run `make bench-native`")
     load = os.getloadavg()
+    machine = machine_info()  # its load average is the one at the start
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     summaries = asyncio.run(run(args))
     args.out.mkdir(parents=True, exist_ok=True)
-    doc = {"machine": machine_info(), "loadavg_start": load, "args": vars(args) | {"out": None}}
+    doc = {"machine": machine, "started_at": started, "args": vars(args) | {"out": None}}
     doc["systems"] = summaries
     (args.out / "results.json").write_text(json.dumps(doc, indent=1) + "\n")
     shown = " ".join(argv if argv is not None else sys.argv[1:])

@@ -157,6 +157,12 @@ def _int4_tiles(weights: str, over: str, rows: str) -> float:
     return _median_ratio("int4_tiles/results.json", "decode_ms", rows, kind=(weights, over))
 
 
+def _shed(system: str, figure: str, at: str | None = None) -> float:
+    """One figure of a system in the shed_lag study (``at``: a percentile's key)."""
+    value = _load("shed_lag/results.json")["systems"][system][figure]
+    return float(value if at is None else value[at])
+
+
 def _fleet_ratio(system: str, streams: int) -> float:
     """Requests per second through ``system`` over direct, whole run, at ``streams``."""
     runs = _load("fleet/results.json")["runs"]
@@ -241,6 +247,14 @@ INDEX_FIGURES: dict[str, Figure] = {
     "fleet": Figure(
         ("fleet/results.json",),
         lambda: [_fleet_ratio("llmso-w1", 1024), _fleet_ratio("llmso-w2", 1024)],
+    ),
+    "shed_lag": Figure(
+        ("shed_lag/results.json",),
+        lambda: [
+            _shed("llmso-25", "served_per_s") / _shed("llmso-off", "served_per_s"),
+            _shed("llmso-25", "gap_ms", "p50"),
+            _shed("llmso-off", "gap_ms", "p50"),
+        ],
     ),
     "chat_c1": Figure(
         ("chat_c1/chat_c1.json",),
