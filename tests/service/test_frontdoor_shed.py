@@ -70,7 +70,7 @@ async def test_the_default_ceiling_leaves_ordinary_load_alone(make_app: AppFacto
     assert {a.status_code for a in answers} == {200}
 
 
-async def _busy(stop: asyncio.Event, slice_s: float = 0.05) -> None:
+async def _busy(stop: asyncio.Event, slice_s: float = 0.08) -> None:
     """Keep the event loop busy, as a saturated relay does: it runs other callbacks only
     between slices."""
     while not stop.is_set():
@@ -79,7 +79,7 @@ async def _busy(stop: asyncio.Event, slice_s: float = 0.05) -> None:
 
 
 async def test_while_the_loop_runs_late_new_requests_are_shed(make_app: AppFactory) -> None:
-    app = await make_app(make_config(server={"shed_loop_lag_ms": 15}))
+    app = await make_app(make_config(server={"shed_loop_lag_ms": 10}))
     door = app.asgi.state.door
     assert door.lag is not None and door.lag.share == 0
     assert (await app.http.post("/v1/chat/completions", json=chat())).status_code == 200

@@ -19,10 +19,11 @@ async def _run_for(lag: LoopLag, seconds: float) -> None:
 
 async def test_an_idle_loop_is_on_time() -> None:
     seen: list[float] = []
-    lag = LoopLag(0.02, interval=0.01, observe=seen.append)
+    # A generous limit: a busy test machine may wake a timer a few ms late.
+    lag = LoopLag(0.1, interval=0.01, observe=seen.append)
     await _run_for(lag, 0.2)
     assert len(seen) >= 8
-    assert lag.seconds < 0.02 and lag.share == 0
+    assert lag.seconds < 0.1 and lag.share == 0
 
 
 async def test_a_loop_held_at_every_turn_is_lagging() -> None:
@@ -36,12 +37,13 @@ async def test_a_loop_held_at_every_turn_is_lagging() -> None:
 
 
 async def test_one_long_pause_is_not_lagging() -> None:
-    lag = LoopLag(0.02, interval=0.01)
+    lag = LoopLag(0.1, interval=0.01)  # the pause is three times the limit
     task = asyncio.create_task(lag.run())
     await asyncio.sleep(0.1)
     time.sleep(0.3)  # noqa: ASYNC251 - one blocking call (a collection, a big parse)
     await asyncio.sleep(0.05)
     task.cancel()
+    assert max(lag._notes) > 0.2  # the pause was noted, as one note
     assert lag.share == 0
 
 
