@@ -60,6 +60,50 @@ def parse_line(line: str, *, warmup: bool, stream: bool) -> RequestResult:
     )
 
 
+async def run_client(
+    client: Path,
+    body: Path,
+    *,
+    port: int,
+    concurrency: int,
+    requests: int,
+    timeout_s: float,
+    host: str = "127.0.0.1",
+    path: str = "/v1/chat/completions",
+    spread_ms: float = 0.0,
+    warmup: bool = False,
+    stream: bool = True,
+) -> list[RequestResult]:
+    """``requests`` requests of ``body`` from ``client`` over ``concurrency`` keep-alive
+    connections (their starts spread over ``spread_ms``), each bounded by ``timeout_s``:
+    one result per request. Raises ``NativeToolError`` if the client fails, overruns or
+    answers for fewer requests."""
+    command = [
+        str(client),
+        *("--host", host, "--port", str(port), "--path", path),
+        *("--body-file", str(body), "--concurrency", str(concurrency)),
+        *("--requests", str(requests), "--timeout-s", str(timeout_s)),
+        *("--spread-ms", str(spread_ms)),
+    ]
+    process = await asyncio.create_subprocess_exec(
+        *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    # Every connection's requests one after another, each bounded by the timeout.
+    budget = timeout_s * (requests // max(concurrency, 1) + 2) + spread_ms / 1000
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), budget)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise NativeToolError(f"sse_client ran past {budget:g} s") from None
+    if process.returncode != 0:
+        raise NativeToolError(f"sse_client exited {process.returncode}: {err.decode()[-500:]}")
+    lines = out.decode().splitlines()
+    if len(lines) != requests:
+        raise NativeToolError(f"sse_client answered {len(lines)} of {requests} requests")
+    return [parse_line(line, warmup=warmup, stream=stream) for line in lines]
+
+
 async def _client_run(
     client: Path,
     options: RequestOptions,
@@ -72,29 +116,18 @@ async def _client_run(
     url = urlsplit(options.url)
     if url.scheme != "http" or url.hostname is None or url.port is None:
         raise NativeToolError(f"sse_client speaks plain http to host:port, not {options.url}")
-    command = [
-        str(client),
-        *("--host", url.hostname, "--port", str(url.port), "--path", url.path),
-        *("--body-file", str(body), "--concurrency", str(concurrency)),
-        *("--requests", str(requests), "--timeout-s", str(options.timeout_s)),
-    ]
-    process = await asyncio.create_subprocess_exec(
-        *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    return await run_client(
+        client,
+        body,
+        host=url.hostname,
+        port=url.port,
+        path=url.path,
+        concurrency=concurrency,
+        requests=requests,
+        timeout_s=options.timeout_s,
+        warmup=warmup,
+        stream=options.stream,
     )
-    # Every connection's requests one after another, each bounded by the timeout.
-    budget = options.timeout_s * (requests // max(concurrency, 1) + 2)
-    try:
-        out, err = await asyncio.wait_for(process.communicate(), budget)
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise NativeToolError(f"sse_client ran past {budget:g} s") from None
-    if process.returncode != 0:
-        raise NativeToolError(f"sse_client exited {process.returncode}: {err.decode()[-500:]}")
-    lines = out.decode().splitlines()
-    if len(lines) != requests:
-        raise NativeToolError(f"sse_client answered {len(lines)} of {requests} requests")
-    return [parse_line(line, warmup=warmup, stream=options.stream) for line in lines]
 
 
 async def run_native_level(

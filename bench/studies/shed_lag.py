@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -32,56 +33,50 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 
+from bench.client import RequestResult
+from bench.loadgen import new_session
 from bench.machine import machine_info
-from bench.native_load import CLIENT, UPSTREAM, parse_line
-from bench.systems import free_port
+from bench.native_load import CLIENT, UPSTREAM, run_client
+from bench.systems import ManagedProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CHUNKS, DELAY_MS = 64, 20
+SPREAD_MS = 1300.0  # the streams' starts spread over one answer's length
+TIMEOUT_S = 120.0
 BODY = (
     b'{"model":"fake","messages":[{"role":"user","content":"hello"}],"stream":true,'
     b'"stream_options":{"include_usage":true},"max_tokens":64}'
 )
 
 
-async def _wait_up(url: str, seconds: float = 60) -> None:
-    async with httpx.AsyncClient() as http:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            try:
-                if (await http.get(url, timeout=1)).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            await asyncio.sleep(0.2)
-    raise RuntimeError(f"{url} did not come up")
-
-
-async def _lag_samples(url: str, stop: asyncio.Event) -> list[float]:
+async def _lag_samples(
+    session: aiohttp.ClientSession, url: str, stop: asyncio.Event
+) -> list[float]:
     samples: list[float] = []
-    async with httpx.AsyncClient() as http:
-        while not stop.is_set():
-            try:
-                text = (await http.get(url, timeout=1)).text
-            except httpx.HTTPError:
-                text = ""
-            for line in text.splitlines():
-                if line.startswith("llmso_event_loop_lag_seconds "):
-                    samples.append(float(line.split()[1]))
-            await asyncio.sleep(0.25)
+    while not stop.is_set():
+        text = ""
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            async with asyncio.timeout(1), session.get(url) as reply:
+                text = await reply.text()
+        for line in text.splitlines():
+            if line.startswith("llmso_event_loop_lag_seconds "):
+                samples.append(float(line.split()[1]))
+        await asyncio.sleep(0.25)
     return samples
 
 
-async def _drive(port: int, body: Path, streams: int, requests: int) -> list[Any]:
-    argv = [str(CLIENT), "--port", str(port), "--body-file", str(body)]
-    argv += ["--concurrency", str(streams), "--requests", str(requests), "--spread-ms", "1300"]
-    process = await asyncio.create_subprocess_exec(
-        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+async def _drive(port: int, body: Path, streams: int, requests: int) -> list[RequestResult]:
+    return await run_client(
+        CLIENT,
+        body,
+        port=port,
+        concurrency=streams,
+        requests=requests,
+        timeout_s=TIMEOUT_S,
+        spread_ms=SPREAD_MS,
     )
-    out, _ = await asyncio.wait_for(process.communicate(), 600)
-    return [parse_line(line, warmup=False, stream=True) for line in out.decode().splitlines()]
 
 
 def _gateway_yaml(port: int, upstream: int, limit: str) -> str:
@@ -94,7 +89,14 @@ def _gateway_yaml(port: int, upstream: int, limit: str) -> str:
 
 
 async def _one(
-    system: str, upstream: int, body: Path, workdir: Path, *, streams: int, requests: int
+    session: aiohttp.ClientSession,
+    system: str,
+    upstream: int,
+    body: Path,
+    workdir: Path,
+    *,
+    streams: int,
+    requests: int,
 ) -> dict[str, Any]:
     if system == "direct":
         results = await _drive(upstream, body, streams, requests)
@@ -102,22 +104,20 @@ async def _one(
     port = free_port()
     config = workdir / f"gateway-{system}.yaml"
     config.write_text(_gateway_yaml(port, upstream, system.removeprefix("llmso-")))
-    log = (workdir / f"gateway-{system}.log").open("ab")
-    process = await asyncio.create_subprocess_exec(
-        str(ROOT / ".venv/bin/llmso"), "serve", "--config", str(config), stdout=log, stderr=log
-    )
+    command = (str(ROOT / ".venv/bin/llmso"), "serve", "--config", str(config))
+    gateway = ManagedProcess(system, command, workdir / f"gateway-{system}.log")
+    gateway.start()
     try:
-        await _wait_up(f"http://127.0.0.1:{port}/ready")
+        await gateway.wait_healthy(session, f"http://127.0.0.1:{port}/ready", 60)
         await _drive(port, body, 64, 64)  # warm-up: connections to the upstream
         stop = asyncio.Event()
-        lag = asyncio.create_task(_lag_samples(f"http://127.0.0.1:{port}/metrics", stop))
+        url = f"http://127.0.0.1:{port}/metrics"
+        lag = asyncio.create_task(_lag_samples(session, url, stop))
         results = await _drive(port, body, streams, requests)
         stop.set()
         return {"results": results, "lag": await lag}
     finally:
-        process.terminate()
-        await process.wait()
-        log.close()
+        await asyncio.to_thread(gateway.stop)
 
 
 def _pct(values: Sequence[float], q: float) -> float | None:
@@ -189,20 +189,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         body = workdir / "body.json"
         body.write_bytes(BODY)
         upstream = free_port()
-        fake = await asyncio.create_subprocess_exec(
-            str(UPSTREAM),
-            *("--port", str(upstream), "--chunks", str(CHUNKS)),
-            *("--delay-ms", str(DELAY_MS), "--model", "fake"),
-            stderr=asyncio.subprocess.DEVNULL,
-        )
-        try:
-            await _wait_up(f"http://127.0.0.1:{upstream}/health")
-            for round_index in range(args.rounds):
-                shift = round_index % len(systems)
-                for name in systems[shift:] + systems[:shift]:
-                    print(f"round {round_index + 1}: {name}", file=sys.stderr, flush=True)
-                    runs[name].append(
-                        await _one(
+        command = [str(UPSTREAM), "--port", str(upstream), "--chunks", str(CHUNKS)]
+        command += ["--delay-ms", str(DELAY_MS), "--model", "fake"]
+        fake = ManagedProcess("fake", command, workdir / "fake.log")
+        fake.start()
+        async with new_session(8) as session:
+            try:
+                await fake.wait_healthy(session, f"http://127.0.0.1:{upstream}/health", 60)
+                for round_index in range(args.rounds):
+                    shift = round_index % len(systems)
+                    for name in systems[shift:] + systems[:shift]:
+                        print(f"round {round_index + 1}: {name}", file=sys.stderr, flush=True)
+                        one = await _one(
+                            session,
                             name,
                             upstream,
                             body,
@@ -210,10 +209,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                             streams=args.streams,
                             requests=args.requests,
                         )
-                    )
-        finally:
-            fake.terminate()
-            await fake.wait()
+                        runs[name].append(one)
+            finally:
+                await asyncio.to_thread(fake.stop)
     return {name: summary(system_runs) for name, system_runs in runs.items()}
 
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import re
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from bench.native_load import CLIENT, UPSTREAM, NativeToolError, parse_line
+from bench.client import RequestResult
+from bench.native_load import CLIENT, UPSTREAM, NativeToolError, parse_line, run_client
 from tests.tools.engines import start_fake_upstream
 from tests.tools.servers import (
     RunningServer,
@@ -80,11 +80,16 @@ def test_the_native_upstream_streams_the_python_fakes_bytes(
     assert b'"finish_reason":"length"' in shorter[3] and len(shorter) == 6
 
 
-def _client(port: int, body: Path, *, concurrency: int, requests: int) -> list[str]:
-    argv = [str(CLIENT), "--port", str(port), "--body-file", str(body)]
-    argv += ["--concurrency", str(concurrency), "--requests", str(requests)]
-    done = subprocess.run(argv, capture_output=True, check=True, timeout=60)
-    return done.stdout.decode().splitlines()
+def _client(port: int, body: Path, *, concurrency: int, requests: int) -> list[RequestResult]:
+    """The client's results as the drill reads them (``run_client``: its exit status and
+    one line per request checked)."""
+    return asyncio.run(_run(port, body, concurrency=concurrency, requests=requests))
+
+
+async def _run(port: int, body: Path, *, concurrency: int, requests: int) -> list[RequestResult]:
+    return await run_client(
+        CLIENT, body, port=port, concurrency=concurrency, requests=requests, timeout_s=60
+    )
 
 
 def test_the_native_client_counts_every_text_chunk(
@@ -92,8 +97,7 @@ def test_the_native_client_counts_every_text_chunk(
 ) -> None:
     body = tmp_path / "body.json"
     body.write_bytes(BODY)
-    lines = _client(native_upstream.port, body, concurrency=3, requests=7)
-    results = [parse_line(line, warmup=False, stream=True) for line in lines]
+    results = _client(native_upstream.port, body, concurrency=3, requests=7)
     assert sorted(r.index for r in results) == list(range(7))
     for result in results:
         assert result.ok and result.status == 200
@@ -138,10 +142,9 @@ async def test_the_native_client_waits_out_retry_after(tmp_path: Path) -> None:
     starts: list[float] = []
     server = await _shedding_server(port, starts)
     try:
-        lines = await asyncio.to_thread(_client, port, body, concurrency=1, requests=2)
+        first, second = await _run(port, body, concurrency=1, requests=2)
     finally:
         server.close()
-    first, second = (parse_line(line, warmup=False, stream=True) for line in lines)
     assert (first.status, first.ok) == (503, False)
     assert (second.status, second.ok) == (200, True)
     assert second.start - first.start >= 1.0
