@@ -97,8 +97,8 @@ class FrontDoor:
             # A browser's CORS check, not a request: answered, not counted.
             await _send_empty(send, 204, self.web.preflight_headers(origin))
             return
-        if self.inflight >= self.max_in_flight or self._late():
-            await self._shed(scope, send, origin)
+        if (why := self._saturated()) is not None:
+            await self._shed(scope, send, origin, why)
             return
         self.inflight += 1
         try:
@@ -106,19 +106,23 @@ class FrontDoor:
         finally:
             self.inflight -= 1
 
-    def _late(self) -> bool:
-        """Whether to shed this request for the loop's lag: its share of them."""
-        share = 0.0 if self.lag is None else self.lag.share
-        return share >= 1.0 or (share > 0.0 and random.random() < share)
+    def _saturated(self) -> str | None:
+        """Why this request is shed (the in-flight ceiling, or the loop's lag: its share
+        of requests), or None to serve it."""
+        if self.inflight >= self.max_in_flight:
+            ceiling = self.max_in_flight
+            return f"serves {ceiling} requests at once (server.max_in_flight) and is full"
+        lag = self.lag
+        if lag is not None and (
+            lag.share >= 1.0 or (lag.share > 0.0 and random.random() < lag.share)
+        ):
+            late = lag.seconds * 1000
+            return f"runs {late:.0f} ms behind (its event loop, past server.shed_loop_lag_ms)"
+        return None
 
-    async def _shed(self, scope: Scope, send: Send, origin: bytes | None) -> None:
+    async def _shed(self, scope: Scope, send: Send, origin: bytes | None, why: str) -> None:
         if self._metrics is not None:
             self._metrics.shed(scope["path"])
-        if self.inflight >= self.max_in_flight:
-            why = f"serves {self.max_in_flight} requests at once (server.max_in_flight) and is full"
-        else:
-            late = self.lag.seconds * 1000 if self.lag is not None else 0.0
-            why = f"runs {late:.0f} ms behind (its event loop, past server.shed_loop_lag_ms)"
         exc = GatewaySaturated(f"this gateway {why}; retry shortly")
         extra = [*self._own, *(self.web.cors_headers(origin) if origin is not None else [])]
         await _send_error(send, exc, request_id(scope).encode(), extra, scope["path"])
