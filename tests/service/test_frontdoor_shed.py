@@ -10,6 +10,11 @@ import asyncio
 import time
 from collections.abc import Callable
 
+import anthropic
+import httpx2
+import openai
+import pytest
+
 from tests.tools.frontdoor_app import AppFactory, chat, make_config, metric
 
 
@@ -119,3 +124,37 @@ async def test_by_default_a_late_loop_is_measured_not_shed(make_app: AppFactory)
         await busy
     assert answer.status_code == 200
     assert door.lag.share == 0
+
+
+async def test_the_sdks_see_a_lag_shed_as_their_own_503(make_app: AppFactory) -> None:
+    """The OpenAI and Anthropic SDKs (no retries) get the shed as a 503 status error
+    carrying the route's own error body."""
+    app = await make_app(make_config(server={"shed_loop_lag_ms": 10}))
+    door = app.asgi.state.door
+    sdk = openai.AsyncOpenAI(base_url="http://t/v1", api_key="x", http_client=app.http)
+    transport = httpx2.ASGITransport(app=app.asgi)
+    async with httpx2.AsyncClient(transport=transport, base_url="http://t") as h2:
+        claude = anthropic.AsyncAnthropic(
+            api_key="x", base_url="http://t", http_client=h2, max_retries=0
+        )
+        stop = asyncio.Event()
+        busy = asyncio.create_task(_busy(stop))
+        try:
+            await _until(lambda: door.lag.share >= 1.0)
+            with pytest.raises(openai.APIStatusError) as shed_openai:
+                await sdk.with_options(max_retries=0).chat.completions.create(
+                    model="alpha", messages=[{"role": "user", "content": "x"}]
+                )
+            with pytest.raises(anthropic.APIStatusError) as shed_claude:
+                await claude.messages.create(
+                    model="alpha", max_tokens=4, messages=[{"role": "user", "content": "x"}]
+                )
+        finally:
+            stop.set()
+            await busy
+    assert shed_openai.value.status_code == 503
+    assert shed_openai.value.code == "gateway_saturated"
+    assert shed_openai.value.response.headers["retry-after"] == "1"
+    assert shed_claude.value.status_code == 503
+    body = shed_claude.value.body
+    assert isinstance(body, dict) and body["error"]["type"] == "overloaded_error"
